@@ -1,0 +1,282 @@
+"""``@host_callback``: compile ``fn(user_data)`` into a GIL-free ``CUhostFn`` with numba.
+
+The body is compiled with :func:`numba.cfunc` to ``void(void*)`` in nopython
+mode with ``error_model='numpy'``.  Two things differ from a plain cfunc:
+
+* numba reports an exception raised inside a cfunc as coming from
+  ``'<numba.core.cpu.CPUContext ...>'``; a host function is compiled with a
+  copy of numba's CPU context whose ``repr`` is the function's name, so the
+  report names the host function instead (the copy shares numba's codegen,
+  typing and caches: ``BaseContext.subtarget``);
+* with ``dtype=``, the body receives a typed view of the user data (a record
+  for a structured dtype, a one-element array otherwise) through a small
+  wrapper, ``carray(p, (1,), dtype)``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import ctypes
+import inspect
+import sys
+import threading
+import types as pytypes
+from typing import Any, Callable
+
+import numba
+import numpy as np
+from numba import carray, types
+from numba.core import errors as numba_errors
+from numba.core.ccallback import CFunc
+from numba.core.cpu import CPUContext
+from numba.core.registry import cpu_target
+
+from ._errors import HostCallbackCompileError
+from ._userdata import resolve_user_data
+
+__all__ = ["CUhostFn", "HostFunction", "host_callback"]
+
+#: The driver's host-function type, ``void (*)(void *)``, as a ctypes prototype.
+CUhostFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+_SIGNATURE = types.void(types.voidptr)
+
+
+class _NamedCPUContext(CPUContext):
+    """numba's CPU context, but its repr (used in exception reports) names a host function."""
+
+    _numba_hostfn_label = "host function"
+
+    def __repr__(self) -> str:
+        return self._numba_hostfn_label
+
+
+class _NamedTarget:
+    """A target descriptor that hands numba's compiler a named copy of the CPU context."""
+
+    def __init__(self, label: str) -> None:
+        self._label = label
+        self._local = threading.local()
+        self.options = cpu_target.options
+
+    @property
+    def typing_context(self):  # noqa: D401 - mirrors numba's TargetDescriptor
+        return cpu_target.typing_context
+
+    @property
+    def target_context(self):
+        base = cpu_target.target_context  # the nested context, if numba is nesting
+        cached = getattr(self._local, "context", None)
+        if cached is None or cached[0] is not base:
+            named = base.subtarget()
+            named.__class__ = _NamedCPUContext
+            named._numba_hostfn_label = self._label
+            cached = self._local.context = (base, named)
+        return cached[1]
+
+
+class _NamedCFunc(CFunc):
+    def __init__(self, pyfunc: Callable, label: str, options: dict) -> None:
+        self._targetdescr = _NamedTarget(label)
+        super().__init__(pyfunc, (_SIGNATURE.args, _SIGNATURE.return_type), {}, options)
+
+
+def _record_view(p):
+    body(carray(p, (1,), layout)[0])  # noqa: F821 - globals supplied by _view_wrapper
+
+
+def _array_view(p):
+    body(carray(p, (1,), layout))  # noqa: F821 - globals supplied by _view_wrapper
+
+
+def _view_wrapper(py_func: Callable, body: Callable, layout: np.dtype) -> Callable:
+    """Return ``wrapper(p)`` that calls ``body`` on a typed view of ``p``.
+
+    The wrapper is a template re-homed to ``py_func``'s file, line and name,
+    with ``body`` and ``layout`` as globals rather than a closure: numba's
+    on-disk cache then stores it beside ``py_func`` and invalidates it when
+    that file changes (a closure would be keyed by a pickle of the dispatcher,
+    which differs from one process to the next).
+    """
+    template = _record_view if layout.names is not None else _array_view
+    origin = py_func.__code__
+    qualname = f"{py_func.__qualname__}.host_view"
+    code = template.__code__.replace(
+        co_filename=origin.co_filename, co_firstlineno=origin.co_firstlineno,
+        co_name=py_func.__name__,
+    )
+    if sys.version_info >= (3, 11):
+        code = code.replace(co_qualname=qualname)
+    scope = {"body": body, "carray": carray, "layout": layout, "__builtins__": builtins}
+    wrapper = pytypes.FunctionType(code, scope, py_func.__name__)
+    wrapper.__qualname__ = qualname
+    wrapper.__module__ = py_func.__module__
+    return wrapper
+
+
+def _check_layout(dtype: Any) -> np.dtype | None:
+    if dtype is None:
+        return None
+    try:
+        layout = np.dtype(dtype)
+    except TypeError as exc:
+        raise TypeError(f"host_callback(dtype=...) expected a numpy dtype, got {dtype!r}") from exc
+    if layout.hasobject:
+        raise TypeError(f"host_callback(dtype=...) cannot hold Python objects: {layout}")
+    if layout.itemsize == 0:
+        raise ValueError(f"host_callback(dtype=...) needs a non-empty dtype, got {layout}")
+    return layout
+
+
+class HostFunction:
+    """A Python function compiled to a ``CUhostFn`` that runs without the GIL.
+
+    Made by :func:`host_callback`; launched with :func:`host_launch`.  Threading
+    rules: docs/threading.md.
+
+    Attributes
+    ----------
+    address : int
+        The ``void (*)(void *)`` machine-code address.
+    py_func : callable
+        The original Python function.
+    dtype : numpy.dtype or None
+        The declared user_data layout, if any.
+    """
+
+    def __init__(self, py_func: Callable, *, dtype: Any = None, cache: bool = False,
+                 fastmath: bool = False) -> None:
+        if not inspect.isfunction(py_func):
+            raise TypeError(
+                f"host_callback expected a Python function, got {type(py_func).__name__}"
+            )
+        try:
+            inspect.signature(py_func).bind(None)
+        except TypeError:
+            raise TypeError(
+                f"host function {py_func.__qualname__!r} must take exactly one argument, "
+                "user_data: def fn(user_data): ..."
+            ) from None
+        self.py_func = py_func
+        self.dtype = _check_layout(dtype)
+        self.__name__ = py_func.__name__
+        self.__qualname__ = py_func.__qualname__
+        self.__module__ = py_func.__module__
+        self.__doc__ = py_func.__doc__
+        self.__wrapped__ = py_func
+        label = f"host function {py_func.__module__}.{py_func.__qualname__}"
+        options = {"error_model": "numpy", "fastmath": bool(fastmath)}
+        try:
+            if self.dtype is None:
+                target = py_func
+            else:
+                body = numba.njit(py_func, cache=cache, **options)
+                target = _view_wrapper(py_func, body, self.dtype)
+            cfunc = _NamedCFunc(target, label, {"nopython": True, **options})
+            if cache:
+                cfunc.enable_caching()
+            cfunc.compile()
+        except numba_errors.NumbaError as exc:
+            raise HostCallbackCompileError(
+                f"cannot compile host function {py_func.__qualname__!r} "
+                f"({py_func.__code__.co_filename}:{py_func.__code__.co_firstlineno}) "
+                f"with numba:\n{exc}"
+            ) from exc
+        self._cfunc = cfunc
+        self.address: int = cfunc.address
+        self._ctypes = None
+
+    @property
+    def ctypes(self) -> Any:
+        """A ``CFUNCTYPE(None, c_void_p)`` pointer to the code that keeps it alive.
+
+        cuda.core's ``GraphBuilder.callback`` and ``GraphNode.callback`` accept
+        it unchanged.
+        """
+        if self._ctypes is None:
+            pointer = CUhostFn(self.address)
+            pointer._numba_hostfn_owner = self  # the pointer keeps the code alive
+            self._ctypes = pointer
+        return self._ctypes
+
+    @property
+    def cache_hits(self) -> int:
+        """How many times the machine code was loaded from numba's on-disk cache."""
+        return self._cfunc.cache_hits
+
+    def inspect_llvm(self) -> str:
+        """Return the LLVM IR of the compiled function and its C wrapper."""
+        return self._cfunc.inspect_llvm()
+
+    def __call__(self, user_data: Any = None) -> None:
+        """Run the compiled function now, on the calling thread (GIL released).
+
+        ``user_data`` takes the forms :func:`host_launch` accepts and is checked
+        against the declared ``dtype`` the same way.
+        """
+        address, owner = resolve_user_data(user_data, self.dtype, repr(self.__qualname__))
+        self.ctypes(address)
+        del owner
+
+    def __repr__(self) -> str:
+        layout = "" if self.dtype is None else f", dtype={self.dtype}"
+        return f"<HostFunction {self.__module__}.{self.__qualname__} at {self.address:#x}{layout}>"
+
+
+def host_callback(
+    func: Callable | None = None, /, *, dtype: Any = None, cache: bool = False,
+    fastmath: bool = False,
+) -> HostFunction | Callable[[Callable], HostFunction]:
+    """Compile ``func(user_data)`` into a :class:`HostFunction` that runs without the GIL.
+
+    Use as ``@host_callback`` or ``@host_callback(dtype=..., cache=True)``.  The
+    body is compiled by numba in nopython mode with ``error_model='numpy'``, so
+    division by zero gives inf/nan instead of raising.  The body stays GIL-free
+    unless it raises, prints, enters ``objmode``, or an allocation fails: each
+    of those takes the GIL (docs/threading.md).  A host function must not call
+    CUDA.
+
+    Parameters
+    ----------
+    func : callable
+        ``def func(user_data): ...``.  Without ``dtype``, ``user_data`` is a raw
+        ``void*`` (use ``numba.carray`` to view it); with ``dtype``, see below.
+    dtype : numpy dtype, optional
+        The layout of the user data.  A structured dtype gives the body a
+        record (``user_data.field``); a scalar dtype a one-element array
+        (``user_data[0]``).  :func:`host_launch` then checks the user data
+        against it and rejects ``None``.
+    cache : bool, optional
+        Cache the machine code on disk (numba's cache), so a later process
+        loads it instead of compiling.
+    fastmath : bool, optional
+        Passed to numba.
+
+    Returns
+    -------
+    HostFunction
+
+    Raises
+    ------
+    HostCallbackCompileError
+        If numba cannot compile the body; the message names the function.
+    TypeError
+        If ``func`` is not a one-argument Python function, or ``dtype`` is not
+        a numpy dtype without objects.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from numba import carray
+    >>> @host_callback
+    ... def double(p):
+    ...     a = carray(p, (4,), np.float64)
+    ...     for i in range(4):
+    ...         a[i] *= 2
+    >>> x = np.arange(4.0)
+    >>> double(by_ref(x)); x
+    array([0., 2., 4., 6.])
+    """
+    if func is None:
+        return lambda f: HostFunction(f, dtype=dtype, cache=cache, fastmath=fastmath)
+    return HostFunction(func, dtype=dtype, cache=cache, fastmath=fastmath)

@@ -1,0 +1,144 @@
+"""user_data: what a launch passes as the host function's ``void *``, and what it owns.
+
+=====================  =========================================  ==============
+``user_data``          the host function receives                 owned until run
+=====================  =========================================  ==============
+``None``               NULL                                       nothing
+``int``                that address, as is                        nothing (yours)
+bytes-like object      a private copy taken at launch             the copy
+``by_ref(buffer)``     the buffer itself (writable, contiguous)   the buffer
+=====================  =========================================  ==============
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ByRef", "by_ref", "resolve_user_data"]
+
+_MAX_ADDRESS = 2**64
+
+
+class ByRef:
+    """A writable buffer passed to a host function by reference (see :func:`by_ref`)."""
+
+    __slots__ = ("obj", "address", "nbytes", "dtype", "_export")
+
+    def __init__(self, obj: Any) -> None:
+        try:
+            view = memoryview(obj)
+        except TypeError:
+            raise TypeError(
+                "by_ref() expected an object with the buffer protocol (a numpy "
+                f"array, bytearray, ...), got {type(obj).__name__}"
+            ) from None
+        if view.readonly:
+            raise ValueError(
+                "by_ref() needs a writable buffer, because the host function may write "
+                "it; pass the data as user_data to copy it instead, or make it writable"
+            )
+        if not view.c_contiguous:
+            raise ValueError(
+                "by_ref() needs a C-contiguous buffer; pass np.ascontiguousarray(a) "
+                "and read the result from that array"
+            )
+        if view.nbytes == 0:
+            raise ValueError("by_ref() needs a buffer of at least one byte")
+        # The ctypes view holds a buffer export: a bytearray cannot be resized
+        # (and so moved) while the launch owns it.
+        self._export = (ctypes.c_char * view.nbytes).from_buffer(view.cast("B"))
+        self.obj = obj
+        self.address = ctypes.addressof(self._export)
+        self.nbytes = view.nbytes
+        self.dtype = obj.dtype if isinstance(obj, np.ndarray) else None
+
+    def __repr__(self) -> str:
+        return f"by_ref({self.obj!r})"
+
+
+def by_ref(obj: Any) -> ByRef:
+    """Pass a writable buffer to a host function by reference instead of copying it.
+
+    The launch keeps ``obj`` alive, and a ``bytearray`` unresizable, until the
+    host function has run and the launch was released (:func:`drain`).  Read
+    the results only after synchronizing the stream.
+
+    Parameters
+    ----------
+    obj : buffer
+        A writable, C-contiguous object with the buffer protocol, at least one
+        byte long: a numpy array, ``bytearray``, ctypes array, ``memoryview``.
+
+    Returns
+    -------
+    ByRef
+        A marker to pass as ``user_data`` to :func:`host_launch` or to a
+        :class:`HostFunction` call.
+
+    Raises
+    ------
+    TypeError
+        If ``obj`` has no buffer protocol.
+    ValueError
+        If the buffer is read-only, not C-contiguous or empty.
+    """
+    return ByRef(obj)
+
+
+def _describe(layout: np.dtype) -> str:
+    return f"dtype {layout} ({layout.itemsize} bytes)"
+
+
+def _check_layout(nbytes: int, dtype: Any, layout: np.dtype | None, what: str, name: str) -> None:
+    if layout is None:
+        return
+    if dtype is not None and np.dtype(dtype) != layout:
+        raise ValueError(
+            f"host function {name} declares user_data {_describe(layout)}, but {what} "
+            f"has dtype {dtype}"
+        )
+    if nbytes != layout.itemsize:
+        raise ValueError(
+            f"host function {name} declares user_data {_describe(layout)}, but {what} "
+            f"holds {nbytes} bytes"
+        )
+
+
+def resolve_user_data(user_data: Any, layout: np.dtype | None, name: str) -> tuple[int, Any]:
+    """Return ``(address, owner)`` for ``user_data``; ``owner`` must outlive the call."""
+    if user_data is None:
+        if layout is not None:
+            raise ValueError(
+                f"host function {name} declares user_data {_describe(layout)}; pass a "
+                "value of that layout (bytes-like to copy, or by_ref(array))"
+            )
+        return 0, None
+    if isinstance(user_data, ByRef):
+        _check_layout(user_data.nbytes, user_data.dtype, layout, "by_ref(...)", name)
+        return user_data.address, user_data
+    if isinstance(user_data, bool):
+        raise TypeError("user_data must be None, an int address, bytes-like or by_ref(...); got a bool")
+    if isinstance(user_data, int):
+        if not 0 <= user_data < _MAX_ADDRESS:
+            raise ValueError(f"user_data address must be in [0, 2**64), got {user_data}")
+        return user_data, None
+    if isinstance(user_data, str):
+        raise TypeError(
+            "user_data must be bytes-like, not str; pass text.encode() to copy its bytes"
+        )
+    try:
+        view = memoryview(user_data)
+    except TypeError:
+        raise TypeError(
+            "user_data must be None, an int (a raw address, not owned), a bytes-like "
+            "object (copied), or by_ref(buffer) (passed by reference); got "
+            f"{type(user_data).__name__}"
+        ) from None
+    dtype = user_data.dtype if isinstance(user_data, (np.ndarray, np.generic)) else None
+    _check_layout(view.nbytes, dtype, layout, "user_data", name)
+    data = view.tobytes()  # C-order copy, whatever the source's strides
+    copy = (ctypes.c_char * max(len(data), 1)).from_buffer_copy(data.ljust(1, b"\0"))
+    return ctypes.addressof(copy), copy

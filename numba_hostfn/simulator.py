@@ -1,0 +1,9 @@
+"""The stream simulator: host functions without a GPU (select with NUMBA_HOSTFN_SIMULATOR=1).
+
+See docs/simulator.md for what it models and what it does not.
+"""
+
+from ._errors import SimulatorUnsupportedError
+from ._simulator import Stream
+
+__all__ = ["Stream", "SimulatorUnsupportedError"]
