@@ -18,6 +18,7 @@ from ._errors import (
     HostCallbackCompileError,
     SimulatorUnsupportedError,
 )
+from ._intrinsics import as_voidptr
 from ._launch import drain, host_launch, pending
 from ._userdata import ByRef, by_ref
 
@@ -32,6 +33,7 @@ __all__ = [
     "HostCallbackCompileError",
     "HostFunction",
     "SimulatorUnsupportedError",
+    "as_voidptr",
     "backend_name",
     "by_ref",
     "drain",

@@ -10,7 +10,9 @@ import ctypes
 from typing import Any
 
 from ._backend import get_backend
-from ._decorator import HostFunction
+from numba.core.ccallback import CFunc
+
+from ._decorator import _SIGNATURE, HostFunction
 from ._userdata import ByRef, resolve_user_data
 
 __all__ = ["classify_function", "drain", "host_launch", "pending"]
@@ -43,13 +45,10 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
         if not address:
             raise ValueError("host_launch() got a NULL ctypes function pointer")
         return "pointer", address, fn
-    cfunc_sig = getattr(fn, "_sig", None)
-    if type(fn).__name__ == "CFunc" and type(fn).__module__ == "numba.core.ccallback":
-        from ._decorator import _SIGNATURE
-
-        if cfunc_sig != _SIGNATURE:
+    if isinstance(fn, CFunc):
+        if fn._sig != _SIGNATURE:
             raise TypeError(
-                f"host_launch() got a numba cfunc with signature {cfunc_sig}; a CUhostFn "
+                f"host_launch() got a numba cfunc with signature {fn._sig}; a CUhostFn "
                 "needs void(voidptr): use @host_callback, or numba.cfunc('void(voidptr)')"
             )
         return "pointer", fn.address, fn

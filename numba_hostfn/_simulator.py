@@ -24,8 +24,6 @@ __all__ = ["Stream"]
 _libc = ctypes.CDLL(None)
 _libc.calloc.restype = ctypes.c_void_p
 _libc.calloc.argtypes = (ctypes.c_size_t, ctypes.c_size_t)
-_libc.free.argtypes = (ctypes.c_void_p,)
-_libc.free.restype = None
 
 
 def _simulator() -> SimulatorBackend:
@@ -59,7 +57,6 @@ class Stream:
         if not queue:
             raise MemoryError("the simulator could not allocate a stream")
         if self._native.sim_init(queue):
-            _libc.free(queue)
             raise RuntimeError("the simulator could not initialise a stream's lock")
         self._queue = queue
         self._closed = False
@@ -126,13 +123,16 @@ class Stream:
         )
 
     def close(self) -> None:
-        """Run what is queued, stop the stream's thread and free its queue."""
+        """Run what is queued, then stop the stream's thread.
+
+        The queue's few hundred bytes are kept, not freed: any later launch on
+        this stream (through a stale handle too) finds it stopped and raises.
+        """
         if self._closed:
             return
         self._closed = True
         self._native.sim_stop(self._queue)
         self._thread.join()
-        _libc.free(self._queue)
 
     def __enter__(self) -> Stream:
         return self
@@ -141,8 +141,6 @@ class Stream:
         self.close()
 
     def __del__(self) -> None:
-        # Stop the thread but leak the few hundred bytes of queue: without a
-        # join we cannot know the thread has left it.
         if not getattr(self, "_closed", True):
             self._closed = True
             self._native.sim_stop(self._queue)

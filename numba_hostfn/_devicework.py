@@ -1,0 +1,121 @@
+"""Stream-ordered device work for the demo and the tests, on a GPU or on the simulator.
+
+``Device`` gives the demo and the tests what real device work gives: a stream,
+host memory the "device" can write, a delay that occupies the stream, and a
+store done in stream order.  On a GPU these are cuda.core streams, pinned
+memory and an NVRTC kernel; on the simulator, simulated streams, numpy memory,
+``Stream.sleep`` and a compiled host function run as a kernel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from typing import Any
+
+import numpy as np
+from numba import carray
+
+from ._backend import get_backend
+from ._decorator import host_callback
+from ._intrinsics import as_voidptr
+from ._simulator import Stream as SimulatedStream
+
+__all__ = ["Device"]
+
+_STORE = np.dtype([("addr", np.uint64), ("value", np.int64)])
+
+
+@host_callback(dtype=_STORE)
+def _sim_store(d):
+    carray(as_voidptr(d.addr), (1,), np.int32)[0] = d.value
+
+
+_KERNELS = r"""
+extern "C" __global__ void spin_then_store(int *target, int value, unsigned long long ns)
+{
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < ns);
+    if (target) {
+        *(volatile int *)target = value;
+        __threadfence_system();
+    }
+}
+"""
+
+
+class Device:
+    """Streams, device-writable host memory and stream-ordered work on either backend."""
+
+    def __init__(self) -> None:
+        self.simulator = get_backend().name == "simulator"
+        self._buffers: list[Any] = []
+        if self.simulator:
+            self.name = "simulator"
+            return
+        from cuda.core import Device as CudaDevice
+        from cuda.core import LaunchConfig, Program, ProgramOptions
+
+        self.cuda = CudaDevice()
+        self.cuda.set_current()
+        self.name = self.cuda.name
+        arch = "sm_" + "".join(str(x) for x in self.cuda.compute_capability)
+        program = Program(_KERNELS, code_type="c++", options=ProgramOptions(arch=arch))
+        self._kernel = program.compile("cubin").get_kernel("spin_then_store")
+        self._config = LaunchConfig(grid=1, block=1)
+
+    def create_stream(self) -> Any:
+        if self.simulator:
+            return SimulatedStream()
+        return self.cuda.create_stream()
+
+    def close_stream(self, stream: Any) -> None:
+        stream.close()
+
+    def host_array(self, n: int, dtype: Any = np.int32) -> np.ndarray:
+        """Zeroed host memory that device work (and host functions) can write."""
+        dtype = np.dtype(dtype)
+        nbytes = max(n * dtype.itemsize, 1)
+        if self.simulator:
+            return np.zeros(n, dtype)
+        from cuda.core import LegacyPinnedMemoryResource
+
+        buf = LegacyPinnedMemoryResource().allocate(nbytes)
+        self._buffers.append(buf)
+        raw = (ctypes.c_char * nbytes).from_address(int(buf.handle))
+        ctypes.memset(raw, 0, nbytes)
+        return np.frombuffer(raw, dtype=dtype, count=n)
+
+    def _launch(self, stream: Any, target: int, value: int, seconds: float) -> None:
+        from cuda.core import launch
+
+        launch(stream, self._config, self._kernel, ctypes.c_void_p(target),
+               np.int32(value), np.uint64(int(seconds * 1e9)))
+
+    def delay(self, stream: Any, seconds: float) -> None:
+        """Occupy ``stream`` for ``seconds`` (device work)."""
+        if self.simulator:
+            stream.sleep(seconds)
+        else:
+            self._launch(stream, 0, 0, seconds)
+
+    def store(self, stream: Any, array: np.ndarray, index: int, value: int,
+              delay: float = 0.0) -> None:
+        """Device work: after ``delay`` seconds, ``array[index] = value`` (int32), in order."""
+        if array.dtype != np.int32:
+            raise TypeError(f"store() writes int32, got an array of {array.dtype}")
+        target = array.ctypes.data + index * 4
+        if self.simulator:
+            if delay:
+                stream.sleep(delay)
+            stream.launch(_sim_store, user_data=struct.pack("=Qq", target, value))
+        else:
+            self._launch(stream, target, value, delay)
+
+    def close(self) -> None:
+        for buf in self._buffers:
+            buf.close()
+        self._buffers.clear()

@@ -1,0 +1,75 @@
+"""One suite, two backends.
+
+With a usable CUDA driver the suite runs against it and nothing is skipped;
+without one it selects the simulator (NUMBA_HOSTFN_SIMULATOR=1) and skips only
+the tests marked ``gpu``.  NUMBA_HOSTFN_REQUIRE_GPU=1 turns a missing driver
+into an error instead (use it on GPU machines, so a broken driver cannot pass
+as a simulator run).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from numba_hostfn._backend import cuda_driver_usable, simulator_requested
+
+if not simulator_requested() and not cuda_driver_usable():
+    if os.environ.get("NUMBA_HOSTFN_REQUIRE_GPU"):
+        raise pytest.UsageError("NUMBA_HOSTFN_REQUIRE_GPU=1 but no usable CUDA driver was found")
+    os.environ["NUMBA_HOSTFN_SIMULATOR"] = "1"
+
+SIMULATOR = simulator_requested()
+sys.path.insert(0, os.path.dirname(__file__))
+
+import numba_hostfn  # noqa: E402
+from _device import Device  # noqa: E402
+
+
+def pytest_report_header(config):
+    backend = numba_hostfn.backend_name()
+    why = " (no usable CUDA driver)" if SIMULATOR else ""
+    return f"numba_hostfn backend: {backend}{why}"
+
+
+def pytest_collection_modifyitems(config, items):
+    if not SIMULATOR:
+        return
+    skip = pytest.mark.skip(reason="needs a real CUDA device (simulator run)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def device():
+    dev = Device()
+    yield dev
+    dev.close()
+
+
+@pytest.fixture
+def stream(device):
+    s = device.create_stream()
+    yield s
+    s.sync()
+    numba_hostfn.drain()
+    device.close_stream(s)
+
+
+@pytest.fixture
+def unraisables(monkeypatch):
+    """Collect what reaches sys.unraisablehook (from any thread) during the test."""
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", seen.append)
+    return seen
+
+
+@pytest.fixture(autouse=True)
+def _nothing_left_pending():
+    """Every test must leave no launch unreleased once its streams are synchronized."""
+    yield
+    numba_hostfn.drain()
+    assert numba_hostfn.pending() == 0, "a test left launches pending"

@@ -1,0 +1,185 @@
+import ctypes
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from numba import carray
+
+import numba_hostfn as nh
+from _device import child_env
+
+REC = np.dtype([("x", np.float64), ("n", np.int64)])
+
+
+@nh.host_callback
+def add_one(p):
+    a = carray(p, (1,), np.int64)
+    a[0] += 1
+
+
+@nh.host_callback(dtype=REC)
+def bump_record(d):
+    d.x += 0.5
+    d.n += 1
+
+
+@nh.host_callback(dtype=np.float32)
+def halve(d):
+    d[0] /= 2
+
+
+@nh.host_callback
+def divide_by_zero(p):
+    a = carray(p, (2,), np.float64)
+    a[1] = a[0] / 0.0
+
+
+@nh.host_callback
+def raises(p):
+    raise ValueError("raised inside a host function")
+
+
+def test_both_decorator_forms_give_host_functions():
+    assert isinstance(add_one, nh.HostFunction)
+    assert isinstance(bump_record, nh.HostFunction)
+    assert add_one.py_func.__name__ == "add_one"
+    assert add_one.__name__ == "add_one"
+    assert add_one.__qualname__ == "add_one"
+    assert bump_record.dtype == REC
+    assert add_one.dtype is None
+
+
+def test_address_and_repr():
+    assert isinstance(add_one.address, int) and add_one.address
+    text = repr(add_one)
+    assert "add_one" in text and hex(add_one.address) in text
+    assert "dtype=" in repr(bump_record)
+
+
+def test_ctypes_is_exactly_cuhostfn_and_keeps_function_alive():
+    pointer = add_one.ctypes
+    assert type(pointer) is nh.CUhostFn
+    assert type(pointer)._restype_ is None
+    assert type(pointer)._argtypes_ == (ctypes.c_void_p,)
+    assert ctypes.cast(pointer, ctypes.c_void_p).value == add_one.address
+    assert pointer._numba_hostfn_owner is add_one
+    assert add_one.ctypes is pointer
+
+
+def test_direct_call_runs_compiled_code():
+    x = np.zeros(1, np.int64)
+    add_one(nh.by_ref(x))
+    add_one(x.ctypes.data)
+    assert x[0] == 2
+
+
+def test_direct_call_through_ctypes_pointer():
+    x = np.full(1, 41, np.int64)
+    add_one.ctypes(x.ctypes.data)
+    assert x[0] == 42
+
+
+def test_record_layout_reads_and_writes_fields_by_name():
+    r = np.zeros(1, REC)
+    bump_record(nh.by_ref(r))
+    bump_record(nh.by_ref(r))
+    assert r[0]["x"] == 1.0 and r[0]["n"] == 2
+
+
+def test_scalar_layout_gives_one_element_array():
+    x = np.array([3.0], np.float32)
+    halve(nh.by_ref(x))
+    assert x[0] == 1.5
+
+
+def test_layout_checked_on_call():
+    with pytest.raises(ValueError, match="dtype"):
+        bump_record(nh.by_ref(np.zeros(2, REC)))
+    with pytest.raises(ValueError, match="declares user_data"):
+        bump_record(None)
+    with pytest.raises(ValueError, match="has dtype int64"):
+        halve(nh.by_ref(np.zeros(1, np.int64)))
+
+
+def test_error_model_numpy_gives_inf_not_exception(unraisables):
+    a = np.array([1.0, 0.0])
+    divide_by_zero(nh.by_ref(a))
+    assert np.isinf(a[1])
+    assert unraisables == []
+
+
+def test_exception_in_body_is_reported_naming_the_host_function(unraisables):
+    raises()
+    assert len(unraisables) == 1
+    report = unraisables[0]
+    assert report.exc_type is ValueError
+    assert "raised inside a host function" in str(report.exc_value)
+    assert "CPUContext" not in str(report.object)
+    assert "host function" in str(report.object) and "raises" in str(report.object)
+
+
+def test_compile_error_raises_at_decoration_naming_the_function():
+    def uses_python_objects(p):
+        return {"a": object()}
+
+    with pytest.raises(nh.HostCallbackCompileError, match="uses_python_objects") as info:
+        nh.host_callback(uses_python_objects)
+    assert isinstance(info.value, TypeError)
+    assert info.value.__cause__ is not None  # numba's own error, chained
+    assert "object" in str(info.value)
+
+
+@pytest.mark.parametrize("bad", [1, "fn", len])
+def test_decorator_rejects_non_functions(bad):
+    with pytest.raises(TypeError, match="Python function"):
+        nh.host_callback(bad)
+
+
+def test_decorator_rejects_wrong_arity():
+    def two(a, b):
+        pass
+
+    with pytest.raises(TypeError, match="exactly one argument"):
+        nh.host_callback(two)
+
+
+@pytest.mark.parametrize("dtype", ["not a dtype", object, np.dtype([("o", object)])])
+def test_decorator_rejects_bad_dtype(dtype):
+    with pytest.raises(TypeError):
+        nh.host_callback(dtype=dtype)(lambda p: None)
+
+
+def test_cache_true_loads_machine_code_in_a_new_process(tmp_path):
+    module = tmp_path / "cached_hostfns.py"
+    module.write_text(textwrap.dedent("""
+        import numpy as np
+        from numba import carray
+        import numba_hostfn as nh
+
+        @nh.host_callback(cache=True)
+        def raw(p):
+            carray(p, (1,), np.int64)[0] += 3
+
+        @nh.host_callback(cache=True, dtype=np.dtype([("v", np.int64)]))
+        def typed(d):
+            d.v += 4
+    """))
+    script = textwrap.dedent("""
+        import numpy as np, numba_hostfn as nh, cached_hostfns as m
+        a = np.zeros(1, np.int64); m.raw(nh.by_ref(a))
+        r = np.zeros(1, np.dtype([("v", np.int64)])); m.typed(nh.by_ref(r))
+        assert a[0] == 3 and r[0]["v"] == 4, (a, r)
+        print(m.raw.cache_hits, m.typed.cache_hits)
+    """)
+    runs = [
+        subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True,
+                       env=child_env(),
+                       text=True, timeout=300)
+        for _ in range(2)
+    ]
+    for run in runs:
+        assert run.returncode == 0, run.stderr
+    assert runs[0].stdout.split() == ["0", "0"]
+    assert runs[1].stdout.split() == ["1", "1"]

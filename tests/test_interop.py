@@ -1,0 +1,69 @@
+"""Streams from cuda.core, CuPy, PyTorch and numba-cuda, through __cuda_stream__."""
+
+import numpy as np
+import pytest
+from numba import carray
+
+import numba_hostfn as nh
+
+
+@nh.host_callback
+def increment(p):
+    carray(p, (1,), np.int64)[0] += 1
+
+
+def _exercise(stream, sync):
+    counter = np.zeros(1, np.int64)
+    calls = []
+    nh.host_launch(stream, increment, user_data=nh.by_ref(counter))
+    nh.host_launch(stream, lambda: calls.append(1))
+    nh.host_launch(stream, increment, user_data=nh.by_ref(counter))
+    sync()
+    nh.drain()
+    assert counter[0] == 2 and calls == [1]
+
+
+def test_any_cuda_stream_protocol_object(device, stream):
+    class Wrapper:  # what any library's stream object looks like to host_launch
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __cuda_stream__(self):
+            return self.inner.__cuda_stream__()
+
+    _exercise(Wrapper(stream), stream.sync)
+
+
+@pytest.mark.gpu
+def test_cuda_core_stream(device, stream):
+    _exercise(stream, stream.sync)
+
+
+@pytest.mark.gpu
+def test_cuda_core_legacy_and_per_thread_default_streams(device):
+    from cuda.core import LEGACY_DEFAULT_STREAM, PER_THREAD_DEFAULT_STREAM
+
+    for s in (LEGACY_DEFAULT_STREAM, PER_THREAD_DEFAULT_STREAM):
+        _exercise(s, s.sync)
+
+
+@pytest.mark.gpu
+def test_cupy_stream(device):
+    cupy = pytest.importorskip("cupy")
+    s = cupy.cuda.Stream(non_blocking=True)
+    _exercise(s, s.synchronize)
+
+
+@pytest.mark.gpu
+def test_torch_stream(device):
+    torch = pytest.importorskip("torch")
+    s = torch.cuda.Stream()
+    _exercise(s, s.synchronize)
+
+
+@pytest.mark.gpu
+def test_numba_cuda_stream(device):
+    from numba import cuda
+
+    s = cuda.stream()
+    _exercise(s, s.synchronize)

@@ -1,0 +1,343 @@
+"""host_launch semantics, the same on the CUDA driver and the simulator."""
+
+import ctypes
+import gc
+import struct
+import threading
+import time
+import weakref
+
+import numpy as np
+import pytest
+from numba import carray
+
+import numba_hostfn as nh
+
+OUT = np.dtype([("out", np.uint64), ("value", np.int64)])
+
+
+@nh.host_callback
+def observe(p):
+    """cell[1] = 10 * cell[0] + cell[2]: what the host saw between two device writes."""
+    cell = carray(p, (3,), np.int32)
+    cell[1] = 10 * cell[0] + cell[2]
+
+
+@nh.host_callback
+def increment(p):
+    carray(p, (1,), np.int64)[0] += 1
+
+
+@nh.host_callback(dtype=OUT)
+def write_value(d):
+    """*(int64 *)d.out = d.value, then d.value is overwritten (it is the launch's copy)."""
+    carray(nh.as_voidptr(d.out), (1,), np.int64)[0] = d.value
+    d.value = -1
+
+
+@nh.host_callback
+def append_value(p):
+    """p -> [count, values...]: append 1 + the count so far."""
+    a = carray(p, (1001,), np.int64)
+    n = a[0]
+    a[n + 1] = n + 1
+    a[0] = n + 1
+
+
+def test_host_function_runs_between_prior_and_later_stream_work(stream, device):
+    cell = device.host_array(3)
+    device.store(stream, cell, 0, 1, delay=0.05)  # device work before
+    nh.host_launch(stream, observe, user_data=nh.by_ref(cell))
+    device.store(stream, cell, 2, 7)  # device work after
+    stream.sync()
+    assert list(cell) == [1, 10, 7]
+
+
+def test_python_callable_runs_between_prior_and_later_stream_work(stream, device):
+    cell = device.host_array(3)
+    seen = []
+    device.store(stream, cell, 0, 1, delay=0.05)
+    nh.host_launch(stream, lambda: seen.append((int(cell[0]), int(cell[2]))))
+    device.store(stream, cell, 2, 7)
+    stream.sync()
+    assert seen == [(1, 0)]
+    assert cell[2] == 7
+
+
+def test_fifo_order_of_many_host_functions(stream, device):
+    data = np.zeros(1001, np.int64)
+    device.delay(stream, 0.02)
+    for _ in range(1000):
+        nh.host_launch(stream, append_value, user_data=nh.by_ref(data))
+    stream.sync()
+    assert data[0] == 1000
+    assert (data[1:] == np.arange(1, 1001)).all()
+
+
+def test_python_callables_run_in_order(stream):
+    order = []
+    for i in range(200):
+        nh.host_launch(stream, lambda i=i: order.append(i))
+    stream.sync()
+    assert order == list(range(200))
+
+
+def test_callable_released_after_it_ran(stream, device):
+    class Probe:
+        calls = 0
+
+        def __call__(self):
+            Probe.calls += 1
+
+    probe = Probe()
+    alive = weakref.ref(probe)
+    device.delay(stream, 0.05)
+    nh.host_launch(stream, probe)
+    del probe
+    gc.collect()
+    assert alive() is not None, "the launch must own the callable until it ran"
+    assert nh.pending() == 1
+    stream.sync()
+    nh.drain()
+    gc.collect()
+    assert Probe.calls == 1
+    assert alive() is None
+    assert nh.pending() == 0
+
+
+def test_release_happens_on_the_main_thread_without_explicit_drain(stream):
+    released_on = []
+
+    class Probe:
+        def __call__(self):
+            pass
+
+        def __del__(self):
+            released_on.append(threading.current_thread())
+
+    nh.host_launch(stream, Probe())
+    stream.sync()
+    deadline = time.monotonic() + 10
+    while not released_on and time.monotonic() < deadline:
+        time.sleep(0.001)  # pending calls run between bytecodes of the main thread
+    assert released_on == [threading.main_thread()]
+
+
+def test_by_ref_buffer_kept_alive_until_run_then_released(stream, device):
+    counter = np.zeros(1, np.int64)
+    alive = weakref.ref(counter)
+    device.delay(stream, 0.05)
+    nh.host_launch(stream, increment, user_data=nh.by_ref(counter))
+    view = counter.view()  # to read the result; does not own the launch
+    del counter
+    gc.collect()
+    assert alive() is not None
+    stream.sync()
+    nh.drain()
+    assert view[0] == 1
+    del view
+    gc.collect()
+    assert alive() is None
+
+
+def test_bytes_user_data_is_copied_at_launch(stream, device):
+    result = np.zeros(1, np.int64)
+    data = bytearray(struct.pack("=Qq", result.ctypes.data, 1234))
+    device.delay(stream, 0.05)
+    nh.host_launch(stream, write_value, user_data=data)
+    data[8:16] = struct.pack("=q", 999)  # changing the source after the launch...
+    stream.sync()
+    assert result[0] == 1234  # ...does not change what the function saw
+    assert struct.unpack("=q", data[8:16])[0] == 999  # and it wrote only its own copy
+
+
+def test_numpy_user_data_is_copied_and_checked_against_layout(stream):
+    result = np.zeros(1, np.int64)
+    record = np.array([(result.ctypes.data, 55)], OUT)
+    nh.host_launch(stream, write_value, user_data=record)
+    stream.sync()
+    assert result[0] == 55
+    assert record[0]["value"] == 55
+
+
+def test_int_user_data_is_passed_through(stream):
+    counter = np.zeros(1, np.int64)
+    nh.host_launch(stream, increment, user_data=counter.ctypes.data)
+    nh.host_launch(stream, increment, user_data=counter.ctypes.data)
+    stream.sync()
+    assert counter[0] == 2
+
+
+def test_by_ref_buffer_written_by_compiled_function(stream):
+    record = np.zeros(1, OUT)
+    result = np.zeros(1, np.int64)
+    record[0]["out"] = result.ctypes.data
+    record[0]["value"] = 77
+    nh.host_launch(stream, write_value, user_data=nh.by_ref(record))
+    stream.sync()
+    assert result[0] == 77
+    assert record[0]["value"] == -1  # by reference: the function wrote the caller's buffer
+
+
+def test_ctypes_pointer_and_numba_cfunc_are_accepted(stream):
+    counter = np.zeros(1, np.int64)
+    nh.host_launch(stream, increment.ctypes, user_data=nh.by_ref(counter))
+    nh.host_launch(stream, nh.CUhostFn(increment.address), user_data=nh.by_ref(counter))
+    nh.host_launch(stream, increment._cfunc, user_data=nh.by_ref(counter))
+    stream.sync()
+    assert counter[0] == 3
+
+
+def test_two_streams_keep_their_own_data(device):
+    a, b = device.create_stream(), device.create_stream()
+    try:
+        out_a, out_b = np.zeros(1, np.int64), np.zeros(1, np.int64)
+        device.delay(a, 0.02)
+        device.delay(b, 0.02)
+        for i in range(200):
+            nh.host_launch(a, write_value, user_data=struct.pack("=Qq", out_a.ctypes.data, 2 * i))
+            nh.host_launch(b, write_value, user_data=struct.pack("=Qq", out_b.ctypes.data, 2 * i + 1))
+        a.sync()
+        b.sync()
+        assert out_a[0] == 398 and out_b[0] == 399
+    finally:
+        a.sync(), b.sync()
+        nh.drain()
+        device.close_stream(a)
+        device.close_stream(b)
+
+
+def test_python_callable_exception_is_unraisable_and_stream_goes_on(stream, unraisables):
+    def broken():
+        raise KeyError("inside a Python host function")
+
+    ran_after = []
+    nh.host_launch(stream, broken)
+    nh.host_launch(stream, lambda: ran_after.append(True))
+    stream.sync()
+    assert ran_after == [True]
+    assert len(unraisables) == 1
+    assert unraisables[0].exc_type is KeyError
+    assert unraisables[0].object is broken
+
+
+def test_compiled_exception_is_unraisable_naming_it_and_stream_goes_on(stream, unraisables):
+    @nh.host_callback
+    def failing(p):
+        raise ValueError("inside a compiled host function")
+
+    counter = np.zeros(1, np.int64)
+    nh.host_launch(stream, failing)
+    nh.host_launch(stream, increment, user_data=nh.by_ref(counter))
+    stream.sync()
+    assert counter[0] == 1
+    assert len(unraisables) == 1
+    assert unraisables[0].exc_type is ValueError
+    assert "failing" in str(unraisables[0].object)
+
+
+# ---- GIL freedom -----------------------------------------------------------------------
+
+_libc = ctypes.CDLL(None)
+_clock_gettime = _libc.clock_gettime
+_clock_gettime.argtypes = (ctypes.c_int, ctypes.c_size_t)
+_clock_gettime.restype = ctypes.c_int
+_CLOCK_MONOTONIC = 1  # what time.monotonic() reads on Linux
+N_STAMPS = 100
+
+
+@nh.host_callback
+def stamp(p):
+    """p -> int64[3 + N]: [count, tv_sec, tv_nsec, t_0 .. t_N-1 in ns]."""
+    a = carray(p, (3 + N_STAMPS,), np.int64)
+    _clock_gettime(_CLOCK_MONOTONIC, a[1:3].ctypes.data)
+    a[3 + a[0]] = a[1] * 1_000_000_000 + a[2]
+    a[0] += 1
+
+
+def _hold_gil(seconds):
+    """Keep the GIL for ``seconds`` in one C call (PyDLL does not release it)."""
+    ctypes.PyDLL(None).usleep(int(seconds * 1e6))
+
+
+def test_compiled_host_functions_run_while_main_thread_holds_gil(stream, device):
+    stamps = np.zeros(3 + N_STAMPS, np.int64)
+    device.delay(stream, 0.05)
+    for _ in range(N_STAMPS):
+        nh.host_launch(stream, stamp, user_data=nh.by_ref(stamps))
+    start = time.monotonic_ns()
+    _hold_gil(0.5)
+    window_end = start + 500_000_000
+    stream.sync()
+    assert stamps[0] == N_STAMPS
+    times = stamps[3:]
+    assert (times > start).all()
+    assert (times < window_end).all(), "a compiled host function waited for the GIL"
+
+
+def test_python_callables_wait_for_the_gil(stream, device):
+    times = []
+    device.delay(stream, 0.05)
+    for _ in range(5):
+        nh.host_launch(stream, lambda: times.append(time.monotonic_ns()))
+    start = time.monotonic_ns()
+    _hold_gil(0.5)
+    window_end = start + 500_000_000
+    stream.sync()
+    assert len(times) == 5
+    assert min(times) >= window_end - 1_000_000, "a Python callable ran without the GIL"
+
+
+# ---- deadlock and threads ----------------------------------------------------------------
+
+
+def test_no_deadlock_python_callbacks_while_main_thread_launches_and_syncs(stream):
+    calls = []
+    deadline = time.monotonic() + 3.0
+    launched = 0
+    while time.monotonic() < deadline:
+        for _ in range(20):
+            nh.host_launch(stream, lambda: calls.append(1))
+            launched += 1
+        stream.sync()  # must not hold the GIL while Python callbacks need it
+    stream.sync()
+    assert len(calls) == launched
+
+
+def test_eight_threads_launching_at_once(device):
+    n_threads, per_thread = 8, 500
+    streams = [device.create_stream() for _ in range(n_threads)]
+    counters = [np.zeros(1, np.int64) for _ in range(n_threads)]
+    py_counts = [0] * n_threads
+    barrier = threading.Barrier(n_threads)
+    errors = []
+
+    def worker(i):
+        try:
+            barrier.wait()
+            for j in range(per_thread):
+                nh.host_launch(streams[i], increment, user_data=nh.by_ref(counters[i]))
+                if j % 10 == 0:
+                    def bump(i=i):
+                        py_counts[i] += 1
+
+                    nh.host_launch(streams[i], bump)
+            streams[i].sync()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert errors == []
+        assert [int(c[0]) for c in counters] == [per_thread] * n_threads
+        assert py_counts == [per_thread // 10] * n_threads
+        nh.drain()
+        assert nh.pending() == 0
+    finally:
+        for s in streams:
+            s.sync()
+            device.close_stream(s)

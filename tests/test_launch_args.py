@@ -1,0 +1,179 @@
+"""Every bad argument raises the documented error, with nothing enqueued or kept."""
+
+import ctypes
+import gc
+import sys
+import weakref
+
+import numpy as np
+import pytest
+from numba import carray, cfunc
+
+import numba_hostfn as nh
+
+REC = np.dtype([("a", np.int64), ("b", np.float64)])
+
+
+@nh.host_callback
+def touch(p):
+    pass
+
+
+@nh.host_callback(dtype=REC)
+def typed(d):
+    d.a += 1
+
+
+class Callable:
+    def __call__(self):
+        pass
+
+
+def _rejects(stream, exc, match, fn, **kwargs):
+    """Assert host_launch raises, enqueued nothing, and kept no reference to its arguments."""
+    before = nh.pending()
+    refs = {name: sys.getrefcount(v) for name, v in kwargs.items() if v is not None}
+    fn_refs = sys.getrefcount(fn)
+    with pytest.raises(exc, match=match):
+        nh.host_launch(stream, fn, **kwargs)
+    stream.sync()
+    nh.drain()
+    assert nh.pending() == before
+    gc.collect()
+    assert sys.getrefcount(fn) == fn_refs
+    for name, v in kwargs.items():
+        if v is not None:
+            assert sys.getrefcount(v) == refs[name], name
+
+
+def test_none_stream_rejected():
+    with pytest.raises(TypeError, match="needs a stream, got None"):
+        nh.host_launch(None, touch)
+
+
+@pytest.mark.parametrize("handle", [0, 12345, True])
+def test_bare_int_stream_rejected_with_how_to_wrap(handle):
+    with pytest.raises(TypeError, match="Stream.from_handle"):
+        nh.host_launch(handle, touch)
+
+
+def test_object_without_stream_protocol_rejected():
+    with pytest.raises(TypeError, match="__cuda_stream__"):
+        nh.host_launch(object(), touch)
+
+
+def test_bad_cuda_stream_protocol_value_rejected():
+    class Weird:
+        def __cuda_stream__(self):
+            return (1, 2, 3)
+
+    with pytest.raises(TypeError, match=r"expected\s+\(0, handle\)"):
+        nh.host_launch(Weird(), touch)
+
+
+@pytest.mark.parametrize("fn", [None, 42, "callable", b"bytes"])
+def test_non_callable_fn_rejected(stream, fn):
+    with pytest.raises(TypeError, match="expected a HostFunction"):
+        nh.host_launch(stream, fn)
+    assert nh.pending() == 0
+
+
+@pytest.mark.parametrize(
+    "prototype",
+    [
+        ctypes.PYFUNCTYPE(None, ctypes.c_void_p),
+        ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p),
+        ctypes.CFUNCTYPE(None, ctypes.c_int),
+        ctypes.CFUNCTYPE(None),
+        ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p),
+    ],
+)
+def test_wrong_ctypes_prototype_rejected_naming_cuhostfn(stream, prototype):
+    pointer = prototype(touch.address)
+    _rejects(stream, TypeError, "CUhostFn", pointer)
+
+
+def test_undeclared_library_function_rejected(stream):
+    libc = ctypes.CDLL(None)
+    with pytest.raises(TypeError, match="CUhostFn"):
+        nh.host_launch(stream, libc.free)
+
+
+def test_null_ctypes_pointer_rejected(stream):
+    with pytest.raises(ValueError, match="NULL"):
+        nh.host_launch(stream, nh.CUhostFn())
+
+
+def test_numba_cfunc_with_wrong_signature_rejected(stream):
+    wrong = cfunc("int32(int32)")(lambda x: x)
+    with pytest.raises(TypeError, match="void\\(voidptr\\)"):
+        nh.host_launch(stream, wrong)
+
+
+def test_user_data_with_python_callable_rejected(stream):
+    cb = Callable()
+    data = bytearray(b"abc")
+    _rejects(stream, ValueError, "only supported with compiled", cb, user_data=data)
+    with pytest.raises(ValueError, match="closure or functools.partial"):
+        nh.host_launch(stream, cb, user_data=0)
+
+
+@pytest.mark.parametrize(
+    "user_data, exc, match",
+    [
+        ("text", TypeError, "encode"),
+        (1.5, TypeError, "bytes-like"),
+        (object(), TypeError, "bytes-like"),
+        (True, TypeError, "bool"),
+        (-1, ValueError, "2\\*\\*64"),
+        (2**64, ValueError, "2\\*\\*64"),
+    ],
+)
+def test_bad_user_data_rejected(stream, user_data, exc, match):
+    _rejects(stream, exc, match, touch, user_data=user_data)
+
+
+def test_layout_mismatch_rejected_with_nothing_enqueued(stream):
+    good = np.zeros(1, REC)
+    _rejects(stream, ValueError, "declares user_data", typed, user_data=None)
+    _rejects(stream, ValueError, "holds 8 bytes", typed, user_data=b"12345678")
+    _rejects(stream, ValueError, "has dtype", typed, user_data=np.zeros(2, np.int64))
+    wrong = np.zeros(2, REC)
+    _rejects(stream, ValueError, "holds 32 bytes", typed, user_data=nh.by_ref(wrong))
+    nh.host_launch(stream, typed, user_data=nh.by_ref(good))
+    stream.sync()
+    assert good[0]["a"] == 1
+
+
+def test_by_ref_rejects_unsuitable_buffers():
+    with pytest.raises(TypeError, match="buffer protocol"):
+        nh.by_ref([1, 2, 3])
+    with pytest.raises(ValueError, match="writable"):
+        nh.by_ref(b"read-only")
+    ro = np.zeros(4)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="writable"):
+        nh.by_ref(ro)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        nh.by_ref(np.zeros((4, 4))[:, 1])
+    with pytest.raises(ValueError, match="at least one byte"):
+        nh.by_ref(np.zeros(0))
+
+
+def test_by_ref_pins_bytearray_size():
+    buf = bytearray(16)
+    ref = nh.by_ref(buf)
+    with pytest.raises(BufferError):
+        buf.append(1)
+    del ref
+    buf.append(1)
+
+
+def test_rejected_arguments_are_not_kept_alive(stream):
+    cb = Callable()
+    alive = weakref.ref(cb)
+    with pytest.raises(ValueError):
+        nh.host_launch(stream, cb, user_data=b"x")
+    del cb
+    gc.collect()
+    assert alive() is None

@@ -1,0 +1,105 @@
+"""The simulator's own surface: what it models, and the clear errors for what it does not."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from _device import child_env
+from numba import carray
+
+import numba_hostfn as nh
+
+sim_only = pytest.mark.skipif(
+    os.environ.get("NUMBA_HOSTFN_SIMULATOR") != "1", reason="simulator behaviour"
+)
+
+
+@nh.host_callback
+def increment(p):
+    carray(p, (1,), np.int64)[0] += 1
+
+
+@sim_only
+def test_streams_run_independently():
+    with nh.simulator.Stream() as slow, nh.simulator.Stream() as fast:
+        counter = np.zeros(1, np.int64)
+        slow.sleep(5)
+        nh.host_launch(fast, increment, user_data=nh.by_ref(counter))
+        fast.sync()  # does not wait for the other stream's five seconds
+        assert counter[0] == 1
+        assert not slow.is_done()
+        slow.close()  # runs what is queued, then stops
+        assert fast.is_done()
+
+
+@sim_only
+def test_stream_surface():
+    s = nh.simulator.Stream()
+    version, handle = s.__cuda_stream__()
+    assert version == 0 and handle == s.handle
+    assert "open" in repr(s)
+    s.sync()
+    assert s.is_done()
+    s.close()
+    s.close()  # idempotent
+    assert "closed" in repr(s)
+    with pytest.raises(RuntimeError, match="closed"):
+        nh.host_launch(s, increment, user_data=0)
+    with pytest.raises(RuntimeError, match="closed"):
+        s.sync()
+    assert nh.pending() == 0
+
+
+@sim_only
+def test_sleep_and_launch_validate(stream):
+    with pytest.raises(TypeError, match="seconds"):
+        stream.sleep("1")
+    with pytest.raises(ValueError, match="seconds"):
+        stream.sleep(-1)
+    with pytest.raises(TypeError, match="compiled"):
+        stream.launch(lambda: None)
+
+
+@sim_only
+def test_foreign_stream_objects_are_refused():
+    class Foreign:
+        def __cuda_stream__(self):
+            return (0, 0xDEAD0000)
+
+    with pytest.raises(TypeError, match="simulator.Stream"):
+        nh.host_launch(Foreign(), increment, user_data=0)
+    assert nh.pending() == 0
+
+
+@sim_only
+def test_simulator_stream_refused_without_simulator_backend():
+    script = (
+        "import numba_hostfn as nh\n"
+        "try:\n    nh.simulator.Stream()\n"
+        "except (RuntimeError, nh.BackendUnavailableError) as e:\n    print(e)\n"
+    )
+    env = child_env(CUDA_VISIBLE_DEVICES="")
+    env.pop("NUMBA_HOSTFN_SIMULATOR")
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "NUMBA_HOSTFN_SIMULATOR" in run.stdout
+
+
+def test_no_driver_and_no_simulator_raises_naming_the_variable():
+    script = (
+        "import numba_hostfn as nh\n"
+        "try:\n    nh.host_launch(object(), print)\n"
+        "except TypeError:\n    pass\n"
+        "try:\n    nh.pending()\n"
+        "except nh.BackendUnavailableError as e:\n    print('unavailable:', e)\n"
+    )
+    env = child_env(CUDA_VISIBLE_DEVICES="")  # hides every GPU from the driver
+    env.pop("NUMBA_HOSTFN_SIMULATOR", None)
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "unavailable:" in run.stdout
+    assert "NUMBA_HOSTFN_SIMULATOR=1" in run.stdout
