@@ -92,7 +92,7 @@ class Device:
     def _launch(self, stream: Any, target: int, value: int, seconds: float) -> None:
         from cuda.core import launch
 
-        launch(stream, self._config, self._kernel, ctypes.c_void_p(target),
+        launch(stream, self._config, self._kernel, np.uint64(target),
                np.int32(value), np.uint64(int(seconds * 1e9)))
 
     def delay(self, stream: Any, seconds: float) -> None:
