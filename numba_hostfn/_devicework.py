@@ -72,6 +72,11 @@ class Device:
             return SimulatedStream()
         return self.cuda.create_stream()
 
+    def synchronize(self) -> None:
+        """Wait for all work of the device (context), or of every simulated stream."""
+        if not self.simulator:
+            self.cuda.sync()
+
     def close_stream(self, stream: Any) -> None:
         stream.close()
 

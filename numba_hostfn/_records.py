@@ -48,6 +48,14 @@ class LaunchRecords:
         # which already holds the GIL there.  Kept alive for the whole process.
         self._pending_call = _PENDING_CALL(self._on_pending_call)
         native.set_drain(ctypes.cast(self._pending_call, ctypes.c_void_p).value)
+        # Close before any atexit handler runs: another library's handler may
+        # block in a driver call with the GIL held (releasing a context, say),
+        # while the driver's thread waits for the GIL in a Python trampoline.
+        # threading's exit hooks run first, right after non-daemon threads end.
+        try:
+            threading._register_atexit(self._at_exit)
+        except (AttributeError, RuntimeError):  # no such hook, or already shutting down
+            pass
         atexit.register(self._at_exit)
 
     def _grow(self) -> None:
@@ -116,7 +124,9 @@ class LaunchRecords:
         return 0
 
     def _at_exit(self) -> None:
-        # Invariant 5: close the interpreter guard so that no trampoline
+        if self._closed:
+            return
+        # Invariant 6: close the interpreter guard so that no trampoline
         # takes the GIL from now on, wait (GIL released) for those inside,
         # then leak whatever is still pending instead of freeing it under a
         # driver thread that may yet run it.

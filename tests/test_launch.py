@@ -91,7 +91,7 @@ def test_callable_released_after_it_ran(stream, device):
 
     probe = Probe()
     alive = weakref.ref(probe)
-    device.delay(stream, 0.05)
+    device.delay(stream, 1.0)  # longer than gc.collect() with large libraries loaded
     nh.host_launch(stream, probe)
     del probe
     gc.collect()
@@ -126,7 +126,7 @@ def test_release_happens_on_the_main_thread_without_explicit_drain(stream):
 def test_by_ref_buffer_kept_alive_until_run_then_released(stream, device):
     counter = np.zeros(1, np.int64)
     alive = weakref.ref(counter)
-    device.delay(stream, 0.05)
+    device.delay(stream, 1.0)
     nh.host_launch(stream, increment, user_data=nh.by_ref(counter))
     view = counter.view()  # to read the result; does not own the launch
     del counter
