@@ -471,7 +471,7 @@ class Native:
         # Invariant 6 (LIFETIME.md): the machine code must outlive the
         # interpreter, because a driver thread may still be inside it while
         # the process exits.  Take one reference that is never given back.
-        ctypes.pythonapi.Py_IncRef(ctypes.py_object(library))
+        ctypes.PYFUNCTYPE(None, ctypes.py_object)(("Py_IncRef", ctypes.pythonapi))(library)
         self._library = library
         fn = library.get_pointer_to_function
 

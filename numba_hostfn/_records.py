@@ -29,9 +29,12 @@ _libc = ctypes.CDLL(None)
 _libc.calloc.restype = ctypes.c_void_p
 _libc.calloc.argtypes = (ctypes.c_size_t, ctypes.c_size_t)
 _PENDING_CALL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
-_py_decref = ctypes.pythonapi.Py_DecRef
-_py_decref.argtypes = (ctypes.c_void_p,)
-_py_decref.restype = None
+# Private prototypes: the function objects cached on ctypes.pythonapi are shared
+# with every library, and some redeclare them (numba-cuda sets Py_DecRef's
+# argtypes to py_object, which would make a decref of an address drop a
+# temporary int instead).
+_py_decref = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)(("Py_DecRef", ctypes.pythonapi))
+py_incref = ctypes.PYFUNCTYPE(None, ctypes.py_object)(("Py_IncRef", ctypes.pythonapi))
 
 
 class LaunchRecords:
@@ -39,7 +42,9 @@ class LaunchRecords:
 
     def __init__(self, native: Native) -> None:
         self._native = native
-        self._lock = threading.Lock()
+        # Re-entrant: the interpreter runs the pending-call drain on the main
+        # thread between any two bytecodes, also while this thread holds the lock.
+        self._lock = threading.RLock()
         self._free: list[int] = []
         self._where: dict[int, tuple[memoryview, int]] = {}
         self._owners: dict[int, Any] = {}
@@ -133,4 +138,4 @@ class LaunchRecords:
         self._closed = True
         self._native.close(_CLOSE_WAIT_MS)
         with self._lock:
-            ctypes.pythonapi.Py_IncRef(ctypes.py_object(self._owners))
+            py_incref(self._owners)

@@ -3,6 +3,8 @@
 import ctypes
 import gc
 import struct
+import subprocess
+import sys
 import threading
 import time
 import weakref
@@ -12,6 +14,7 @@ import pytest
 from numba import carray
 
 import numba_hostfn as nh
+from _device import child_env
 
 OUT = np.dtype([("out", np.uint64), ("value", np.int64)])
 
@@ -341,3 +344,49 @@ def test_eight_threads_launching_at_once(device):
         for s in streams:
             s.sync()
             device.close_stream(s)
+
+
+# ---- regressions found on the H200 ---------------------------------------------------------
+
+
+def test_results_released_correctly_when_another_library_redeclares_py_decref(stream, monkeypatch):
+    """numba-cuda sets ctypes.pythonapi.Py_DecRef.argtypes = [py_object] (shared object)."""
+    monkeypatch.setattr(ctypes.pythonapi.Py_DecRef, "argtypes", [ctypes.py_object])
+    monkeypatch.setattr(ctypes.pythonapi.Py_IncRef, "argtypes", [ctypes.py_object])
+    result = object()
+    before = sys.getrefcount(result)
+    for _ in range(50):
+        nh.host_launch(stream, lambda: result)
+    stream.sync()
+    nh.drain()
+    gc.collect()
+    assert sys.getrefcount(result) == before
+
+
+GROW_SCRIPT = """
+import numba_hostfn as nh
+from numba_hostfn import _records
+from _device import Device
+
+device = Device()
+stream = device.create_stream()
+original = _records.LaunchRecords._grow
+
+def grow_then_pending_call(self):
+    original(self)
+    self._on_pending_call(0)  # what the interpreter may do between two bytecodes
+
+_records.LaunchRecords._grow = grow_then_pending_call
+for i in range(3000):
+    nh.host_launch(stream, lambda: None)
+stream.sync()
+nh.drain()
+print("ok", nh.pending())
+"""
+
+
+def test_pending_call_inside_record_growth_does_not_deadlock():
+    run = subprocess.run([sys.executable, "-c", GROW_SCRIPT], env=child_env(),
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["ok", "0"]
