@@ -9,6 +9,7 @@ import pytest
 from numba import carray
 
 import numba_hostfn as nh
+from _device import rerun_on_simulator
 
 
 @nh.host_callback
@@ -95,7 +96,7 @@ def test_capturing_plain_stream_is_refused_and_capture_stays_valid(device, strea
 
 @pytest.mark.gpu
 def test_cupy_capture_is_refused_and_stays_valid(device):
-    cupy = pytest.importorskip("cupy")
+    import cupy
     s = cupy.cuda.Stream(non_blocking=True)
     with s:
         s.begin_capture()
@@ -106,9 +107,9 @@ def test_cupy_capture_is_refused_and_stays_valid(device):
     s.synchronize()
 
 
-def test_simulator_has_no_graphs():
-    if nh.backend_name() != "simulator":
-        pytest.skip("simulator behaviour")  # the GPU tests above cover graphs there
+def test_simulator_has_no_graphs(request):
+    if rerun_on_simulator(request):
+        return
     with nh.simulator.Stream() as s:
         with pytest.raises(nh.SimulatorUnsupportedError, match="graph"):
             s.create_graph_builder()

@@ -49,14 +49,14 @@ def test_cuda_core_legacy_and_per_thread_default_streams(device):
 
 @pytest.mark.gpu
 def test_cupy_stream(device):
-    cupy = pytest.importorskip("cupy")
+    import cupy
     s = cupy.cuda.Stream(non_blocking=True)
     _exercise(s, s.synchronize)
 
 
 @pytest.mark.gpu
 def test_torch_stream(device):
-    torch = pytest.importorskip("torch")
+    import torch
     s = torch.cuda.Stream()
     _exercise(s, s.synchronize)
 

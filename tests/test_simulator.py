@@ -1,28 +1,23 @@
 """The simulator's own surface: what it models, and the clear errors for what it does not."""
 
-import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-from _device import child_env
+from _device import child_env, rerun_on_simulator
 from numba import carray
 
 import numba_hostfn as nh
-
-sim_only = pytest.mark.skipif(
-    os.environ.get("NUMBA_HOSTFN_SIMULATOR") != "1", reason="simulator behaviour"
-)
-
 
 @nh.host_callback
 def increment(p):
     carray(p, (1,), np.int64)[0] += 1
 
 
-@sim_only
-def test_streams_run_independently():
+def test_streams_run_independently(request):
+    if rerun_on_simulator(request):
+        return
     with nh.simulator.Stream() as slow, nh.simulator.Stream() as fast:
         counter = np.zeros(1, np.int64)
         slow.sleep(5)
@@ -34,8 +29,9 @@ def test_streams_run_independently():
         assert fast.is_done()
 
 
-@sim_only
-def test_stream_surface():
+def test_stream_surface(request):
+    if rerun_on_simulator(request):
+        return
     s = nh.simulator.Stream()
     version, handle = s.__cuda_stream__()
     assert version == 0 and handle == s.handle
@@ -52,8 +48,9 @@ def test_stream_surface():
     assert nh.pending() == 0
 
 
-@sim_only
-def test_sleep_and_launch_validate(stream):
+def test_sleep_and_launch_validate(request, stream):
+    if rerun_on_simulator(request):
+        return
     with pytest.raises(TypeError, match="seconds"):
         stream.sleep("1")
     with pytest.raises(ValueError, match="seconds"):
@@ -62,8 +59,9 @@ def test_sleep_and_launch_validate(stream):
         stream.launch(lambda: None)
 
 
-@sim_only
-def test_foreign_stream_objects_are_refused():
+def test_foreign_stream_objects_are_refused(request):
+    if rerun_on_simulator(request):
+        return
     class Foreign:
         def __cuda_stream__(self):
             return (0, 0xDEAD0000)
@@ -73,8 +71,9 @@ def test_foreign_stream_objects_are_refused():
     assert nh.pending() == 0
 
 
-@sim_only
-def test_simulator_stream_refused_without_simulator_backend():
+def test_simulator_stream_refused_without_simulator_backend(request):
+    if rerun_on_simulator(request):
+        return
     script = (
         "import numba_hostfn as nh\n"
         "try:\n    nh.simulator.Stream()\n"
