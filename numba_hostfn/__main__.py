@@ -62,9 +62,11 @@ def main(argv: list[str] | None = None) -> int:
         device.store(stream, cells, 3, 2)
         stream.sync()
         ok = list(cells) == [1, 10, 10, 2]
-        print("\nStream order: stage 1 wrote 1; the host functions each saw 1 and no stage-2 "
-              f"write (value 10); stage 2 wrote 2 -> cells {[int(c) for c in cells]}: "
-              f"{'in order' if ok else 'OUT OF ORDER'}")
+        print(
+            "\nStream order: stage 1 wrote 1; the host functions each saw 1 and no stage-2 "
+            f"write (value 10); stage 2 wrote 2 -> cells {[int(c) for c in cells]}: "
+            f"{'in order' if ok else 'OUT OF ORDER'}"
+        )
 
         # 2. Cost per callback: enqueue one, then wait for it to have run, with
         #    the main thread idle (in sync, GIL released) or busy (spinning in
@@ -77,17 +79,20 @@ def main(argv: list[str] | None = None) -> int:
 
         def latency(kind: str, busy: bool, reps: int) -> float:
             if kind == "compiled":
+
                 def progress() -> int:
                     return int(counter[0])
 
                 def launch() -> None:
                     nh.host_launch(stream, count, user_data=nh.by_ref(counter))
             else:
+
                 def progress() -> int:
                     return calls[0]
 
                 def launch() -> None:
                     nh.host_launch(stream, python_callable)
+
             samples = []
             for _ in range(reps):
                 before = progress()
@@ -107,18 +112,24 @@ def main(argv: list[str] | None = None) -> int:
         latency("python", False, 50)
         rows = [
             (label, latency(kind, False, args.n), latency(kind, True, min(args.n, 40)))
-            for kind, label in (("compiled", "compiled HostFunction (no GIL)"),
-                                ("python", "Python callable (takes the GIL)"))
+            for kind, label in (
+                ("compiled", "compiled HostFunction (no GIL)"),
+                ("python", "Python callable (takes the GIL)"),
+            )
         ]
-        print("\nPer callback, enqueue until it has run, median microseconds "
-              f"(switch interval {sys.getswitchinterval() * 1e3:.0f} ms):")
+        print(
+            "\nPer callback, enqueue until it has run, median microseconds "
+            f"(switch interval {sys.getswitchinterval() * 1e3:.0f} ms):"
+        )
         print(f"| {'host function':<32} | {'main thread idle':>17} | {'main thread busy':>17} |")
         print(f"| {'-' * 32} | {'-' * 17}:| {'-' * 17}:|")
         for label, idle, busy in rows:
             print(f"| {label:<32} | {idle:17.1f} | {busy:17.1f} |")
-        print("\nIdle: the main thread waits in stream.sync(), without the GIL. Busy: it spins "
-              "in\nPython; a Python callable then waits for the GIL, about one switch "
-              "interval, and\na compiled host function does not.")
+        print(
+            "\nIdle: the main thread waits in stream.sync(), without the GIL. Busy: it spins "
+            "in\nPython; a Python callable then waits for the GIL, about one switch "
+            "interval, and\na compiled host function does not."
+        )
         return 0 if ok else 1
     finally:
         stream.sync()

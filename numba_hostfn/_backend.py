@@ -88,10 +88,16 @@ class CudaBackend(Backend):
         err, version = driver.cuDriverGetVersion()
         self._check(err, "cuDriverGetVersion")
         self.driver_version = version
-        proc = {name: self._proc(name) for name in (
-            "cuStreamIsCapturing", "cuLaunchHostFunc", "cuUserObjectCreate",
-            "cuUserObjectRelease", "cuGraphRetainUserObject",
-        )}
+        proc = {
+            name: self._proc(name)
+            for name in (
+                "cuStreamIsCapturing",
+                "cuLaunchHostFunc",
+                "cuUserObjectCreate",
+                "cuUserObjectRelease",
+                "cuGraphRetainUserObject",
+            )
+        }
         native.set_cuda(proc["cuStreamIsCapturing"], proc["cuLaunchHostFunc"])
         # Graph attachments: called through ctypes on the raw driver pointers,
         # because cuda.bindings wraps any CUhostFn argument in a GIL trampoline.
@@ -109,7 +115,9 @@ class CudaBackend(Backend):
     def _proc(self, name: str) -> int:
         d = self._driver
         result = d.cuGetProcAddress(
-            name.encode(), self.driver_version, d.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT
+            name.encode(),
+            self.driver_version,
+            d.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT,
         )
         self._check(result[0], f"cuGetProcAddress({name!r})")
         address = int(result[1])
@@ -169,7 +177,10 @@ class CudaBackend(Backend):
         graph = int(info[3])
         obj = ctypes.c_void_p()
         rc = self._user_object_create(
-            ctypes.byref(obj), record, self.native.graph_release, 1,
+            ctypes.byref(obj),
+            record,
+            self.native.graph_release,
+            1,
             int(d.CUuserObject_flags.CU_USER_OBJECT_NO_DESTRUCTOR_SYNC),
         )
         self._check(rc, "cuUserObjectCreate")

@@ -21,7 +21,8 @@ import inspect
 import sys
 import threading
 import types as pytypes
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numba
 import numpy as np
@@ -102,7 +103,8 @@ def _view_wrapper(py_func: Callable, body: Callable, layout: np.dtype) -> Callab
     origin = py_func.__code__
     qualname = f"{py_func.__qualname__}.host_view"
     code = template.__code__.replace(
-        co_filename=origin.co_filename, co_firstlineno=origin.co_firstlineno,
+        co_filename=origin.co_filename,
+        co_firstlineno=origin.co_firstlineno,
         co_name=py_func.__name__,
     )
     if sys.version_info >= (3, 11):
@@ -144,8 +146,9 @@ class HostFunction:
         The declared user_data layout, if any.
     """
 
-    def __init__(self, py_func: Callable, *, dtype: Any = None, cache: bool = False,
-                 fastmath: bool = False) -> None:
+    def __init__(
+        self, py_func: Callable, *, dtype: Any = None, cache: bool = False, fastmath: bool = False
+    ) -> None:
         if not inspect.isfunction(py_func):
             raise TypeError(
                 f"host_callback expected a Python function, got {type(py_func).__name__}"
@@ -224,7 +227,11 @@ class HostFunction:
 
 
 def host_callback(
-    func: Callable | None = None, /, *, dtype: Any = None, cache: bool = False,
+    func: Callable | None = None,
+    /,
+    *,
+    dtype: Any = None,
+    cache: bool = False,
     fastmath: bool = False,
 ) -> HostFunction | Callable[[Callable], HostFunction]:
     """Compile ``func(user_data)`` into a :class:`HostFunction` that runs without the GIL.

@@ -97,8 +97,14 @@ class Device:
     def _launch(self, stream: Any, target: int, value: int, seconds: float) -> None:
         from cuda.core import launch
 
-        launch(stream, self._config, self._kernel, np.uint64(target),
-               np.int32(value), np.uint64(int(seconds * 1e9)))
+        launch(
+            stream,
+            self._config,
+            self._kernel,
+            np.uint64(target),
+            np.int32(value),
+            np.uint64(int(seconds * 1e9)),
+        )
 
     def delay(self, stream: Any, seconds: float) -> None:
         """Occupy ``stream`` for ``seconds`` (device work)."""
@@ -107,8 +113,9 @@ class Device:
         else:
             self._launch(stream, 0, 0, seconds)
 
-    def store(self, stream: Any, array: np.ndarray, index: int, value: int,
-              delay: float = 0.0) -> None:
+    def store(
+        self, stream: Any, array: np.ndarray, index: int, value: int, delay: float = 0.0
+    ) -> None:
         """Device work: after ``delay`` seconds, ``array[index] = value`` (int32), in order."""
         if array.dtype != np.int32:
             raise TypeError(f"store() writes int32, got an array of {array.dtype}")

@@ -9,11 +9,11 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from ._backend import get_backend
 from numba.core.ccallback import CFunc
 
+from ._backend import get_backend
 from ._decorator import _SIGNATURE, HostFunction
-from ._userdata import ByRef, resolve_user_data
+from ._userdata import resolve_user_data
 
 __all__ = ["classify_function", "drain", "host_launch", "pending"]
 
@@ -92,8 +92,12 @@ def _stream_kind(stream: Any) -> str:
 def _stream_handle(stream: Any) -> int:
     protocol = stream.__cuda_stream__
     value = protocol() if callable(protocol) else protocol
-    if (not isinstance(value, tuple) or len(value) != 2 or value[0] != 0
-            or not isinstance(value[1], int)):
+    if (
+        not isinstance(value, tuple)
+        or len(value) != 2
+        or value[0] != 0
+        or not isinstance(value[1], int)
+    ):
         raise TypeError(
             f"{type(stream).__name__}.__cuda_stream__ returned {value!r}; expected "
             "(0, handle) as in version 0 of the protocol"
@@ -151,7 +155,9 @@ def host_launch(stream: Any, fn: Any, *, user_data: Any = None) -> None:
         arg, data_owner = id(fn), None  # the PyObject*, kept alive by fn_owner
     else:
         layout = fn.dtype if kind == "compiled" else None
-        arg, data_owner = resolve_user_data(user_data, layout, repr(getattr(fn, "__qualname__", fn)))
+        arg, data_owner = resolve_user_data(
+            user_data, layout, repr(getattr(fn, "__qualname__", fn))
+        )
     stream_kind = _stream_kind(stream)
     backend = get_backend()
     if stream_kind == "graph":
@@ -170,8 +176,9 @@ def host_launch(stream: Any, fn: Any, *, user_data: Any = None) -> None:
     records.maybe_drain()
 
 
-def _graph_launch(backend: Any, builder: Any, kind: str, fn: Any, target: int, arg: int,
-                  owner: Any) -> None:
+def _graph_launch(
+    backend: Any, builder: Any, kind: str, fn: Any, target: int, arg: int, owner: Any
+) -> None:
     if kind == "python":
         builder.callback(fn)  # cuda.core owns the callable for the graph's lifetime
         return

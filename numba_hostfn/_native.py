@@ -504,7 +504,7 @@ class Native:
         self.schedule_failures = _u64.from_address(failed)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def native() -> Native:
     """Build the native layer once per process."""
     return Native()

@@ -61,7 +61,9 @@ class Stream:
         self._queue = queue
         self._closed = False
         self._thread = threading.Thread(
-            target=self._native.sim_worker, args=(queue,), daemon=True,
+            target=self._native.sim_worker,
+            args=(queue,),
+            daemon=True,
             name=f"numba_hostfn-simulated-stream-{queue:#x}",
         )
         self._thread.start()

@@ -120,7 +120,9 @@ def resolve_user_data(user_data: Any, layout: np.dtype | None, name: str) -> tup
         _check_layout(user_data.nbytes, user_data.dtype, layout, "by_ref(...)", name)
         return user_data.address, user_data
     if isinstance(user_data, bool):
-        raise TypeError("user_data must be None, an int address, bytes-like or by_ref(...); got a bool")
+        raise TypeError(
+            "user_data must be None, an int address, bytes-like or by_ref(...); got a bool"
+        )
     if isinstance(user_data, int):
         if not 0 <= user_data < _MAX_ADDRESS:
             raise ValueError(f"user_data address must be in [0, 2**64), got {user_data}")

@@ -38,7 +38,10 @@ def rerun_on_simulator(request) -> bool:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", request.node.nodeid],
-        cwd=root, env=child_env(NUMBA_HOSTFN_SIMULATOR="1"), capture_output=True, text=True,
+        cwd=root,
+        env=child_env(NUMBA_HOSTFN_SIMULATOR="1"),
+        capture_output=True,
+        text=True,
         timeout=300,
     )
     assert run.returncode == 0 and "1 passed" in run.stdout, run.stdout + run.stderr

@@ -24,8 +24,9 @@ if not simulator_requested() and not cuda_driver_usable():
 SIMULATOR = simulator_requested()
 sys.path.insert(0, os.path.dirname(__file__))
 
-import numba_hostfn  # noqa: E402
 from _device import Device  # noqa: E402
+
+import numba_hostfn  # noqa: E402
 
 
 def pytest_report_header(config):

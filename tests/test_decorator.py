@@ -5,10 +5,10 @@ import textwrap
 
 import numpy as np
 import pytest
+from _device import child_env
 from numba import carray
 
 import numba_hostfn as nh
-from _device import child_env
 
 REC = np.dtype([("x", np.float64), ("n", np.int64)])
 
@@ -153,7 +153,8 @@ def test_decorator_rejects_bad_dtype(dtype):
 
 def test_cache_true_loads_machine_code_in_a_new_process(tmp_path):
     module = tmp_path / "cached_hostfns.py"
-    module.write_text(textwrap.dedent("""
+    module.write_text(
+        textwrap.dedent("""
         import numpy as np
         from numba import carray
         import numba_hostfn as nh
@@ -165,7 +166,8 @@ def test_cache_true_loads_machine_code_in_a_new_process(tmp_path):
         @nh.host_callback(cache=True, dtype=np.dtype([("v", np.int64)]))
         def typed(d):
             d.v += 4
-    """))
+    """)
+    )
     script = textwrap.dedent("""
         import numpy as np, numba_hostfn as nh, cached_hostfns as m
         a = np.zeros(1, np.int64); m.raw(nh.by_ref(a))
@@ -174,9 +176,14 @@ def test_cache_true_loads_machine_code_in_a_new_process(tmp_path):
         print(m.raw.cache_hits, m.typed.cache_hits)
     """)
     runs = [
-        subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True,
-                       env=child_env(),
-                       text=True, timeout=300)
+        subprocess.run(
+            [sys.executable, "-c", script],
+            cwd=tmp_path,
+            capture_output=True,
+            env=child_env(),
+            text=True,
+            timeout=300,
+        )
         for _ in range(2)
     ]
     for run in runs:

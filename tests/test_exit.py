@@ -38,7 +38,10 @@ def test_exit_with_thousands_of_launches_pending(delay):
     n = 3000
     child = subprocess.Popen(
         [sys.executable, "-c", EXIT_SCRIPT.format(n=n, delay=delay)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
     )
     try:
         out, err = child.communicate(timeout=90)

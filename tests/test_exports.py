@@ -2,9 +2,22 @@ import numba_hostfn
 import numba_hostfn.simulator
 
 PUBLIC = {
-    "SIMULATOR_ENV", "BackendUnavailableError", "ByRef", "CUhostFn", "CudaDriverError",
-    "HostCallbackCompileError", "HostFunction", "SimulatorUnsupportedError", "as_voidptr",
-    "backend_name", "by_ref", "drain", "host_callback", "host_launch", "pending", "simulator",
+    "SIMULATOR_ENV",
+    "BackendUnavailableError",
+    "ByRef",
+    "CUhostFn",
+    "CudaDriverError",
+    "HostCallbackCompileError",
+    "HostFunction",
+    "SimulatorUnsupportedError",
+    "as_voidptr",
+    "backend_name",
+    "by_ref",
+    "drain",
+    "host_callback",
+    "host_launch",
+    "pending",
+    "simulator",
 }
 
 
@@ -16,7 +29,9 @@ def test_public_names_are_exactly_the_documented_ones():
 
 def test_simulator_module_exports():
     assert set(numba_hostfn.simulator.__all__) == {"Stream", "SimulatorUnsupportedError"}
-    assert numba_hostfn.simulator.SimulatorUnsupportedError is numba_hostfn.SimulatorUnsupportedError
+    assert (
+        numba_hostfn.simulator.SimulatorUnsupportedError is numba_hostfn.SimulatorUnsupportedError
+    )
 
 
 def test_error_classes_are_the_builtin_kinds():

@@ -6,10 +6,10 @@ import weakref
 
 import numpy as np
 import pytest
+from _device import rerun_on_simulator
 from numba import carray
 
 import numba_hostfn as nh
-from _device import rerun_on_simulator
 
 
 @nh.host_callback
@@ -97,6 +97,7 @@ def test_capturing_plain_stream_is_refused_and_capture_stays_valid(device, strea
 @pytest.mark.gpu
 def test_cupy_capture_is_refused_and_stays_valid(device):
     import cupy
+
     s = cupy.cuda.Stream(non_blocking=True)
     with s:
         s.begin_capture()

@@ -50,6 +50,7 @@ def test_cuda_core_legacy_and_per_thread_default_streams(device):
 @pytest.mark.gpu
 def test_cupy_stream(device):
     import cupy
+
     s = cupy.cuda.Stream(non_blocking=True)
     _exercise(s, s.synchronize)
 
@@ -57,6 +58,7 @@ def test_cupy_stream(device):
 @pytest.mark.gpu
 def test_torch_stream(device):
     import torch
+
     s = torch.cuda.Stream()
     _exercise(s, s.synchronize)
 

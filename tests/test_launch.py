@@ -10,11 +10,10 @@ import time
 import weakref
 
 import numpy as np
-import pytest
+from _device import child_env
 from numba import carray
 
 import numba_hostfn as nh
-from _device import child_env
 
 OUT = np.dtype([("out", np.uint64), ("value", np.int64)])
 
@@ -199,7 +198,9 @@ def test_two_streams_keep_their_own_data(device):
         device.delay(b, 0.02)
         for i in range(200):
             nh.host_launch(a, write_value, user_data=struct.pack("=Qq", out_a.ctypes.data, 2 * i))
-            nh.host_launch(b, write_value, user_data=struct.pack("=Qq", out_b.ctypes.data, 2 * i + 1))
+            nh.host_launch(
+                b, write_value, user_data=struct.pack("=Qq", out_b.ctypes.data, 2 * i + 1)
+            )
         a.sync()
         b.sync()
         assert out_a[0] == 398 and out_b[0] == 399
@@ -321,6 +322,7 @@ def test_eight_threads_launching_at_once(device):
             for j in range(per_thread):
                 nh.host_launch(streams[i], increment, user_data=nh.by_ref(counters[i]))
                 if j % 10 == 0:
+
                     def bump(i=i):
                         py_counts[i] += 1
 
@@ -386,7 +388,12 @@ print("ok", nh.pending())
 
 
 def test_pending_call_inside_record_growth_does_not_deadlock():
-    run = subprocess.run([sys.executable, "-c", GROW_SCRIPT], env=child_env(),
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-c", GROW_SCRIPT],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["ok", "0"]

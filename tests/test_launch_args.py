@@ -7,7 +7,7 @@ import weakref
 
 import numpy as np
 import pytest
-from numba import carray, cfunc
+from numba import cfunc
 
 import numba_hostfn as nh
 

@@ -7,8 +7,13 @@ from _device import child_env
 
 
 def test_main_job_runs_and_reports_order_and_costs():
-    run = subprocess.run([sys.executable, "-m", "numba_hostfn", "-n", "5"], env=child_env(),
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-m", "numba_hostfn", "-n", "5"],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     out = run.stdout
     assert "cells [1, 10, 10, 2]: in order" in out
@@ -19,14 +24,24 @@ def test_main_job_runs_and_reports_order_and_costs():
 def test_main_job_says_plainly_when_it_uses_the_simulator():
     env = child_env(CUDA_VISIBLE_DEVICES="")
     env.pop("NUMBA_HOSTFN_SIMULATOR", None)
-    run = subprocess.run([sys.executable, "-m", "numba_hostfn", "-n", "5"], env=env,
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-m", "numba_hostfn", "-n", "5"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "backend: simulator (no usable CUDA driver found" in run.stdout
 
 
 def test_main_job_rejects_bad_arguments():
-    run = subprocess.run([sys.executable, "-m", "numba_hostfn", "-n", "1"], env=child_env(),
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-m", "numba_hostfn", "-n", "1"],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 2
     assert "-n must be at least 5" in run.stderr

@@ -10,6 +10,7 @@ from numba import carray
 
 import numba_hostfn as nh
 
+
 @nh.host_callback
 def increment(p):
     carray(p, (1,), np.int64)[0] += 1
@@ -62,6 +63,7 @@ def test_sleep_and_launch_validate(request, stream):
 def test_foreign_stream_objects_are_refused(request):
     if rerun_on_simulator(request):
         return
+
     class Foreign:
         def __cuda_stream__(self):
             return (0, 0xDEAD0000)
@@ -81,8 +83,9 @@ def test_simulator_stream_refused_without_simulator_backend(request):
     )
     env = child_env(CUDA_VISIBLE_DEVICES="")
     env.pop("NUMBA_HOSTFN_SIMULATOR")
-    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                         text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
     assert run.returncode == 0, run.stderr
     assert "NUMBA_HOSTFN_SIMULATOR" in run.stdout
 
@@ -97,8 +100,9 @@ def test_no_driver_and_no_simulator_raises_naming_the_variable():
     )
     env = child_env(CUDA_VISIBLE_DEVICES="")  # hides every GPU from the driver
     env.pop("NUMBA_HOSTFN_SIMULATOR", None)
-    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                         text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
     assert run.returncode == 0, run.stderr
     assert "unavailable:" in run.stdout
     assert "NUMBA_HOSTFN_SIMULATOR=1" in run.stdout
