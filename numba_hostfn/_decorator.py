@@ -217,7 +217,7 @@ class HostFunction:
         ``user_data`` takes the forms :func:`host_launch` accepts and is checked
         against the declared ``dtype`` the same way.
         """
-        address, owner = resolve_user_data(user_data, self.dtype, repr(self.__qualname__))
+        address, owner = resolve_user_data(user_data, self.dtype, self)
         self.ctypes(address)
         del owner
 

@@ -12,7 +12,7 @@ from typing import Any
 from numba.core.ccallback import CFunc
 
 from ._backend import get_backend
-from ._decorator import _SIGNATURE, HostFunction
+from ._decorator import _SIGNATURE, CUhostFn, HostFunction
 from ._userdata import resolve_user_data
 
 __all__ = ["classify_function", "drain", "host_launch", "pending"]
@@ -155,9 +155,7 @@ def host_launch(stream: Any, fn: Any, *, user_data: Any = None) -> None:
         arg, data_owner = id(fn), None  # the PyObject*, kept alive by fn_owner
     else:
         layout = fn.dtype if kind == "compiled" else None
-        arg, data_owner = resolve_user_data(
-            user_data, layout, repr(getattr(fn, "__qualname__", fn))
-        )
+        arg, data_owner = resolve_user_data(user_data, layout, fn)
     stream_kind = _stream_kind(stream)
     backend = get_backend()
     if stream_kind == "graph":
@@ -191,8 +189,9 @@ def _graph_launch(
         raise
     # From here the user object owns the record: releasing it releases them.
     try:
-        pointer = fn.ctypes if kind == "compiled" else fn
-        builder.callback(pointer, user_data=arg)
+        # A fresh CUhostFn for any compiled kind (a numba CFunc is callable, and
+        # cuda.core would take it for a Python callable); the record owns the code.
+        builder.callback(CUhostFn(target), user_data=arg)
     except BaseException:
         backend.release_user_object(user_object)
         raise

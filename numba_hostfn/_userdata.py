@@ -92,32 +92,37 @@ def _describe(layout: np.dtype) -> str:
     return f"dtype {layout} ({layout.itemsize} bytes)"
 
 
-def _check_layout(nbytes: int, dtype: Any, layout: np.dtype | None, what: str, name: str) -> None:
+def _name(fn: Any) -> str:
+    """The host function's name for messages (computed only when raising)."""
+    return repr(getattr(fn, "__qualname__", fn))
+
+
+def _check_layout(nbytes: int, dtype: Any, layout: np.dtype | None, what: str, fn: Any) -> None:
     if layout is None:
         return
     if dtype is not None and np.dtype(dtype) != layout:
         raise ValueError(
-            f"host function {name} declares user_data {_describe(layout)}, but {what} "
+            f"host function {_name(fn)} declares user_data {_describe(layout)}, but {what} "
             f"has dtype {dtype}"
         )
     if nbytes != layout.itemsize:
         raise ValueError(
-            f"host function {name} declares user_data {_describe(layout)}, but {what} "
+            f"host function {_name(fn)} declares user_data {_describe(layout)}, but {what} "
             f"holds {nbytes} bytes"
         )
 
 
-def resolve_user_data(user_data: Any, layout: np.dtype | None, name: str) -> tuple[int, Any]:
-    """Return ``(address, owner)`` for ``user_data``; ``owner`` must outlive the call."""
+def resolve_user_data(user_data: Any, layout: np.dtype | None, fn: Any) -> tuple[int, Any]:
+    """Return ``(address, owner)`` for ``user_data`` of ``fn``; ``owner`` must outlive the call."""
     if user_data is None:
         if layout is not None:
             raise ValueError(
-                f"host function {name} declares user_data {_describe(layout)}; pass a "
+                f"host function {_name(fn)} declares user_data {_describe(layout)}; pass a "
                 "value of that layout (bytes-like to copy, or by_ref(array))"
             )
         return 0, None
     if isinstance(user_data, ByRef):
-        _check_layout(user_data.nbytes, user_data.dtype, layout, "by_ref(...)", name)
+        _check_layout(user_data.nbytes, user_data.dtype, layout, "by_ref(...)", fn)
         return user_data.address, user_data
     if isinstance(user_data, bool):
         raise TypeError(
@@ -140,7 +145,7 @@ def resolve_user_data(user_data: Any, layout: np.dtype | None, name: str) -> tup
             f"{type(user_data).__name__}"
         ) from None
     dtype = user_data.dtype if isinstance(user_data, (np.ndarray, np.generic)) else None
-    _check_layout(view.nbytes, dtype, layout, "user_data", name)
+    _check_layout(view.nbytes, dtype, layout, "user_data", fn)
     data = view.tobytes()  # C-order copy, whatever the source's strides
     copy = (ctypes.c_char * max(len(data), 1)).from_buffer_copy(data.ljust(1, b"\0"))
     return ctypes.addressof(copy), copy

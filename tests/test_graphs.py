@@ -26,16 +26,17 @@ def test_graph_builder_host_nodes_run_at_every_replay(device, stream):
     nh.host_launch(builder, increment, user_data=nh.by_ref(counter))
     nh.host_launch(builder, lambda: calls.append(1))
     nh.host_launch(builder, increment.ctypes, user_data=counter.ctypes.data)
+    nh.host_launch(builder, increment._cfunc, user_data=counter.ctypes.data)  # a numba cfunc
     graph = builder.end_building().complete()
     graph.launch(stream)
     graph.launch(stream)
     stream.sync()
-    assert counter[0] == 4
+    assert counter[0] == 6
     assert calls == [1, 1]
     result = int(counter[0])
     del counter
     gc.collect()
-    assert nh.pending() == 2, "the graph must own its compiled nodes' owners"
+    assert nh.pending() == 3, "the graph must own its compiled nodes' owners"
     assert alive() is not None, "the graph must own by_ref user data"
     graph.close()
     builder.close()
@@ -51,7 +52,7 @@ def test_graph_builder_host_nodes_run_at_every_replay(device, stream):
         time.sleep(0.01)
     assert alive() is None, "destroying the graph must release what it owned"
     assert nh.pending() == 0
-    assert result == 4
+    assert result == 6
 
 
 @pytest.mark.gpu
