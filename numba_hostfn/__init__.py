@@ -18,6 +18,14 @@ from ._errors import (
     HostCallbackCompileError,
     SimulatorUnsupportedError,
 )
+from ._hostcopy import (
+    MEMCPY_2D_LAYOUT,
+    MEMCPY_LAYOUT,
+    host_copy,
+    host_memcpy,
+    host_memcpy_2d,
+    release_after,
+)
 from ._intrinsics import as_voidptr
 from ._launch import drain, host_launch, pending
 from ._userdata import ByRef, by_ref
@@ -25,6 +33,8 @@ from ._userdata import ByRef, by_ref
 __version__ = "0.1.0"
 
 __all__ = [
+    "MEMCPY_2D_LAYOUT",
+    "MEMCPY_LAYOUT",
     "SIMULATOR_ENV",
     "BackendUnavailableError",
     "ByRef",
@@ -38,8 +48,12 @@ __all__ = [
     "by_ref",
     "drain",
     "host_callback",
+    "host_copy",
     "host_launch",
+    "host_memcpy",
+    "host_memcpy_2d",
     "pending",
+    "release_after",
     "simulator",
 ]
 

@@ -15,7 +15,7 @@ from ._backend import get_backend
 from ._decorator import _SIGNATURE, CUhostFn, HostFunction
 from ._userdata import resolve_user_data
 
-__all__ = ["classify_function", "drain", "host_launch", "pending"]
+__all__ = ["classify_function", "drain", "host_launch", "launch", "pending"]
 
 _CFuncPtr = ctypes._CFuncPtr  # the base of every ctypes function pointer type
 _CDECL = ctypes._FUNCFLAG_CDECL
@@ -144,6 +144,11 @@ def host_launch(stream: Any, fn: Any, *, user_data: Any = None) -> None:
     BackendUnavailableError
         If there is no CUDA driver and the simulator is not selected.
     """
+    launch(stream, fn, user_data, None)
+
+
+def launch(stream: Any, fn: Any, user_data: Any, keep: Any) -> None:
+    """host_launch, plus ``keep``: more objects the launch owns until it has run."""
     kind, target, fn_owner = classify_function(fn)
     if kind == "python":
         if user_data is not None:
@@ -159,13 +164,13 @@ def host_launch(stream: Any, fn: Any, *, user_data: Any = None) -> None:
     stream_kind = _stream_kind(stream)
     backend = get_backend()
     if stream_kind == "graph":
-        _graph_launch(backend, stream, kind, fn, target, arg, (fn_owner, data_owner))
+        _graph_launch(backend, stream, kind, fn, target, arg, (fn_owner, data_owner, keep))
         return
     handle = backend.stream_handle(stream, _stream_handle(stream))
     native = backend.native
     trampoline = native.run_python if kind == "python" else native.run_compiled
     records = backend.records
-    record = records.acquire(target, arg, (fn_owner, data_owner))
+    record = records.acquire(target, arg, (fn_owner, data_owner, keep))
     try:
         backend.enqueue(handle, trampoline, record)
     except BaseException:

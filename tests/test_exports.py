@@ -2,6 +2,8 @@ import numba_hostfn
 import numba_hostfn.simulator
 
 PUBLIC = {
+    "MEMCPY_2D_LAYOUT",
+    "MEMCPY_LAYOUT",
     "SIMULATOR_ENV",
     "BackendUnavailableError",
     "ByRef",
@@ -14,6 +16,10 @@ PUBLIC = {
     "backend_name",
     "by_ref",
     "drain",
+    "host_copy",
+    "host_memcpy",
+    "host_memcpy_2d",
+    "release_after",
     "host_callback",
     "host_launch",
     "pending",

@@ -1,0 +1,215 @@
+"""host_copy, host_memcpy(_2d) and release_after, on both backends."""
+
+import gc
+import struct
+import weakref
+
+import numpy as np
+import pytest
+
+import numba_hostfn as nh
+
+rng = np.random.default_rng(20261129)
+
+
+def _random_bytes(n, offset=0):
+    """n random bytes starting ``offset`` bytes into a fresh buffer (unaligned when odd)."""
+    base = rng.integers(0, 256, n + offset + 8, dtype=np.uint8)
+    return base[offset : offset + n]
+
+
+@pytest.mark.parametrize("nbytes", [1, 3, 7, 64, 1023, 4097, (1 << 20) + 13])
+@pytest.mark.parametrize("src_offset, dst_offset", [(0, 0), (1, 3), (5, 0)])
+def test_contiguous_copies_of_awkward_sizes_and_offsets(stream, nbytes, src_offset, dst_offset):
+    src = _random_bytes(nbytes, src_offset)
+    dst_base = np.zeros(nbytes + dst_offset + 8, np.uint8)
+    dst = dst_base[dst_offset : dst_offset + nbytes]
+    nh.host_copy(stream, dst, src)
+    stream.sync()
+    assert np.array_equal(dst, src)
+    assert not dst_base[:dst_offset].any() and not dst_base[dst_offset + nbytes :].any()
+
+
+def test_copy_between_typed_arrays_and_buffer_kinds(stream):
+    src = rng.random(1001)
+    dst = np.empty_like(src)
+    nh.host_copy(stream, dst, src)
+    raw = bytearray(src.nbytes)
+    nh.host_copy(stream, raw, memoryview(src))
+    back = np.zeros(1001)
+    nh.host_copy(stream, back, raw)  # stream order: raw is filled by then
+    from_bytes = np.zeros(1001)
+    nh.host_copy(stream, from_bytes, src.tobytes())  # a read-only source is fine
+    stream.sync()
+    assert np.array_equal(dst, src)
+    assert np.array_equal(back, src)
+    assert np.array_equal(from_bytes, src)
+
+
+@pytest.mark.parametrize(
+    "make_src, make_dst",
+    [
+        (lambda: rng.random((13, 21))[:, 3:17], lambda: np.zeros((13, 14))),  # padded src
+        (lambda: rng.random((13, 14)), lambda: np.zeros((13, 40))[:, 5:19]),  # padded dst
+        (lambda: rng.random((26, 15))[::2, 1:8], lambda: np.zeros((13, 9))[:, :7]),  # both
+        (lambda: rng.random((6, 5, 4))[:, :3], lambda: np.zeros((6, 3, 4))),  # 3D, rows
+    ],
+    ids=["padded-src", "padded-dst", "both-padded", "3d-rows"],
+)
+def test_pitched_2d_copies(stream, make_src, make_dst):
+    src, dst = make_src(), make_dst()
+    whole = dst.base if dst.base is not None else dst
+    whole[...] = -1.0  # poison, padding included
+    expected = whole.copy()
+    offset = dst.__array_interface__["data"][0] - whole.__array_interface__["data"][0]
+    np.ndarray(dst.shape, dst.dtype, expected, offset, dst.strides)[...] = src
+    nh.host_copy(stream, dst, src)
+    stream.sync()
+    assert np.array_equal(dst, src)
+    assert np.array_equal(whole, expected)  # the padding of a pitched dst is left alone
+
+
+def test_copy_is_stream_ordered_after_device_work(stream, device):
+    src = device.host_array(4)
+    dst = np.zeros(4, np.int32)
+    device.store(stream, src, 0, 42, delay=0.05)  # device work writes src[0] later
+    nh.host_copy(stream, dst, src)
+    device.store(stream, src, 1, 7)  # and src[1] only after the copy
+    stream.sync()
+    assert list(dst) == [42, 0, 0, 0]
+    assert list(src[:2]) == [42, 7]
+
+
+@pytest.mark.parametrize(
+    "dst, src, exc, match",
+    [
+        (b"12345678", np.zeros(8, np.uint8), ValueError, "read-only"),
+        (np.zeros(8, np.uint8), np.zeros(9, np.uint8), ValueError, "sizes differ"),
+        ([0] * 8, np.zeros(8, np.uint8), TypeError, "buffer protocol"),
+        (np.zeros(8, np.uint8), "abcdefgh", TypeError, "buffer protocol"),
+        (np.zeros(16)[::2], np.zeros(8), ValueError, "layout"),
+        (np.zeros((4, 4))[::-1], np.zeros((4, 4)), ValueError, "layout"),
+        (np.zeros((10, 20))[:, :7], np.zeros((7, 20))[:, :10], ValueError, "row shapes"),
+    ],
+    ids=["readonly-dst", "sizes", "list", "str", "strided-1d", "negative", "rows"],
+)
+def test_bad_input_rejected_with_nothing_enqueued(stream, dst, src, exc, match):
+    with pytest.raises(exc, match=match):
+        nh.host_copy(stream, dst, src)
+    assert nh.pending() == 0
+
+
+def test_overlapping_buffers_rejected(stream):
+    a = np.zeros(100, np.uint8)
+    with pytest.raises(ValueError, match="overlap"):
+        nh.host_copy(stream, a[10:60], a[30:80])
+    with pytest.raises(ValueError, match="overlap"):
+        nh.host_copy(stream, a, a)
+    assert nh.pending() == 0
+    nh.host_copy(stream, a[:50], a[50:])  # adjacent is fine
+    stream.sync()
+
+
+def test_zero_bytes_enqueue_nothing(stream):
+    nh.host_copy(stream, np.zeros(0), np.zeros(0))
+    assert nh.pending() == 0
+
+
+def test_dst_and_src_kept_alive_until_copied_then_released(stream, device):
+    src = rng.random(1000)
+    memory = bytearray(8000)  # dst's memory, to read the result without keeping dst
+    dst = np.frombuffer(memory, np.float64)
+    expected = src.copy()
+    alive_src, alive_dst = weakref.ref(src), weakref.ref(dst)
+    device.delay(stream, 1.0)
+    nh.host_copy(stream, dst, src)
+    del src, dst
+    gc.collect()
+    assert alive_src() is not None and alive_dst() is not None
+    stream.sync()
+    nh.drain()
+    gc.collect()
+    assert alive_src() is None and alive_dst() is None
+    assert np.array_equal(np.frombuffer(memory, np.float64), expected)
+
+
+def test_release_after_keeps_objects_until_the_stream_point(stream, device):
+    class Payload:
+        pass
+
+    a, b = Payload(), np.zeros(10)
+    alive = [weakref.ref(a), weakref.ref(b)]
+    device.delay(stream, 1.0)
+    nh.release_after(stream, a, b)
+    del a, b
+    gc.collect()
+    assert all(r() is not None for r in alive)
+    assert nh.pending() == 1
+    stream.sync()
+    nh.drain()
+    gc.collect()
+    assert all(r() is None for r in alive)
+    nh.release_after(stream)  # nothing to keep: nothing enqueued
+    assert nh.pending() == 0
+
+
+def test_host_memcpy_with_host_launch_and_documented_layout(stream):
+    src, dst = rng.random(64), np.zeros(64)
+    data = np.array([(dst.ctypes.data, src.ctypes.data, src.nbytes)], nh.MEMCPY_LAYOUT)
+    nh.host_launch(stream, nh.host_memcpy(), user_data=data)
+    src2, dst2 = rng.random((4, 8)), np.zeros((4, 16))
+    data2 = struct.pack("=6Q", dst2.ctypes.data, src2.ctypes.data, 4, 64, 128, 64)
+    nh.host_launch(stream, nh.host_memcpy_2d(), user_data=data2)
+    stream.sync()
+    assert np.array_equal(dst, src)
+    assert np.array_equal(dst2[:, :8], src2) and not dst2[:, 8:].any()
+    assert nh.host_memcpy().dtype == nh.MEMCPY_LAYOUT
+    assert nh.host_memcpy_2d().dtype == nh.MEMCPY_2D_LAYOUT
+
+
+@pytest.mark.gpu
+def test_pinned_cuda_core_buffer_accepted_and_device_buffer_rejected(device, stream):
+    from cuda.core import LegacyPinnedMemoryResource
+
+    pinned = LegacyPinnedMemoryResource().allocate(800)
+    src = rng.random(100)
+    nh.host_copy(stream, pinned, src)  # into pinned memory
+    out = np.zeros(100)
+    nh.host_copy(stream, out, pinned)  # and out of it
+    stream.sync()
+    assert np.array_equal(out, src)
+    on_device = device.cuda.allocate(800, stream=stream)
+    with pytest.raises(ValueError, match="device memory"):
+        nh.host_copy(stream, on_device, src)
+    stream.sync()
+    on_device.close()
+    pinned.close()
+
+
+@pytest.mark.gpu
+def test_captured_copy_replayed_copies_each_time(device, stream):
+    src, dst = np.zeros(256), np.zeros(256)
+    builder = stream.create_graph_builder().begin_building()
+    nh.host_copy(builder, dst, src)
+    graph = builder.end_building().complete()
+    for value in (1.0, 2.0, 3.0):
+        src[:] = value
+        graph.launch(stream)
+        stream.sync()
+        assert (dst == value).all()
+    graph.close()
+    builder.close()
+
+
+@pytest.mark.gpu
+def test_host_memcpy_ctypes_accepted_by_cuda_core_graph_builder(device, stream):
+    src, dst = rng.random(32), np.zeros(32)
+    data = struct.pack("=3Q", dst.ctypes.data, src.ctypes.data, src.nbytes)
+    builder = stream.create_graph_builder().begin_building()
+    builder.callback(nh.host_memcpy().ctypes, user_data=data)  # cuda.core's own API
+    graph = builder.end_building().complete()
+    graph.launch(stream)
+    stream.sync()
+    assert np.array_equal(dst, src)
+    graph.close()
+    builder.close()
