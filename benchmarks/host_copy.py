@@ -1,0 +1,123 @@
+"""Host copy bandwidth: host_copy (compiled, stream-ordered) against np.copyto.
+
+What is measured, per size (one stream, one thread):
+- np.copyto(dst, src) on the calling thread: the single-thread baseline;
+- host_copy(stream, dst, src) then stream.sync(): enqueue, the compiled copy on
+  the driver's thread, and the wait;
+- for small sizes, an empty compiled host function launched and waited for the
+  same way: what one host-function launch costs, for comparison.
+Both copies write into the same pre-faulted destination from a non-zero source.
+Each figure is the median of the repeats, with min and max; the ratio is
+host_copy's bandwidth over np.copyto's, measured in the same run.
+
+    python benchmarks/host_copy.py            # 4 KiB .. 1 GiB (needs ~2.5 GiB RAM)
+    python benchmarks/host_copy.py --smoke    # tiny sizes: checks it runs (CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+FULL_SIZES = [4 * KiB, 64 * KiB, 1 * MiB, 16 * MiB, 64 * MiB, 256 * MiB, 1 * GiB]
+SMOKE_SIZES = [4 * KiB, 1 * MiB]
+TARGET_SIZE, TARGET_RATIO = 256 * MiB, 0.9
+
+
+def _label(n: int) -> str:
+    for unit, name in ((GiB, "GiB"), (MiB, "MiB"), (KiB, "KiB")):
+        if n >= unit:
+            return f"{n // unit} {name}"
+    return f"{n} B"
+
+
+def _times(fn, repeats: int) -> list[float]:
+    fn()  # warm up
+    out = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def _measure(nh, stream, noop, n: int, repeats: int):
+    """Bandwidths (GB/s) of np.copyto and host_copy, and one empty launch (µs, small n)."""
+    src = np.arange(n, dtype=np.uint8)  # a non-zero pattern
+    dst = np.ones(n, np.uint8)  # pre-faulted
+
+    def copyto():
+        np.copyto(dst, src)
+
+    def hostcopy():
+        nh.host_copy(stream, dst, src)
+        stream.sync()
+
+    def empty():
+        nh.host_launch(stream, noop)
+        stream.sync()
+
+    base = [n / t / 1e9 for t in _times(copyto, repeats)]
+    ours = [n / t / 1e9 for t in _times(hostcopy, repeats)]
+    if not np.array_equal(dst, src):
+        raise SystemExit(f"host_copy produced wrong data at {_label(n)}")
+    launch_us = f"{statistics.median(_times(empty, repeats)) * 1e6:.1f}" if n <= MiB else ""
+    return base, ours, launch_us
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, few repeats")
+    parser.add_argument("--repeats", type=int, default=None)
+    args = parser.parse_args(argv)
+
+    from numba_hostfn._backend import cuda_driver_usable, simulator_requested
+
+    if not simulator_requested() and not cuda_driver_usable():
+        os.environ["NUMBA_HOSTFN_SIMULATOR"] = "1"
+    import numba_hostfn as nh
+    from numba_hostfn._devicework import Device
+
+    device = Device()
+    stream = device.create_stream()
+    noop = nh.host_callback(lambda p: None)
+    sizes = SMOKE_SIZES if args.smoke else FULL_SIZES
+    print(f"# host_copy vs np.copyto -- backend {nh.backend_name()} ({device.name})\n")
+    print(
+        "| size | np.copyto GB/s (min-max) | host_copy GB/s (min-max) | ratio | empty host fn µs |"
+    )
+    print("| ---: | ---: | ---: | ---: | ---: |")
+    verdict = None
+    try:
+        for n in sizes:
+            repeats = args.repeats or (3 if args.smoke else (5 if n >= 64 * MiB else 50))
+            base, ours, launch_us = _measure(nh, stream, noop, n, repeats)
+            ratio = statistics.median(ours) / statistics.median(base)
+            print(
+                f"| {_label(n)} | {statistics.median(base):.2f} ({min(base):.2f}-"
+                f"{max(base):.2f}) | {statistics.median(ours):.2f} ({min(ours):.2f}-"
+                f"{max(ours):.2f}) | {ratio:.2f} | {launch_us} |"
+            )
+            if n == TARGET_SIZE:
+                verdict = ratio >= TARGET_RATIO
+            nh.drain()
+    finally:
+        stream.sync()
+        device.close_stream(stream)
+        device.close()
+    if verdict is not None:
+        print(
+            f"\ntarget: host_copy >= {TARGET_RATIO}x np.copyto at {_label(TARGET_SIZE)}: "
+            f"{'met' if verdict else 'MISSED'}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

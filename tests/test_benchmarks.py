@@ -1,0 +1,21 @@
+"""Benchmarks run (smoke mode); their timings are never asserted."""
+
+import pathlib
+import subprocess
+import sys
+
+from _device import child_env
+
+ROOT = pathlib.Path(__file__).parent.parent
+
+
+def test_host_copy_benchmark_smoke():
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "host_copy.py"), "--smoke"],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "| 4 KiB |" in run.stdout and "| 1 MiB |" in run.stdout
