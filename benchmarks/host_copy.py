@@ -6,7 +6,8 @@ What is measured, per size (one stream, one thread):
   the driver's thread, and the wait;
 - for small sizes, an empty compiled host function launched and waited for the
   same way: what one host-function launch costs, for comparison.
-Both copies write into the same pre-faulted destination from a non-zero source.
+Both copies write into the same pre-faulted destination from a non-zero source,
+alternating repeat by repeat (each timing after one untimed warm-up).
 Each figure is the median of the repeats, with min and max; the ratio is
 host_copy's bandwidth over np.copyto's, measured in the same run.
 
@@ -63,8 +64,12 @@ def _measure(nh, stream, noop, n: int, repeats: int):
         nh.host_launch(stream, noop)
         stream.sync()
 
-    base = [n / t / 1e9 for t in _times(copyto, repeats)]
-    ours = [n / t / 1e9 for t in _times(hostcopy, repeats)]
+    # Interleaved, repeat by repeat: a shared machine's bandwidth drifts, and
+    # timing all of one method before the other turns that drift into a ratio.
+    base, ours = [], []
+    for _ in range(repeats):
+        base += [n / t / 1e9 for t in _times(copyto, 1)]
+        ours += [n / t / 1e9 for t in _times(hostcopy, 1)]
     if not np.array_equal(dst, src):
         raise SystemExit(f"host_copy produced wrong data at {_label(n)}")
     launch_us = f"{statistics.median(_times(empty, repeats)) * 1e6:.1f}" if n <= MiB else ""
@@ -96,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     verdict = None
     try:
         for n in sizes:
-            repeats = args.repeats or (3 if args.smoke else (5 if n >= 64 * MiB else 50))
+            repeats = args.repeats or (3 if args.smoke else (9 if n >= 64 * MiB else 50))
             base, ours, launch_us = _measure(nh, stream, noop, n, repeats)
             ratio = statistics.median(ours) / statistics.median(base)
             print(
