@@ -19,3 +19,18 @@ def test_host_copy_benchmark_smoke():
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "| 4 KiB |" in run.stdout and "| 1 MiB |" in run.stdout
+
+
+def test_benchmark_suite_smoke(tmp_path):
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--smoke", "--out", str(tmp_path)],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = (tmp_path / "benchmarks.md").read_text()
+    for section in ("### enqueue", "### throughput", "### dispatch (idle)", "### targets"):
+        assert section in report
+    assert "host_launch(HostFunction)" in report
