@@ -68,6 +68,7 @@ ROWS: list[Row] = []
 def record(group: str, name: str, unit: str, fn, repeats: int) -> Row:
     """Run ``fn()`` (returns one sample) ``repeats`` times; a failure becomes the row's note."""
     row = Row(group, name, unit)
+    print(f"[{group}] {name} ...", file=sys.stderr, flush=True)  # where a hang happens
     try:
         for _ in range(repeats):
             row.samples.append(fn())
@@ -252,9 +253,8 @@ def bench_enqueue(nh, device, n: int, repeats: int) -> None:
     )
 
     def cupy_row():
-        import cupy
 
-        cs = cupy.cuda.ExternalStream(handle)
+        cs = _cupy_stream(stream)
         return per_call(lambda: cs.launch_host_func(_noop_arg, None))
 
     record("enqueue", "CuPy launch_host_func", "µs/call", cupy_row, repeats)
@@ -271,6 +271,15 @@ def bench_enqueue(nh, device, n: int, repeats: int) -> None:
 
 def _noop() -> None:
     pass
+
+
+def _cupy_stream(stream):
+    """CuPy's view of a cuda.core stream (Stream.from_external where CuPy has it)."""
+    import cupy
+
+    if hasattr(cupy.cuda.Stream, "from_external"):
+        return cupy.cuda.Stream.from_external(stream)
+    return cupy.cuda.ExternalStream(int(stream.handle))
 
 
 def _noop_arg(arg) -> None:
@@ -374,13 +383,12 @@ def bench_throughput(nh, device, n: int, repeats: int) -> None:
         if not device.simulator and n_streams == 1:
 
             def cupy_run(stream=streams[0]):
-                import cupy
 
-                cs = cupy.cuda.ExternalStream(int(stream.handle))
+                cs = _cupy_stream(stream)
                 start = time.perf_counter()
                 for _ in range(n):
                     cs.launch_host_func(_noop_arg, None)
-                cs.synchronize()
+                stream.sync()  # cuda.core's sync releases the GIL the callbacks need
                 return (time.perf_counter() - start) / n * 1e6
 
             record("throughput", "CuPy launch_host_func, 1 stream", "µs/fn", cupy_run, repeats)
@@ -406,10 +414,7 @@ def bench_dispatch(nh, device, repeats: int, window: float) -> None:
         elif kind == "Python callable":
             nh.host_launch(stream, lambda: seen.append(time.monotonic_ns()))
         else:  # CuPy
-            import cupy
-
-            cs = cupy.cuda.ExternalStream(int(stream.handle))
-            cs.launch_host_func(lambda _: seen.append(time.monotonic_ns()), None)
+            _cupy_stream(stream).launch_host_func(lambda _: seen.append(time.monotonic_ns()), None)
         time.sleep(0.002)  # the stream waits at the gate; the driver's thread parks
         t0 = gate.open()
         if main == "busy in Python":
