@@ -1,4 +1,6 @@
-"""Benchmarks run (smoke mode); their timings are never asserted."""
+"""Benchmarks run in smoke mode, on the simulator on every machine; timings are never asserted.
+
+(The GPU runs of the benchmarks are separate, documented commands: benchmarks/README.md.)"""
 
 import pathlib
 import subprocess
@@ -12,7 +14,7 @@ ROOT = pathlib.Path(__file__).parent.parent
 def test_host_copy_benchmark_smoke():
     run = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "host_copy.py"), "--smoke"],
-        env=child_env(),
+        env=child_env(NUMBA_HOSTFN_SIMULATOR="1"),
         capture_output=True,
         text=True,
         timeout=300,
@@ -24,7 +26,7 @@ def test_host_copy_benchmark_smoke():
 def test_benchmark_suite_smoke(tmp_path):
     run = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--smoke", "--out", str(tmp_path)],
-        env=child_env(),
+        env=child_env(NUMBA_HOSTFN_SIMULATOR="1"),
         capture_output=True,
         text=True,
         timeout=600,
