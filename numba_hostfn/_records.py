@@ -109,7 +109,7 @@ class LaunchRecords:
                 head = following
         count = len(released)
         for _, result in released:
-            if result:  # what a Python callable returned (invariant 4)
+            if result:  # what a Python callable returned (invariant 5)
                 _py_decref(result)
         del released  # owners and their finalizers go here, on this thread
         return count
