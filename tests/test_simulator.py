@@ -106,3 +106,17 @@ def test_no_driver_and_no_simulator_raises_naming_the_variable():
     assert run.returncode == 0, run.stderr
     assert "unavailable:" in run.stdout
     assert "NUMBA_HOSTFN_SIMULATOR=1" in run.stdout
+
+
+def test_simulated_stream_has_the_cuda_core_stream_surface_it_models():
+    """The simulator must not drift from cuda.core's Stream (numba-cuda's simulator did)."""
+    import inspect
+
+    from cuda.core import Stream as CudaStream
+
+    for name in ("sync", "close", "handle", "__cuda_stream__", "create_graph_builder"):
+        assert hasattr(CudaStream, name), f"cuda.core.Stream no longer has {name}"
+        assert hasattr(nh.simulator.Stream, name), f"simulator.Stream lacks {name}"
+    for name in ("sync", "close", "__cuda_stream__", "create_graph_builder"):
+        params = inspect.signature(getattr(nh.simulator.Stream, name)).parameters
+        assert list(params) == ["self"], f"simulator.Stream.{name} takes {list(params)}"
