@@ -9,6 +9,7 @@ os.environ.setdefault("NUMBA_HOSTFN_SIMULATOR", "1")  # autodoc imports; no GPU 
 import numba_hostfn  # noqa: E402
 
 project = "numba_hostfn"
+copyright = "2026, the numba_hostfn developers"
 release = numba_hostfn.__version__
 extensions = ["myst_parser", "sphinx.ext.autodoc", "numpydoc"]
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}

@@ -6,11 +6,10 @@
 #   ->  kernel 2 (device), which runs only after the reduction
 #
 # The host checks the results once, at the end. On a GPU the device steps are
-# cuda.core kernels and copies; without one (NUMBA_HOSTFN_SIMULATOR=1, or no
-# CUDA driver found) they are the simulator's stand-ins for device work.
+# cuda.core kernels and copies. Without one, run it with NUMBA_HOSTFN_SIMULATOR=1:
+# the device steps are then the simulator's stand-ins for device work.
 
 import ctypes
-import os
 import sys
 
 import numpy as np
@@ -31,10 +30,6 @@ extern "C" __global__ void mark(int *flag, int value) { *(volatile int *)flag = 
 
 
 def main() -> int:
-    from numba_hostfn._backend import cuda_driver_usable, simulator_requested
-
-    if not simulator_requested() and not cuda_driver_usable():
-        os.environ["NUMBA_HOSTFN_SIMULATOR"] = "1"
     import numba_hostfn as nh
 
     @nh.host_callback(dtype=REDUCE)
