@@ -1,4 +1,8 @@
-"""Every example runs (on the simulator in CI; on a GPU, with the real driver)."""
+"""Every example runs: on the simulator in CI, and all of them on a GPU.
+
+An example whose banner says "# Needs a GPU" is marked gpu (skipped only on the
+simulator).
+"""
 
 import pathlib
 import subprocess
@@ -10,11 +14,20 @@ from _device import child_env
 EXAMPLES = sorted((pathlib.Path(__file__).parent.parent / "examples").glob("*.py"))
 
 
-def test_there_are_examples():
-    assert EXAMPLES
+def _param(path):
+    needs_gpu = "# Needs a GPU" in path.read_text()
+    return pytest.param(path, id=path.stem, marks=[pytest.mark.gpu] if needs_gpu else [])
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_every_example_has_a_banner_and_a_main():
+    assert len(EXAMPLES) >= 6
+    for path in EXAMPLES:
+        text = path.read_text()
+        assert text.startswith("# What this shows:"), path.name
+        assert "def main()" in text and 'if __name__ == "__main__":' in text, path.name
+
+
+@pytest.mark.parametrize("path", [_param(p) for p in EXAMPLES])
 def test_example_runs(path):
     run = subprocess.run(
         [sys.executable, str(path)], env=child_env(), capture_output=True, text=True, timeout=300
