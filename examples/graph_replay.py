@@ -17,7 +17,11 @@ REPLAYS = 100
 ACCUMULATE = np.dtype([("value", np.uint64), ("count", np.int64), ("sum", np.int64)])
 
 KERNEL = r"""
-extern "C" __global__ void next_value(int *value) { *(volatile int *)value += 1; }
+extern "C" __global__ void next_value(int *value)
+{
+    *(volatile int *)value += 1;
+    __threadfence_system();  // visible to the host node that follows
+}
 """
 
 
