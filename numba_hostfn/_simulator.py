@@ -45,9 +45,14 @@ class Stream:
 
     Examples
     --------
-    >>> import numba_hostfn as nh                                  # doctest: +SKIP
-    >>> with nh.simulator.Stream() as s:                            # doctest: +SKIP
-    ...     s.sleep(0.01); nh.host_launch(s, print); s.sync()
+    >>> import numba_hostfn as nh
+    >>> seen = []
+    >>> with nh.simulator.Stream() as s:
+    ...     s.sleep(0.01)  # device work first
+    ...     nh.host_launch(s, lambda: seen.append("ran"))
+    ...     s.sync()
+    >>> seen
+    ['ran']
     """
 
     def __init__(self) -> None:
