@@ -2,6 +2,10 @@
 
     python benchmarks/run.py --out bench-out        # on a GPU: table + PNG plots
     python benchmarks/run.py --smoke                # a tiny run (the simulator in CI)
+    python benchmarks/run.py --only dispatch        # one section (repeatable)
+
+Progress goes to stderr, one line per row; a row running over two minutes prints
+every thread's stack there and goes on.
 
 What is measured (each figure: median with min-max over repeats, and its ratio to
 the baseline measured in the same run):
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import faulthandler
 import os
 import shutil
 import statistics
@@ -63,18 +68,23 @@ class Row:
 
 
 ROWS: list[Row] = []
+ROW_WATCHDOG_S = 120
 
 
 def record(group: str, name: str, unit: str, fn, repeats: int) -> Row:
     """Run ``fn()`` (returns one sample) ``repeats`` times; a failure becomes the row's note."""
     row = Row(group, name, unit)
     print(f"[{group}] {name} ...", file=sys.stderr, flush=True)  # where a hang happens
+    # A row that takes over two minutes prints every thread's stack (and goes on).
+    faulthandler.dump_traceback_later(ROW_WATCHDOG_S, exit=False)
     try:
         for _ in range(repeats):
             row.samples.append(fn())
     except Exception as exc:  # a failing peer is a finding, reported in the table
         row.samples.clear()
         row.note = f"{type(exc).__name__}: {str(exc).splitlines()[0][:90]}"
+    finally:
+        faulthandler.cancel_dump_traceback_later()
     ROWS.append(row)
     return row
 
@@ -665,6 +675,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (CI, simulator)")
     parser.add_argument("--out", help="folder for benchmarks.md and the PNG plots")
+    parser.add_argument(
+        "--only",
+        choices=("enqueue", "throughput", "dispatch", "compile"),
+        action="append",
+        help="run only these sections (repeatable)",
+    )
     args = parser.parse_args(argv)
     select_backend()
     import numba_hostfn as nh
@@ -682,14 +698,16 @@ def main(argv: list[str] | None = None) -> int:
         f"{nh.backend_name()} ({device.name}), Python {sys.version.split()[0]}, "
         f"{versions}; N={n}, repeats={repeats}"
     )
-    for step in (
-        lambda: bench_enqueue(nh, device, n, repeats),
-        lambda: bench_throughput(nh, device, n, repeats),
-        lambda: bench_dispatch(nh, device, repeats, window),
-        lambda: bench_compile(1 if args.smoke else 3),
-    ):
-        step()
-        sys.stdout.flush()
+    steps = {
+        "enqueue": lambda: bench_enqueue(nh, device, n, repeats),
+        "throughput": lambda: bench_throughput(nh, device, n, repeats),
+        "dispatch": lambda: bench_dispatch(nh, device, repeats, window),
+        "compile": lambda: bench_compile(1 if args.smoke else 3),
+    }
+    for name, step in steps.items():
+        if not args.only or name in args.only:
+            step()
+            sys.stdout.flush()
     print(report(args.out, header))
     device.close()
     return 0
