@@ -18,7 +18,6 @@ host_copy's bandwidth over np.copyto's, measured in the same run.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -82,10 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=None)
     args = parser.parse_args(argv)
 
-    from numba_hostfn._backend import cuda_driver_usable, simulator_requested
+    from numba_hostfn._backend import simulator_unless_driver
 
-    if not simulator_requested() and not cuda_driver_usable():
-        os.environ["NUMBA_HOSTFN_SIMULATOR"] = "1"
+    simulator_unless_driver()
     import numba_hostfn as nh
     from numba_hostfn._devicework import Device
 

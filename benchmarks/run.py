@@ -92,13 +92,6 @@ def record(group: str, name: str, unit: str, fn, repeats: int) -> Row:
 # ---- setup ----------------------------------------------------------------------------
 
 
-def select_backend() -> None:
-    from numba_hostfn._backend import cuda_driver_usable, simulator_requested
-
-    if not simulator_requested() and not cuda_driver_usable():
-        os.environ["NUMBA_HOSTFN_SIMULATOR"] = "1"
-
-
 _libc = ctypes.CDLL(None)
 _clock_gettime = _libc.clock_gettime
 _clock_gettime.argtypes = (ctypes.c_int, ctypes.c_size_t)
@@ -682,7 +675,9 @@ def main(argv: list[str] | None = None) -> int:
         help="run only these sections (repeatable)",
     )
     args = parser.parse_args(argv)
-    select_backend()
+    from numba_hostfn._backend import simulator_unless_driver
+
+    simulator_unless_driver()
     import numba_hostfn as nh
     from numba_hostfn._devicework import Device
 

@@ -19,11 +19,11 @@ from ._errors import SIMULATOR_ENV
 
 
 def _choose_backend() -> str:
-    if _backend.simulator_requested():
-        return f"simulator ({SIMULATOR_ENV}=1)"
-    if _backend.cuda_driver_usable():
+    requested = _backend.simulator_requested()
+    if not _backend.simulator_unless_driver():
         return "cuda"
-    _backend.use_simulator()
+    if requested:
+        return f"simulator ({SIMULATOR_ENV}=1)"
     return f"simulator (no usable CUDA driver found, so {SIMULATOR_ENV}=1)"
 
 

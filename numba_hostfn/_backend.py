@@ -24,7 +24,14 @@ from ._native import (
 )
 from ._records import LaunchRecords
 
-__all__ = ["Backend", "get_backend", "simulator_requested", "cuda_driver_usable"]
+__all__ = [
+    "Backend",
+    "cuda_driver_usable",
+    "get_backend",
+    "simulator_requested",
+    "simulator_unless_driver",
+    "use_simulator",
+]
 
 _lock = threading.Lock()
 _backend: Backend | None = None
@@ -241,3 +248,18 @@ def use_simulator() -> None:
     if _backend is not None and _backend.name != "simulator":
         raise RuntimeError("numba_hostfn already uses the CUDA backend in this process")
     os.environ[SIMULATOR_ENV] = "1"
+
+
+def simulator_unless_driver() -> bool:
+    """For entry points that run anywhere (demo, tests, benchmarks): use the simulator
+    when it is requested or no CUDA driver is usable.  Returns True if it is in use.
+
+    The library itself never falls back silently: without this call, no driver and
+    no simulator selected is a BackendUnavailableError.
+    """
+    if simulator_requested():
+        return True
+    if cuda_driver_usable():
+        return False
+    use_simulator()
+    return True

@@ -14,14 +14,11 @@ import sys
 
 import pytest
 
-from numba_hostfn._backend import cuda_driver_usable, simulator_requested
+from numba_hostfn._backend import cuda_driver_usable, simulator_unless_driver
 
-if not simulator_requested() and not cuda_driver_usable():
-    if os.environ.get("NUMBA_HOSTFN_REQUIRE_GPU"):
-        raise pytest.UsageError("NUMBA_HOSTFN_REQUIRE_GPU=1 but no usable CUDA driver was found")
-    os.environ["NUMBA_HOSTFN_SIMULATOR"] = "1"
-
-SIMULATOR = simulator_requested()
+if os.environ.get("NUMBA_HOSTFN_REQUIRE_GPU") and not cuda_driver_usable():
+    raise pytest.UsageError("NUMBA_HOSTFN_REQUIRE_GPU=1 but no usable CUDA driver was found")
+SIMULATOR = simulator_unless_driver()
 sys.path.insert(0, os.path.dirname(__file__))
 
 from _device import Device  # noqa: E402
