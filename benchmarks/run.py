@@ -4,8 +4,8 @@
     python benchmarks/run.py --smoke                # a tiny run (the simulator in CI)
     python benchmarks/run.py --only dispatch        # one section (repeatable)
 
-Progress goes to stderr, one line per row; a row running over two minutes prints
-every thread's stack there and goes on.
+Progress goes to stderr, one line per row; a row running over two minutes
+(BENCH_WATCHDOG_S) prints every thread's stack there and goes on.
 
 What is measured (each figure: median with min-max over repeats, and its ratio to
 the baseline measured in the same run):
@@ -68,7 +68,7 @@ class Row:
 
 
 ROWS: list[Row] = []
-ROW_WATCHDOG_S = 120
+ROW_WATCHDOG_S = float(os.environ.get("BENCH_WATCHDOG_S", "120"))
 
 
 def record(group: str, name: str, unit: str, fn, repeats: int) -> Row:
@@ -177,17 +177,17 @@ def bench_enqueue(nh, device, n: int, repeats: int) -> None:
     stream = device.create_stream()
     gate = Gate(device)
 
-    def per_call(enqueue_one, before=None) -> float:
+    def per_call(enqueue_one) -> float:
         gate.close_on(stream)
-        if before:
-            before()
-        start = time.perf_counter()
-        for _ in range(n):
-            enqueue_one()
-        elapsed = time.perf_counter() - start
-        gate.open()
-        stream.sync()
-        nh.drain()
+        try:
+            start = time.perf_counter()
+            for _ in range(n):
+                enqueue_one()
+            elapsed = time.perf_counter() - start
+        finally:  # a failing row must not leave the stream held (and the device busy)
+            gate.open()
+            stream.sync()
+            nh.drain()
         return elapsed / n * 1e6
 
     pointer = empty.ctypes
@@ -298,7 +298,7 @@ C_LOOP = r"""
 #include <time.h>
 static void CUDA_CB empty(void *p) { (void)p; }
 /* n enqueues of an empty host function; returns microseconds per call (-1 on error). */
-double loop(unsigned long long stream, int n)
+extern "C" double loop(unsigned long long stream, int n)
 {
     struct timespec a, b;
     clock_gettime(CLOCK_MONOTONIC, &a);
@@ -354,9 +354,11 @@ def raw_c_loop(gate, stream, n: int) -> float:
         lib.loop.restype = ctypes.c_double
         _C_LOOP_LIB = lib
     gate.close_on(stream)
-    per_call = _C_LOOP_LIB.loop(int(stream.handle), n)
-    gate.open()
-    stream.sync()
+    try:
+        per_call = _C_LOOP_LIB.loop(int(stream.handle), n)
+    finally:
+        gate.open()
+        stream.sync()
     if per_call < 0:
         raise RuntimeError("cuLaunchHostFunc failed in the C loop")
     return per_call
@@ -412,22 +414,28 @@ def bench_dispatch(nh, device, repeats: int, window: float) -> None:
         stamps = np.zeros(3, np.int64)
         seen = []
         gate.close_on(stream)
-        if kind == "HostFunction":
-            nh.host_launch(stream, stamp, user_data=nh.by_ref(stamps))
-        elif kind == "Python callable":
-            nh.host_launch(stream, lambda: seen.append(time.monotonic_ns()))
-        else:  # CuPy
-            _cupy_stream(stream).launch_host_func(lambda _: seen.append(time.monotonic_ns()), None)
-        time.sleep(0.002)  # the stream waits at the gate; the driver's thread parks
-        t0 = gate.open()
-        if main == "busy in Python":
-            end = time.perf_counter() + window
-            while time.perf_counter() < end:
-                pass
-        elif main == "holding the GIL":
-            hold_gil(int(window * 1e6))
-        stream.sync()
-        nh.drain()
+        t0 = None
+        try:
+            if kind == "HostFunction":
+                nh.host_launch(stream, stamp, user_data=nh.by_ref(stamps))
+            elif kind == "Python callable":
+                nh.host_launch(stream, lambda: seen.append(time.monotonic_ns()))
+            else:  # CuPy
+                cs = _cupy_stream(stream)
+                cs.launch_host_func(lambda _: seen.append(time.monotonic_ns()), None)
+            time.sleep(0.002)  # the stream waits at the gate; the driver's thread parks
+            t0 = gate.open()
+            if main == "busy in Python":
+                end = time.perf_counter() + window
+                while time.perf_counter() < end:
+                    pass
+            elif main == "holding the GIL":
+                hold_gil(int(window * 1e6))
+        finally:  # a failing row must not leave the stream held
+            if t0 is None:
+                gate.open()
+            stream.sync()
+            nh.drain()
         t1 = int(stamps[0]) if kind == "HostFunction" else seen[0]
         return (t1 - t0) / 1e3
 
