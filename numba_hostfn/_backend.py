@@ -17,6 +17,7 @@ from typing import Any
 from ._errors import SIMULATOR_ENV, BackendUnavailableError, CudaDriverError
 from ._native import (
     CAPTURE_CHECK_FAILED,
+    NO_RECORD,
     QUEUE_STOPPED,
     STREAM_CAPTURING,
     Native,
@@ -57,9 +58,11 @@ def cuda_driver_usable() -> bool:
 
 
 class Backend:
-    """What host_launch needs from a backend: a native enqueue and stream checks."""
+    """What host_launch needs from a backend: a native launcher and stream checks."""
 
     name = ""
+    #: Address of the native launcher, u64 (*)(handle, trampoline, record).
+    launcher = 0
 
     def __init__(self, native: Native) -> None:
         self.native = native
@@ -68,8 +71,19 @@ class Backend:
     def stream_handle(self, stream: Any, handle: int) -> int:  # pragma: no cover
         raise NotImplementedError
 
-    def enqueue(self, handle: int, trampoline: int, record: int) -> None:  # pragma: no cover
+    def refused(self, status: int) -> None:  # pragma: no cover
+        """Raise the error for a launcher's nonzero status."""
         raise NotImplementedError
+
+    def launch(self, handle: int, trampoline: int, fn: int, arg: int, owner: Any) -> None:
+        """Enqueue ``trampoline`` for ``fn(arg)`` with a record that owns ``owner``."""
+        native = self.native
+        status = native.launch(self.launcher, handle, trampoline, fn, arg, owner)
+        while status == NO_RECORD:
+            self.records.grow()
+            status = native.launch(self.launcher, handle, trampoline, fn, arg, owner)
+        if status:
+            self.refused(status)
 
 
 class CudaBackend(Backend):
@@ -106,6 +120,7 @@ class CudaBackend(Backend):
             )
         }
         native.set_cuda(proc["cuStreamIsCapturing"], proc["cuLaunchHostFunc"])
+        self.launcher = native.cuda_launcher
         # Graph attachments: called through ctypes on the raw driver pointers,
         # because cuda.bindings wraps any CUhostFn argument in a GIL trampoline.
         c_uint, vp = ctypes.c_uint, ctypes.c_void_p
@@ -151,10 +166,7 @@ class CudaBackend(Backend):
     def stream_handle(self, stream: Any, handle: int) -> int:
         return handle
 
-    def enqueue(self, handle: int, trampoline: int, record: int) -> None:
-        status = self.native.cuda_launch(handle, trampoline, record)
-        if not status:
-            return
+    def refused(self, status: int) -> None:
         if status == STREAM_CAPTURING:
             raise RuntimeError(
                 "host_launch() was given a stream that is capturing a CUDA graph; a "
@@ -211,6 +223,7 @@ class SimulatorBackend(Backend):
 
     def __init__(self, native: Native) -> None:
         super().__init__(native)
+        self.launcher = native.sim_launcher
         self.streams: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 
     def stream_handle(self, stream: Any, handle: int) -> int:
@@ -222,12 +235,10 @@ class SimulatorBackend(Backend):
             )
         return handle
 
-    def enqueue(self, handle: int, trampoline: int, record: int) -> None:
-        status = self.native.sim_launch(handle, trampoline, record)
+    def refused(self, status: int) -> None:
         if status == QUEUE_STOPPED:
             raise RuntimeError("the simulated stream is closed; create a new Stream")
-        if status:
-            raise MemoryError("the simulator could not allocate a queue entry")
+        raise MemoryError("the simulator could not allocate a queue entry")
 
 
 def get_backend() -> Backend:

@@ -1,10 +1,10 @@
 """A simulated CUDA stream: FIFO host work on a native thread that never holds the GIL.
 
-Each :class:`Stream` owns a native queue (``_native``) and one daemon thread
-that enters the native worker loop once, through ctypes, which drops the GIL
-for the whole call.  Host functions therefore run as they do under the driver:
-in FIFO order per stream, on a thread without the GIL, through the very same
-trampolines and launch records.  Streams run independently of each other (the
+Each :class:`Stream` owns a native queue (``_native``) and one native thread
+(pthread) running the native worker loop; Python never sees that thread.  Host
+functions therefore run as they do under the driver: in FIFO order per
+stream, on a thread foreign to Python and without the GIL, through the very
+same trampolines and launch records.  Streams run independently of each other (the
 real driver runs the host functions of all streams of a context on one thread:
 docs/simulator.md lists what is and is not modelled).
 """
@@ -12,7 +12,6 @@ docs/simulator.md lists what is and is not modelled).
 from __future__ import annotations
 
 import ctypes
-import threading
 from typing import Any
 
 from ._backend import SimulatorBackend, get_backend
@@ -63,15 +62,10 @@ class Stream:
             raise MemoryError("the simulator could not allocate a stream")
         if self._native.sim_init(queue):
             raise RuntimeError("the simulator could not initialise a stream's lock")
+        if self._native.sim_start(queue):
+            raise RuntimeError("the simulator could not start a stream's thread")
         self._queue = queue
         self._closed = False
-        self._thread = threading.Thread(
-            target=self._native.sim_worker,
-            args=(queue,),
-            daemon=True,
-            name=f"numba_hostfn-simulated-stream-{queue:#x}",
-        )
-        self._thread.start()
         backend.streams[queue] = self
 
     @property
@@ -139,7 +133,7 @@ class Stream:
             return
         self._closed = True
         self._native.sim_stop(self._queue)
-        self._thread.join()
+        self._native.sim_finish(self._queue, 1)  # join, without the GIL
 
     def __enter__(self) -> Stream:
         return self
@@ -151,6 +145,7 @@ class Stream:
         if not getattr(self, "_closed", True):
             self._closed = True
             self._native.sim_stop(self._queue)
+            self._native.sim_finish(self._queue, 0)  # the thread ends on its own
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"

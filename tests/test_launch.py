@@ -10,7 +10,8 @@ import time
 import weakref
 
 import numpy as np
-from _device import child_env
+import pytest
+from _device import child_env, rerun_on_simulator
 from numba import carray
 
 import numba_hostfn as nh
@@ -123,6 +124,26 @@ def test_release_happens_on_the_main_thread_without_explicit_drain(stream):
     while not released_on and time.monotonic() < deadline:
         time.sleep(0.001)  # pending calls run between bytecodes of the main thread
     assert released_on == [threading.main_thread()]
+
+
+def test_finalizer_run_by_the_drain_may_launch_again(stream):
+    """The drain unlinks a record before dropping its owner (invariant 11)."""
+    ran = []
+
+    class Relauncher:
+        def __call__(self):
+            ran.append("first")
+
+        def __del__(self):
+            nh.host_launch(stream, lambda: ran.append("second"))
+
+    nh.host_launch(stream, Relauncher())
+    stream.sync()
+    nh.drain()  # drops the Relauncher (unless a pending call did already)
+    stream.sync()
+    nh.drain()
+    assert ran == ["first", "second"]
+    assert nh.pending() == 0
 
 
 def test_by_ref_buffer_kept_alive_until_run_then_released(stream, device):
@@ -372,13 +393,13 @@ from _device import Device
 
 device = Device()
 stream = device.create_stream()
-original = _records.LaunchRecords._grow
+original = _records.LaunchRecords.grow
 
 def grow_then_pending_call(self):
     original(self)
-    self._on_pending_call(0)  # what the interpreter may do between two bytecodes
+    nh.drain()  # what the interpreter's pending call may do between two bytecodes
 
-_records.LaunchRecords._grow = grow_then_pending_call
+_records.LaunchRecords.grow = grow_then_pending_call
 for i in range(3000):
     nh.host_launch(stream, lambda: None)
 stream.sync()
@@ -397,3 +418,63 @@ def test_pending_call_inside_record_growth_does_not_deadlock():
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["ok", "0"]
+
+
+# ---- thread states of the driver's thread --------------------------------------------------
+
+_thread_state_get = ctypes.PYFUNCTYPE(ctypes.c_void_p)(("PyThreadState_Get", ctypes.pythonapi))
+_thread_state_id = ctypes.PYFUNCTYPE(ctypes.c_uint64, ctypes.c_void_p)(
+    ("PyThreadState_GetID", ctypes.pythonapi)
+)
+_interp_main = ctypes.PYFUNCTYPE(ctypes.c_void_p)(("PyInterpreterState_Main", ctypes.pythonapi))
+_thread_head = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(
+    ("PyInterpreterState_ThreadHead", ctypes.pythonapi)
+)
+_thread_next = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(
+    ("PyThreadState_Next", ctypes.pythonapi)
+)
+
+
+def _thread_state_count() -> int:
+    count, state = 0, _thread_head(_interp_main())
+    while state:
+        count, state = count + 1, _thread_next(state)
+    return count
+
+
+def test_driver_thread_keeps_one_thread_state_for_its_python_callables(stream):
+    """Not one PyThreadState created and destroyed per callable (invariant 12)."""
+    ids = []
+    for _ in range(50):
+        nh.host_launch(stream, lambda: ids.append(_thread_state_id(_thread_state_get())))
+    stream.sync()
+    nh.drain()
+    assert len(ids) == 50
+    assert len(set(ids)) == 1
+
+
+def test_ended_thread_gives_its_thread_state_back(request):
+    """A simulated stream's native thread ends at close: its adopted state is deleted."""
+    if rerun_on_simulator(request):
+        return
+    before = _thread_state_count()
+    for _ in range(20):
+        s = nh.simulator.Stream()
+        nh.host_launch(s, lambda: None)
+        s.sync()
+        s.close()
+    nh.drain()
+    assert _thread_state_count() == before
+
+
+def test_free_threaded_build_is_refused(monkeypatch):
+    import sysconfig
+
+    from numba_hostfn import _native
+
+    real = sysconfig.get_config_var
+    monkeypatch.setattr(
+        sysconfig, "get_config_var", lambda name: 1 if name == "Py_GIL_DISABLED" else real(name)
+    )
+    with pytest.raises(RuntimeError, match="free-threaded"):
+        _native.Native()
