@@ -36,3 +36,5 @@ def test_benchmark_suite_smoke(tmp_path):
     for section in ("### enqueue", "### throughput", "### dispatch (idle)", "### targets"):
         assert section in report
     assert "host_launch(HostFunction)" in report
+    for plot in ("enqueue.png", "throughput.png", "dispatch.png", "compile.png"):
+        assert (tmp_path / plot).read_bytes().startswith(b"\x89PNG"), plot
