@@ -63,13 +63,16 @@ class Backend:
     name = ""
     #: Address of the native launcher, u64 (*)(handle, trampoline, record).
     launcher = 0
+    #: Whether ``stream_handle`` must vet each stream (the simulator's registry).
+    checks_streams = False
 
     def __init__(self, native: Native) -> None:
         self.native = native
         self.records = LaunchRecords(native)
 
-    def stream_handle(self, stream: Any, handle: int) -> int:  # pragma: no cover
-        raise NotImplementedError
+    def stream_handle(self, stream: Any, handle: int) -> int:
+        """Vet ``stream`` (whose ``__cuda_stream__`` gave ``handle``); return the handle."""
+        return handle
 
     def refused(self, status: int) -> None:  # pragma: no cover
         """Raise the error for a launcher's nonzero status."""
@@ -163,9 +166,6 @@ class CudaBackend(Backend):
         if int(err) != 0:
             raise CudaDriverError(f"{call} failed: {self.error_text(int(err))}", int(err))
 
-    def stream_handle(self, stream: Any, handle: int) -> int:
-        return handle
-
     def refused(self, status: int) -> None:
         if status == STREAM_CAPTURING:
             raise RuntimeError(
@@ -220,6 +220,7 @@ class SimulatorBackend(Backend):
     """Enqueue on simulated streams: native FIFO queues drained by native loops."""
 
     name = "simulator"
+    checks_streams = True
 
     def __init__(self, native: Native) -> None:
         super().__init__(native)

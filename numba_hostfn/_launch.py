@@ -21,6 +21,10 @@ _CFuncPtr = ctypes._CFuncPtr  # the base of every ctypes function pointer type
 _CDECL = ctypes._FUNCFLAG_CDECL
 _c_void_p = ctypes.c_void_p
 _STREAM_KINDS: dict[type, str] = {}  # type -> "graph" | "stream", filled on first sight
+# type -> "compiled" | "python", filled on first sight.  Exact: both depend on the
+# type alone (isinstance, and callable(), which reads the type's tp_call).  ctypes
+# pointers are never cached: their restype and argtypes can be set per instance.
+_FN_KINDS: dict[type, str] = {}
 
 
 def _prototype_error(detail: str) -> TypeError:
@@ -33,7 +37,11 @@ def _prototype_error(detail: str) -> TypeError:
 
 def classify_function(fn: Any) -> tuple[str, int, Any]:
     """Return ``(kind, address, owner)``: kind is "compiled", "pointer" or "python"."""
-    if isinstance(fn, HostFunction):
+    kind = _FN_KINDS.get(type(fn))
+    if kind == "python":
+        return kind, 0, fn
+    if kind == "compiled" or isinstance(fn, HostFunction):
+        _FN_KINDS[type(fn)] = "compiled"
         return "compiled", fn.address, fn
     if isinstance(fn, _CFuncPtr):
         flags = type(fn)._flags_
@@ -58,6 +66,7 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
             "host_launch() expected a HostFunction, a CUhostFn ctypes pointer or a "
             f"Python callable, got {type(fn).__name__}"
         )
+    _FN_KINDS[type(fn)] = "python"
     return "python", 0, fn
 
 
@@ -167,7 +176,9 @@ def launch(stream: Any, fn: Any, user_data: Any, keep: Any) -> None:
     if stream_kind == "graph":
         _graph_launch(backend, stream, kind, fn, target, arg, (fn_owner, data_owner, keep))
         return
-    handle = backend.stream_handle(stream, _stream_handle(stream))
+    handle = _stream_handle(stream)
+    if backend.checks_streams:
+        handle = backend.stream_handle(stream, handle)
     native = backend.native
     trampoline = native.run_python if kind == "python" else native.run_compiled
     backend.launch(handle, trampoline, target, arg, (fn_owner, data_owner, keep))

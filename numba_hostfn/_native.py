@@ -35,7 +35,7 @@ from typing import Any
 
 import llvmlite.binding as llvm
 
-__all__ = ["NO_RECORD", "RECORD_BYTES", "Native", "native"]
+__all__ = ["NO_RECORD", "RECORD_BYTES", "Native", "calloc", "native"]
 
 # Offsets of the simulator queue (bytes); pthread objects get generous room.
 _Q_MUTEX, _Q_WORK, _Q_IDLE = 0, 128, 256
@@ -689,6 +689,10 @@ class _MethodDef(ctypes.Structure):
 
 
 _u64 = ctypes.c_uint64
+#: libc's calloc, for memory that native code owns (record slabs, simulated queues).
+calloc = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t)(
+    ("calloc", ctypes.CDLL(None))
+)
 _incref = ctypes.PYFUNCTYPE(None, ctypes.py_object)(("Py_IncRef", ctypes.pythonapi))
 _vp = ctypes.c_void_p
 

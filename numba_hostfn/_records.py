@@ -15,21 +15,15 @@ states the invariants.
 from __future__ import annotations
 
 import atexit
-import ctypes
 import threading
 from typing import Any
 
-from ._native import RECORD_BYTES, Native
+from ._native import RECORD_BYTES, Native, calloc
 
 __all__ = ["LaunchRecords"]
 
 _SLOTS_PER_SLAB = 1024
 _CLOSE_WAIT_MS = 2000
-
-_libc = ctypes.CDLL(None)
-_calloc = _libc.calloc
-_calloc.restype = ctypes.c_void_p
-_calloc.argtypes = (ctypes.c_size_t, ctypes.c_size_t)
 
 
 class LaunchRecords:
@@ -54,7 +48,7 @@ class LaunchRecords:
         Slabs come from calloc and are never freed (invariant 6): a driver
         thread may still write a record while the process exits.
         """
-        base = _calloc(_SLOTS_PER_SLAB, RECORD_BYTES)
+        base = calloc(_SLOTS_PER_SLAB, RECORD_BYTES)
         if not base:
             raise MemoryError("numba_hostfn could not allocate launch records")
         self._native.add_slab(base, _SLOTS_PER_SLAB)

@@ -11,18 +11,13 @@ docs/simulator.md lists what is and is not modelled).
 
 from __future__ import annotations
 
-import ctypes
 from typing import Any
 
 from ._backend import SimulatorBackend, get_backend
 from ._errors import SIMULATOR_ENV, SimulatorUnsupportedError
-from ._native import QUEUE_BYTES
+from ._native import QUEUE_BYTES, calloc
 
 __all__ = ["Stream"]
-
-_libc = ctypes.CDLL(None)
-_libc.calloc.restype = ctypes.c_void_p
-_libc.calloc.argtypes = (ctypes.c_size_t, ctypes.c_size_t)
 
 
 def _simulator() -> SimulatorBackend:
@@ -57,7 +52,7 @@ class Stream:
     def __init__(self) -> None:
         backend = _simulator()
         self._native = backend.native
-        queue = _libc.calloc(1, QUEUE_BYTES)
+        queue = calloc(1, QUEUE_BYTES)
         if not queue:
             raise MemoryError("the simulator could not allocate a stream")
         if self._native.sim_init(queue):

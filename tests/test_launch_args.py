@@ -93,6 +93,35 @@ def test_wrong_ctypes_prototype_rejected_naming_cuhostfn(stream, prototype):
     _rejects(stream, TypeError, "CUhostFn", pointer)
 
 
+def test_pointer_prototype_checked_per_instance(stream):
+    """A CUhostFn accepted once does not vouch for another with edited argtypes."""
+    good = nh.CUhostFn(touch.address)
+    nh.host_launch(stream, good)
+    stream.sync()
+    nh.drain()
+    edited = nh.CUhostFn(touch.address)
+    edited.argtypes = (ctypes.c_int,)  # ctypes allows this on an instance
+    _rejects(stream, TypeError, "CUhostFn", edited)
+
+
+def test_classification_follows_the_type(stream):
+    """Each kind is recognised after another kind's type was seen (a per-type cache)."""
+
+    class Callable:
+        def __call__(self):
+            pass
+
+    class NotCallable:
+        pass
+
+    for _ in range(2):
+        nh.host_launch(stream, Callable())
+        nh.host_launch(stream, touch, user_data=nh.by_ref(np.zeros(1, np.int64)))
+        stream.sync()
+        nh.drain()
+        _rejects(stream, TypeError, "expected a HostFunction", NotCallable())
+
+
 def test_undeclared_library_function_rejected(stream):
     libc = ctypes.CDLL(None)
     with pytest.raises(TypeError, match="CUhostFn"):
