@@ -181,7 +181,10 @@ def launch(stream: Any, fn: Any, user_data: Any, keep: Any) -> None:
         handle = backend.stream_handle(stream, handle)
     native = backend.native
     trampoline = native.run_python if kind == "python" else native.run_compiled
-    backend.launch(handle, trampoline, target, arg, (fn_owner, data_owner, keep))
+    # The function alone when it is all the launch owns: no object per launch,
+    # so a burst of launches does not feed the cyclic garbage collector.
+    owner = fn_owner if data_owner is None and keep is None else (fn_owner, data_owner, keep)
+    backend.launch(handle, trampoline, target, arg, owner)
 
 
 def _graph_launch(
