@@ -21,8 +21,9 @@ the baseline measured in the same run):
 3. dispatch delay: device work ends (a kernel spinning on a host-written flag is
    released at a host clock time) -> the host function starts (its own clock
    read), with the main thread idle, busy in a Python loop, or holding the GIL in
-   a long C call; HostFunction vs Python callable vs CuPy; and Python callables
-   busy over sys.setswitchinterval values.
+   a long C call; HostFunction vs Python callable vs CuPy (these conditions
+   interleaved, 25 rounds); and Python callables busy over
+   sys.setswitchinterval values.
 4. host copy bandwidth: benchmarks/host_copy.py (run separately).
 5. @host_callback compile time, first and cached (fresh processes), against
    numba.cfunc(cache=True) of the same body, and the time to import
@@ -440,10 +441,29 @@ def bench_dispatch(nh, device, repeats: int, window: float) -> None:
         t1 = int(stamps[0]) if kind == "HostFunction" else seen[0]
         return (t1 - t0) / 1e3
 
+    # The driver thread's wake-up time drifts over seconds: the conditions are
+    # interleaved, one sample of each per round, so that drift hits them alike.
     kinds = ["HostFunction", "Python callable"] + ([] if device.simulator else ["CuPy"])
-    for main in ("idle", "busy in Python", "holding the GIL"):
-        for kind in kinds:
-            record(f"dispatch ({main})", kind, "µs", lambda k=kind, m=main: sample(k, m), repeats)
+    rows = [
+        Row(f"dispatch ({main})", kind, "µs")
+        for main in ("idle", "busy in Python", "holding the GIL")
+        for kind in kinds
+    ]
+    print(f"[dispatch] {len(rows)} conditions interleaved ...", file=sys.stderr, flush=True)
+    faulthandler.dump_traceback_later(ROW_WATCHDOG_S, exit=False)
+    try:
+        for _ in range(repeats):
+            for row in rows:
+                if row.note:
+                    continue
+                try:
+                    row.samples.append(sample(row.name, row.group[len("dispatch (") : -1]))
+                except Exception as exc:  # a failing peer is a finding, reported in the table
+                    row.samples.clear()
+                    row.note = f"{type(exc).__name__}: {str(exc).splitlines()[0][:90]}"
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+    ROWS.extend(rows)
     old = sys.getswitchinterval()
     try:
         for interval in (0.001, 0.005, 0.02):
@@ -739,6 +759,7 @@ def main(argv: list[str] | None = None) -> int:
 
     device = Device()
     n, repeats, window = (200, 2, 0.02) if args.smoke else (20000, 7, 0.02)
+    dispatch_repeats = 2 if args.smoke else 25
     import importlib.metadata as md
 
     versions = ", ".join(
@@ -752,7 +773,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = {
         "enqueue": lambda: bench_enqueue(nh, device, n, repeats),
         "throughput": lambda: bench_throughput(nh, device, n, repeats),
-        "dispatch": lambda: bench_dispatch(nh, device, repeats, window),
+        "dispatch": lambda: bench_dispatch(nh, device, dispatch_repeats, window),
         "compile": lambda: bench_compile(1 if args.smoke else 3),
     }
     for name, step in steps.items():
