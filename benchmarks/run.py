@@ -63,6 +63,11 @@ class Row:
     def median(self) -> float | None:
         return statistics.median(self.samples) if self.samples else None
 
+    def fail(self, exc: Exception) -> None:
+        """The row's measurement failed: no samples, and the error as its note."""
+        self.samples.clear()
+        self.note = f"{type(exc).__name__}: {str(exc).splitlines()[0][:90]}"
+
     def cell(self) -> str:
         if not self.samples:
             return f"-- ({self.note})" if self.note else "--"
@@ -83,8 +88,7 @@ def record(group: str, name: str, unit: str, fn, repeats: int) -> Row:
         for _ in range(repeats):
             row.samples.append(fn())
     except Exception as exc:  # a failing peer is a finding, reported in the table
-        row.samples.clear()
-        row.note = f"{type(exc).__name__}: {str(exc).splitlines()[0][:90]}"
+        row.fail(exc)
     finally:
         faulthandler.cancel_dump_traceback_later()
     ROWS.append(row)
@@ -459,8 +463,7 @@ def bench_dispatch(nh, device, repeats: int, window: float) -> None:
                 try:
                     row.samples.append(sample(row.name, row.group[len("dispatch (") : -1]))
                 except Exception as exc:  # a failing peer is a finding, reported in the table
-                    row.samples.clear()
-                    row.note = f"{type(exc).__name__}: {str(exc).splitlines()[0][:90]}"
+                    row.fail(exc)
     finally:
         faulthandler.cancel_dump_traceback_later()
     ROWS.extend(rows)

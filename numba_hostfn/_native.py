@@ -296,6 +296,14 @@ out:
   ret i32 0
 }
 
+; args[%i] of a METH_FASTCALL call, an int, as an unsigned 64-bit value.
+define internal i64 @nhf_arg_u64(ptr %args, i64 %i) alwaysinline {
+  %p = getelementptr ptr, ptr %args, i64 %i
+  %o = load ptr, ptr %p
+  %v = call i64 inttoptr (i64 {PyLong_AsUnsignedLongLongMask} to ptr)(ptr %o)
+  ret i64 %v
+}
+
 ; host_launch's native part, a METH_FASTCALL builtin:
 ;   launch(launcher, handle, trampoline, fn, arg, owner) -> status
 ; takes a record, drops the GIL only for launcher(handle, trampoline, record)
@@ -311,20 +319,11 @@ badargs:
   call void inttoptr (i64 {PyErr_SetString} to ptr)(ptr %exc, ptr @nhf_launch_usage)
   ret ptr null
 unpack:
-  %p0 = load ptr, ptr %args
-  %launcher = call i64 inttoptr (i64 {PyLong_AsUnsignedLongLongMask} to ptr)(ptr %p0)
-  %a1 = getelementptr ptr, ptr %args, i64 1
-  %p1 = load ptr, ptr %a1
-  %handle = call i64 inttoptr (i64 {PyLong_AsUnsignedLongLongMask} to ptr)(ptr %p1)
-  %a2 = getelementptr ptr, ptr %args, i64 2
-  %p2 = load ptr, ptr %a2
-  %trampoline = call i64 inttoptr (i64 {PyLong_AsUnsignedLongLongMask} to ptr)(ptr %p2)
-  %a3 = getelementptr ptr, ptr %args, i64 3
-  %p3 = load ptr, ptr %a3
-  %fn = call i64 inttoptr (i64 {PyLong_AsUnsignedLongLongMask} to ptr)(ptr %p3)
-  %a4 = getelementptr ptr, ptr %args, i64 4
-  %p4 = load ptr, ptr %a4
-  %arg = call i64 inttoptr (i64 {PyLong_AsUnsignedLongLongMask} to ptr)(ptr %p4)
+  %launcher = call i64 @nhf_arg_u64(ptr %args, i64 0)
+  %handle = call i64 @nhf_arg_u64(ptr %args, i64 1)
+  %trampoline = call i64 @nhf_arg_u64(ptr %args, i64 2)
+  %fn = call i64 @nhf_arg_u64(ptr %args, i64 3)
+  %arg = call i64 @nhf_arg_u64(ptr %args, i64 4)
   %a5 = getelementptr ptr, ptr %args, i64 5
   %owner = load ptr, ptr %a5
   %err = call ptr inttoptr (i64 {PyErr_Occurred} to ptr)()
