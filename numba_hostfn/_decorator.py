@@ -27,8 +27,9 @@ from typing import Any
 import numba
 import numpy as np
 from numba import carray, types
-from numba.core import errors as numba_errors
-from numba.core.ccallback import CFunc
+from numba.core import compiler
+from numba.core.ccallback import CFunc, _CFuncCompiler
+from numba.core.compiler_lock import global_compiler_lock
 from numba.core.cpu import CPUContext
 from numba.core.registry import cpu_target
 
@@ -76,10 +77,72 @@ class _NamedTarget:
         return cached[1]
 
 
+class _HostFunctionFlags(compiler.Flags):
+    """A cfunc's compiler flags, except that a lifted ``objmode`` block gets compiled.
+
+    numba compiles a cfunc with ``no_compile`` set (it adds the C wrapper before
+    the module is finalized).  ``with numba.objmode():`` lifts its block into a
+    dispatcher compiled in object mode with a copy of these flags; with
+    ``no_compile`` still set, that dispatcher gets no entry point and numba fails
+    with "must be builtin_function_or_method".  So an object-mode compile
+    (``force_pyobject``) reads ``no_compile`` as false.
+    """
+
+
+def _no_compile(flags: compiler.Flags) -> bool:
+    values = flags._values
+    return bool(values.get("no_compile", False)) and not values.get("force_pyobject", False)
+
+
+def _set_no_compile(flags: compiler.Flags, value: bool) -> None:
+    flags._values["no_compile"] = bool(value)
+
+
+# Set after the class is made: numba's TargetConfig metaclass makes a plain
+# property for every option of a new class.
+_HostFunctionFlags.no_compile = property(_no_compile, _set_no_compile)
+
+
+class _HostFunctionCompiler(_CFuncCompiler):
+    def _customize_flags(self, flags: compiler.Flags) -> compiler.Flags:
+        return _HostFunctionFlags(super()._customize_flags(flags))
+
+
 class _NamedCFunc(CFunc):
+    """numba's cfunc, named after the host function, with its Environment registered.
+
+    A compiled body that boxes a value (``print(x)``, an ``objmode`` block)
+    reads its numba *Environment* through a global that numba fills only for
+    functions with a CPython wrapper (``CPUContext.get_executable``); a cfunc
+    has none, so the global stays NULL.  numba's generated check then returns
+    from inside ``print``'s GIL block with an exception *and the GIL still
+    held*: the host-function thread keeps the GIL for ever and every Python
+    thread stops (LIFETIME.md, invariant 13).  ``compile`` registers the
+    Environment and keeps it alive with the machine code.
+    """
+
     def __init__(self, pyfunc: Callable, label: str, options: dict) -> None:
         self._targetdescr = _NamedTarget(label)
         super().__init__(pyfunc, (_SIGNATURE.args, _SIGNATURE.return_type), {}, options)
+        self._compiler = _HostFunctionCompiler(
+            pyfunc, self._targetdescr, options, {}, pipeline_class=compiler.Compiler
+        )
+        self._environment = None
+
+    @global_compiler_lock
+    def compile(self) -> None:
+        # CFunc.compile, keeping the CompileResult's environment.
+        cres = self._cache.load_overload(self._sig, self._targetdescr.target_context)
+        if cres is None:
+            cres = self._compile_uncached()
+            self._cache.save_overload(self._sig, cres)
+        else:
+            self._cache_hits += 1
+        self._library = cres.library
+        self._wrapper_name = cres.fndesc.llvm_cfunc_wrapper_name
+        self._wrapper_address = self._library.get_pointer_to_function(self._wrapper_name)
+        self._environment = cres.environment  # set_env stores only its address
+        self._library.codegen.set_env(cres.fndesc.env_name, cres.environment)
 
 
 def _record_view(p):
@@ -179,7 +242,7 @@ class HostFunction:
             if cache:
                 cfunc.enable_caching()
             cfunc.compile()
-        except numba_errors.NumbaError as exc:
+        except Exception as exc:  # numba raises more than NumbaError (TypeError, ...)
             raise HostCallbackCompileError(
                 f"cannot compile host function {py_func.__qualname__!r} "
                 f"({py_func.__code__.co_filename}:{py_func.__code__.co_firstlineno}) "

@@ -112,11 +112,42 @@ done:
 
 ; ---- trampolines handed to cuLaunchHostFunc: void (*)(void *record) ----
 define void @nhf_run_compiled(ptr %rec) {
+entry:
   %fn = load ptr, ptr %rec
   %argp = getelementptr i64, ptr %rec, i64 1
   %arg = load ptr, ptr %argp
   call void %fn(ptr %arg)
+  call void @nhf_gil_check()
   call void @nhf_complete(ptr %rec)
+  ret void
+}
+
+; A compiled body is entered without the GIL and must return without it.  Some
+; of numba's error paths return from inside a GIL-taking block (a cfunc whose
+; Environment was never registered: print's check returns with the GIL held);
+; a host-function thread that kept the GIL would stop every Python thread for
+; ever.  Undo that one PyGILState_Ensure: PyGILState_Release(UNLOCKED) drops
+; the GIL, and the thread state too if the body created it (invariant 13).
+; The thread holds the GIL if its own thread state is the attached one (the
+; attached state is per thread from 3.12, the GIL holder's before).  Skipped
+; once the interpreter guard is closed (exit): no CPython call from then on.
+define internal void @nhf_gil_check() {
+entry:
+  %c = load atomic i32, ptr @nhf_closing seq_cst, align 4
+  %open = icmp eq i32 %c, 0
+  br i1 %open, label %mine, label %done
+mine:
+  %own = call ptr inttoptr (i64 {PyGILState_GetThisThreadState} to ptr)()
+  %none = icmp eq ptr %own, null
+  br i1 %none, label %done, label %attached
+attached:
+  %cur = call ptr inttoptr (i64 {PyThreadState_GetUnchecked} to ptr)()
+  %held = icmp eq ptr %cur, %own
+  br i1 %held, label %leaked, label %done
+leaked:
+  call void inttoptr (i64 {PyGILState_Release} to ptr)(i32 1)
+  br label %done
+done:
   ret void
 }
 
@@ -736,6 +767,13 @@ class Native:
 
         subs = _libc_addresses()
         subs.update({n: _address_of(ctypes.pythonapi, n) for n in _PYTHON_SYMBOLS})
+        # Public from 3.13; the same function was private before.
+        unchecked = next(
+            name
+            for name in ("PyThreadState_GetUnchecked", "_PyThreadState_UncheckedGet")
+            if hasattr(ctypes.pythonapi, name)
+        )
+        subs["PyThreadState_GetUnchecked"] = _address_of(ctypes.pythonapi, unchecked)
         subs.update(
             PyExc_TypeError=ctypes.c_void_p.in_dll(ctypes.pythonapi, "PyExc_TypeError").value,
             CAPTURE_CHECK_FAILED=CAPTURE_CHECK_FAILED,
@@ -764,7 +802,12 @@ class Native:
         # the process exits.  Take one reference that is never given back.
         _incref(library)
         self._library = library
-        fn = library.get_pointer_to_function
+
+        def fn(name: str) -> int:
+            address = library.get_pointer_to_function(name)
+            if not address:  # llvmlite answers 0, not an error, for a missing symbol
+                raise RuntimeError(f"numba_hostfn's native layer has no function {name!r}")
+            return address
 
         self.run_compiled = fn("nhf_run_compiled")
         self.run_python = fn("nhf_run_python")

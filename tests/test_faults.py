@@ -1,0 +1,112 @@
+"""Faults inside compiled bodies: none may leave the GIL held or a stream stuck.
+
+These run in a child process: a thread that keeps the GIL stops every Python
+thread, pytest's own timeout included, so only a parent can see the hang.
+"""
+
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from _device import child_env
+
+FAULTS_SCRIPT = textwrap.dedent("""
+    import faulthandler
+    faulthandler.enable()  # SIGABRT from the test prints every thread's stack
+    import sys
+    import threading
+
+    import numba
+    import numpy as np
+    from numba import carray, types
+    from numba.extending import intrinsic
+
+    import numba_hostfn as nh
+    from _device import Device
+
+    reports = []
+    sys.unraisablehook = lambda u: reports.append(f"{u.object}: {u.exc_value}")
+
+    @intrinsic
+    def take_gil_and_keep_it(typingctx):
+        def codegen(context, builder, signature, args):
+            context.get_python_api(builder).gil_ensure()  # never released
+            return context.get_dummy_value()
+        return types.void(), codegen
+
+    @nh.host_callback
+    def show(p):
+        print("value", carray(p, (1,), np.int64)[0], 2.5)
+
+    @nh.host_callback
+    def thread_of_objmode(p):
+        a = carray(p, (1,), np.int64)
+        with numba.objmode(ident="int64"):
+            ident = threading.get_ident() % 2**62
+        a[0] = ident
+
+    @nh.host_callback
+    def keeps_gil(p):
+        take_gil_and_keep_it()
+        carray(p, (1,), np.int64)[0] = 1
+
+    @numba.cfunc("void(voidptr)")
+    def plain_cfunc_print(p):
+        print(carray(p, (1,), np.int64)[0])
+
+    device = Device()
+    stream = device.create_stream()
+    x = np.array([41], np.int64)
+    show(nh.by_ref(x))  # a direct call, on this thread
+    nh.host_launch(stream, show, user_data=nh.by_ref(x))
+    ident = np.zeros(1, np.int64)
+    nh.host_launch(stream, thread_of_objmode, user_data=nh.by_ref(ident))
+    kept = np.zeros(1, np.int64)
+    nh.host_launch(stream, keeps_gil, user_data=nh.by_ref(kept))
+    nh.host_launch(stream, plain_cfunc_print, user_data=x.ctypes.data)
+    after = []
+    nh.host_launch(stream, lambda: after.append(threading.get_ident() % 2**62))
+    stream.sync()
+    nh.drain()
+    print("objmode on the host-function thread:", after == [ident[0]] and ident[0] != 0)
+    print("objmode not on the main thread:", ident[0] != threading.get_ident() % 2**62)
+    print("body after the kept GIL ran:", kept[0] == 1)
+    print("reports:", reports)
+    print("pending:", nh.pending())
+""")
+
+
+def _run(script: str) -> str:
+    child = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
+    try:
+        out, err = child.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        child.send_signal(signal.SIGABRT)
+        out, err = child.communicate()
+        pytest.fail(f"the child hung; stacks:\n{err}\nstdout:\n{out}")
+    assert child.returncode == 0, err + out
+    return out
+
+
+def test_print_objmode_and_a_kept_gil_on_the_host_function_thread():
+    out = _run(FAULTS_SCRIPT)
+    lines = out.splitlines()
+    # print of values, from the calling thread and from the host-function thread
+    assert lines[:2] == ["value 41 2.5", "value 41 2.5"], out
+    assert "objmode on the host-function thread: True" in lines, out
+    assert "objmode not on the main thread: True" in lines, out
+    # a body that returned holding the GIL: the trampoline gave it back
+    assert "body after the kept GIL ran: True" in lines, out
+    # numba's own cfunc has no Environment registered: reported, and the stream went on
+    (reports,) = [line for line in lines if line.startswith("reports:")]
+    assert lines[2] == "objmode on the host-function thread: True", out  # plain printed nothing
+    assert reports.count("missing Environment") == 1, out
+    assert "pending: 0" in lines, out
