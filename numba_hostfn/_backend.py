@@ -2,8 +2,9 @@
 
 The backend is chosen once per process, from ``NUMBA_HOSTFN_SIMULATOR`` as it
 is at the first call that needs one (import does not touch the driver).  Both
-backends enqueue the same native trampolines from ``_native`` and share one
-set of launch records, so a launch means the same thing on both.
+backends enqueue the same native trampolines from ``_native``, share one set
+of launch records, and let a graph being captured own its nodes' records the
+same way, so a launch means the same thing on both.
 """
 
 from __future__ import annotations
@@ -15,14 +16,7 @@ import weakref
 from typing import Any
 
 from ._errors import SIMULATOR_ENV, BackendUnavailableError, CudaDriverError
-from ._native import (
-    CAPTURE_CHECK_FAILED,
-    NO_RECORD,
-    QUEUE_STOPPED,
-    STREAM_CAPTURING,
-    Native,
-    native,
-)
+from ._native import Native, Status, native
 from ._records import LaunchRecords
 
 __all__ = [
@@ -36,6 +30,7 @@ __all__ = [
 
 _lock = threading.Lock()
 _backend: Backend | None = None
+_CAPTURE_ACTIVE, _CAPTURE_INVALIDATED = 1, 2  # CUstreamCaptureStatus
 
 
 def simulator_requested() -> bool:
@@ -58,11 +53,15 @@ def cuda_driver_usable() -> bool:
 
 
 class Backend:
-    """What host_launch needs from a backend: a native launcher and stream checks."""
+    """What host_launch needs from a backend: an enqueue function, stream checks,
+    and a way to make the graph being captured own a record.
+    """
 
     name = ""
-    #: Address of the native launcher, u64 (*)(handle, trampoline, record).
-    launcher = 0
+    #: Address of the native enqueue function, u64 (*)(handle, trampoline, record).
+    enqueue_fn = 0
+    #: The same for simulated device work (the simulator's own; else enqueue_fn).
+    device_enqueue_fn = 0
     #: Whether ``stream_handle`` must vet each stream (the simulator's registry).
     checks_streams = False
 
@@ -75,18 +74,57 @@ class Backend:
         return handle
 
     def refused(self, status: int) -> None:  # pragma: no cover
-        """Raise the error for a launcher's nonzero status."""
+        """Raise the error for an enqueue function's nonzero status."""
         raise NotImplementedError
 
-    def launch(self, handle: int, trampoline: int, fn: int, arg: int, owner: Any) -> None:
-        """Enqueue ``trampoline`` for ``fn(arg)`` with a record that owns ``owner``."""
+    def enqueue(
+        self, handle: int, trampoline: int, fn: int, arg: int, owner: Any, device: bool = False
+    ) -> bool:
+        """Enqueue ``trampoline`` for ``fn(arg)`` with a record that owns ``owner``.
+
+        Returns False, having enqueued nothing, if the stream is capturing.
+        ``device`` (simulator only) makes it simulated device work.
+        """
         native = self.native
-        status = native.launch(self.launcher, handle, trampoline, fn, arg, owner)
-        while status == NO_RECORD:
+        enqueue_fn = self.device_enqueue_fn if device else self.enqueue_fn
+        status = native.enqueue(enqueue_fn, handle, trampoline, fn, arg, owner)
+        while status == Status.NO_RECORD:
             self.records.grow()
-            status = native.launch(self.launcher, handle, trampoline, fn, arg, owner)
+            status = native.enqueue(enqueue_fn, handle, trampoline, fn, arg, owner)
+        if status == Status.CAPTURING:
+            return False
         if status:
             self.refused(status)
+        return True
+
+    # ---- graphs: the capture path and explicit graphs (``_graphs``) ----
+
+    def capture_graph(self, handle: int, builder: bool) -> Any:
+        """The graph being captured on stream ``handle``, or None if it is not capturing.
+
+        Raises RuntimeError if the capture cannot own a node (invalidated), or
+        if ``builder`` is true and the stream is not capturing.
+        """
+        raise NotImplementedError  # pragma: no cover
+
+    def own_by_graph(self, graph: Any, record: int) -> Any:
+        """From now on ``graph`` owns ``record``; returns a token for :meth:`disown`.
+
+        The record is completed once the graph and every instance and replay
+        of it are gone.  If this raises, the record has been released (or will
+        be, by the driver's destructor) and the graph owns nothing new.
+        """
+        raise NotImplementedError  # pragma: no cover
+
+    def disown(self, graph: Any, token: Any) -> None:
+        """Undo :meth:`own_by_graph` (the node could not be added)."""
+        raise NotImplementedError  # pragma: no cover
+
+    def add_captured_node(
+        self, graph: Any, handle: int, fn: int, arg: int, device: bool = False
+    ) -> None:
+        """Add the host node ``fn(arg)`` to the capture on stream ``handle``."""
+        raise NotImplementedError  # pragma: no cover
 
 
 class CudaBackend(Backend):
@@ -120,22 +158,37 @@ class CudaBackend(Backend):
                 "cuUserObjectCreate",
                 "cuUserObjectRelease",
                 "cuGraphRetainUserObject",
+                "cuGraphReleaseUserObject",
+                "cuStreamGetCaptureInfo",
             )
         }
         native.set_cuda(proc["cuStreamIsCapturing"], proc["cuLaunchHostFunc"])
-        self.launcher = native.cuda_launcher
-        # Graph attachments: called through ctypes on the raw driver pointers,
-        # because cuda.bindings wraps any CUhostFn argument in a GIL trampoline.
-        c_uint, vp = ctypes.c_uint, ctypes.c_void_p
+        self.enqueue_fn = native.cuda_enqueue
+        self.device_enqueue_fn = native.cuda_enqueue
+        # The capture path calls these through ctypes on the raw driver
+        # pointers (foreign calls: the GIL is released), because cuda.bindings
+        # wraps any CUhostFn argument in a trampoline that takes the GIL.
+        c_int, c_uint, vp = ctypes.c_int, ctypes.c_uint, ctypes.c_void_p
+        self._launch_host_func = ctypes.CFUNCTYPE(c_int, vp, vp, vp)(proc["cuLaunchHostFunc"])
         self._user_object_create = ctypes.CFUNCTYPE(
-            ctypes.c_int, ctypes.POINTER(vp), vp, vp, c_uint, c_uint
+            c_int, ctypes.POINTER(vp), vp, vp, c_uint, c_uint
         )(proc["cuUserObjectCreate"])
-        self._user_object_release = ctypes.CFUNCTYPE(ctypes.c_int, vp, c_uint)(
-            proc["cuUserObjectRelease"]
-        )
-        self._graph_retain = ctypes.CFUNCTYPE(ctypes.c_int, vp, vp, c_uint, c_uint)(
+        self._user_object_release = ctypes.CFUNCTYPE(c_int, vp, c_uint)(proc["cuUserObjectRelease"])
+        self._graph_retain = ctypes.CFUNCTYPE(c_int, vp, vp, c_uint, c_uint)(
             proc["cuGraphRetainUserObject"]
         )
+        self._graph_release = ctypes.CFUNCTYPE(c_int, vp, vp, c_uint)(
+            proc["cuGraphReleaseUserObject"]
+        )
+        # (stream, status*, id*, graph*, then optional outs): the CUDA 12 form has
+        # two optional outs after graph, the CUDA 13 form three; both take NULL
+        # for each, and passing one NULL too many is harmless in the C calling
+        # conventions of x86-64 and AArch64.
+        self._capture_info = ctypes.CFUNCTYPE(
+            c_int, vp, ctypes.POINTER(c_int), vp, ctypes.POINTER(vp), vp, vp, vp
+        )(proc["cuStreamGetCaptureInfo"])
+        self._no_destructor_sync = int(driver.CUuserObject_flags.CU_USER_OBJECT_NO_DESTRUCTOR_SYNC)
+        self._move = int(driver.CUuserObjectRetain_flags.CU_GRAPH_USER_OBJECT_MOVE)
 
     def _proc(self, name: str) -> int:
         d = self._driver
@@ -167,65 +220,80 @@ class CudaBackend(Backend):
             raise CudaDriverError(f"{call} failed: {self.error_text(int(err))}", int(err))
 
     def refused(self, status: int) -> None:
-        if status == STREAM_CAPTURING:
-            raise RuntimeError(
-                "host_launch() was given a stream that is capturing a CUDA graph; a "
-                "launch record cannot follow a graph that may replay many times. Pass "
-                "the cuda.core GraphBuilder itself (host_launch(builder, fn)), or use "
-                "GraphBuilder.callback. Nothing was enqueued; the capture is intact."
-            )
         code = int(status & 0xFFFFFFFF)
-        call = "cuStreamIsCapturing" if status & CAPTURE_CHECK_FAILED else "cuLaunchHostFunc"
+        call = "cuStreamIsCapturing" if status & Status.CAPTURE_CHECK_FAILED else "cuLaunchHostFunc"
         raise CudaDriverError(f"{call} failed: {self.error_text(code)}", code)
 
-    def attach_to_capture(self, stream_handle: int, record: int) -> tuple[int, int]:
-        """Make the graph being captured on ``stream_handle`` own ``record``.
-
-        Returns ``(graph, user_object)``; the user object's destructor is the
-        native completion push, so the record's owners are released on the main
-        thread once the graph and all its executable instances are destroyed.
-        """
-        d = self._driver
-        info = d.cuStreamGetCaptureInfo(d.CUstream(stream_handle))
-        self._check(info[0], "cuStreamGetCaptureInfo")
-        if info[1] != d.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE:
+    def capture_graph(self, handle: int, builder: bool) -> Any:
+        status, graph = ctypes.c_int(), ctypes.c_void_p()
+        rc = self._capture_info(
+            handle, ctypes.byref(status), None, ctypes.byref(graph), None, None, None
+        )
+        self._check(rc, "cuStreamGetCaptureInfo")
+        if status.value == _CAPTURE_ACTIVE:
+            if not graph.value:
+                raise RuntimeError(
+                    "host_launch() could not read the graph being captured on this stream; "
+                    "nothing was enqueued, and the capture is as it was"
+                )
+            return graph.value
+        if status.value == _CAPTURE_INVALIDATED:
+            raise RuntimeError(
+                "host_launch() was given a stream whose graph capture is invalidated (an "
+                "earlier call broke it; ending the capture will fail); nothing was enqueued. "
+                "End the capture and capture again"
+            )
+        if builder:
             raise RuntimeError(
                 "host_launch() was given a GraphBuilder that is not building; call "
                 "builder.begin_building() first"
             )
-        graph = int(info[3])
-        obj = ctypes.c_void_p()
+        return None  # the capture ended since the enqueue saw it
+
+    def own_by_graph(self, graph: Any, record: int) -> Any:
+        user_object = ctypes.c_void_p()
         rc = self._user_object_create(
-            ctypes.byref(obj),
+            ctypes.byref(user_object),
             record,
-            self.native.graph_release,
+            self.native.user_object_release,
             1,
-            int(d.CUuserObject_flags.CU_USER_OBJECT_NO_DESTRUCTOR_SYNC),
+            self._no_destructor_sync,
         )
-        self._check(rc, "cuUserObjectCreate")
-        return graph, obj.value
-
-    def commit_to_graph(self, graph: int, user_object: int) -> None:
-        move = int(self._driver.CUuserObjectRetain_flags.CU_GRAPH_USER_OBJECT_MOVE)
-        rc = self._graph_retain(graph, user_object, 1, move)
         if rc:
-            self.release_user_object(user_object)
+            self.records.release(record)
+            self._check(rc, "cuUserObjectCreate")
+        # From here the user object owns the record: its destructor completes it.
+        rc = self._graph_retain(graph, user_object.value, 1, self._move)
+        if rc:
+            self._user_object_release(user_object.value, 1)
             self._check(rc, "cuGraphRetainUserObject")
+        return user_object.value
 
-    def release_user_object(self, user_object: int) -> None:
-        self._user_object_release(user_object, 1)
+    def disown(self, graph: Any, token: Any) -> None:
+        self._graph_release(graph, token, 1)
+
+    def add_captured_node(
+        self, graph: Any, handle: int, fn: int, arg: int, device: bool = False
+    ) -> None:
+        rc = self._launch_host_func(handle, fn, arg)
+        self._check(rc, "cuLaunchHostFunc")
 
 
 class SimulatorBackend(Backend):
-    """Enqueue on simulated streams: native FIFO queues drained by native loops."""
+    """Enqueue on simulated streams: native queues, and one host-function thread."""
 
     name = "simulator"
     checks_streams = True
 
     def __init__(self, native: Native) -> None:
         super().__init__(native)
-        self.launcher = native.sim_launcher
+        if native.sim_context_start():
+            raise RuntimeError("the simulator could not start its host-function thread")
+        self.enqueue_fn = native.sim_enqueue
+        self.device_enqueue_fn = native.sim_enqueue_device
         self.streams: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+        #: handle -> the simulator's capture object, while that stream captures.
+        self.captures: dict[int, Any] = {}
 
     def stream_handle(self, stream: Any, handle: int) -> int:
         if self.streams.get(handle) is None:
@@ -237,9 +305,31 @@ class SimulatorBackend(Backend):
         return handle
 
     def refused(self, status: int) -> None:
-        if status == QUEUE_STOPPED:
+        if status == Status.QUEUE_STOPPED:
             raise RuntimeError("the simulated stream is closed; create a new Stream")
         raise MemoryError("the simulator could not allocate a queue entry")
+
+    def capture_graph(self, handle: int, builder: bool) -> Any:
+        capture = self.captures.get(handle)
+        if capture is None and builder:
+            raise RuntimeError(
+                "host_launch() was given a GraphBuilder that is not building; call "
+                "builder.begin_building() first"
+            )
+        return capture
+
+    def own_by_graph(self, graph: Any, record: int) -> Any:
+        self.native.sim_keeper_own(graph.keeper, record)
+        return record
+
+    def disown(self, graph: Any, token: Any) -> None:
+        self.native.sim_keeper_disown(graph.keeper, token)
+        self.records.release(token)
+
+    def add_captured_node(
+        self, graph: Any, handle: int, fn: int, arg: int, device: bool = False
+    ) -> None:
+        graph.nodes.append((device, fn, arg))
 
 
 def get_backend() -> Backend:

@@ -24,7 +24,7 @@ from numba.extending import intrinsic
 
 from ._decorator import HostFunction, host_callback
 from ._intrinsics import as_voidptr
-from ._launch import launch
+from ._launch import enqueue
 
 __all__ = [
     "MEMCPY_2D_LAYOUT",
@@ -174,7 +174,7 @@ def _region(obj: Any, role: str) -> _Region:
     )
 
 
-def host_copy(stream: Any, dst: Any, src: Any) -> None:
+def host_copy(stream: Any, dst: Any, src: Any) -> Any:
     """Copy ``src`` into ``dst`` on the host, in stream order and without the GIL.
 
     Typical use: after a device-to-host copy into pinned staging memory, move the
@@ -184,14 +184,21 @@ def host_copy(stream: Any, dst: Any, src: Any) -> None:
 
     Parameters
     ----------
-    stream : stream or GraphBuilder
-        As for :func:`host_launch`.  Through a ``GraphBuilder`` the copy runs at
-        every replay and the buffers live as long as the graph.
+    stream : stream, GraphBuilder or explicit graph node
+        As for :func:`host_launch`.  In a graph (a capturing stream, a
+        ``GraphBuilder``, a ``GraphDefinition`` or ``GraphNode``) the copy runs
+        at every replay and the buffers live as long as the graph.
     dst : writable host buffer
         A numpy array, ``bytearray``, writable ``memoryview`` or host-accessible
         cuda.core ``Buffer`` (pinned memory).
     src : host buffer
         Same kinds; may be read-only.
+
+    Returns
+    -------
+    cuda.core.graph.HostCallbackNode or None
+        For an explicit graph, the new node (``stream`` itself if nothing was
+        added); else None.
 
     Raises
     ------
@@ -209,14 +216,13 @@ def host_copy(stream: Any, dst: Any, src: Any) -> None:
     if d.nbytes != s.nbytes:
         raise ValueError(f"host_copy() sizes differ: dst holds {d.nbytes} bytes, src {s.nbytes}")
     if d.nbytes == 0:
-        return
+        return _unchanged(stream)
     if d.address < s.end and s.address < d.end:
         raise ValueError("host_copy() dst and src overlap; copy through a temporary")
     keep = (dst, src)
     if d.contiguous and s.contiguous:
         data = _PACK.pack(d.address, s.address, d.nbytes)
-        launch(stream, host_memcpy(), data, keep)
-        return
+        return enqueue(stream, host_memcpy(), data, keep)
     rows = d.rows if not d.contiguous else s.rows
     row_bytes = d.nbytes // rows
     for r in (d, s):
@@ -228,22 +234,38 @@ def host_copy(stream: Any, dst: Any, src: Any) -> None:
     d_pitch = d.pitch if not d.contiguous else row_bytes
     s_pitch = s.pitch if not s.contiguous else row_bytes
     data = _PACK_2D.pack(d.address, s.address, rows, row_bytes, d_pitch, s_pitch)
-    launch(stream, host_memcpy_2d(), data, keep)
+    return enqueue(stream, host_memcpy_2d(), data, keep)
 
 
-def release_after(stream: Any, *objs: Any) -> None:
+def release_after(stream: Any, *objs: Any) -> Any:
     """Keep ``objs`` alive until ``stream`` reaches this point, then release them.
 
     They are released on the main thread (never on the driver's thread), so
     freeing a host buffer that in-flight GPU work still reads needs no
-    synchronize.  Through a ``GraphBuilder`` they live as long as the graph.
+    synchronize.  In a graph (a capturing stream, a ``GraphBuilder``, an
+    explicit graph) a node cannot release anything, since it runs at every
+    replay: the objects live as long as the graph does.
 
     Parameters
     ----------
-    stream : stream or GraphBuilder
+    stream : stream, GraphBuilder or explicit graph node
         As for :func:`host_launch`.
     *objs : object
         Anything; nothing is enqueued when none is given.
+
+    Returns
+    -------
+    cuda.core.graph.HostCallbackNode or None
+        For an explicit graph, the new node (``stream`` itself if nothing was
+        added); else None.
     """
-    if objs:
-        launch(stream, _compiled("release_point"), None, objs)
+    if not objs:
+        return _unchanged(stream)
+    return enqueue(stream, _compiled("release_point"), None, objs)
+
+
+def _unchanged(target: Any) -> Any:
+    """What a call that adds nothing returns: an explicit graph's node itself, else None."""
+    from ._launch import _target_kind
+
+    return target if _target_kind(target) == "node" else None

@@ -1,30 +1,62 @@
 """``host_launch``: enqueue a host function in stream order and own what it needs.
 
 Everything is checked before anything is enqueued: a call that raises has
-enqueued nothing and keeps no reference to its arguments.
+enqueued nothing and keeps no reference to its arguments.  A stream that is
+capturing, and an explicit graph, go through ``_graphs``.
 """
 
 from __future__ import annotations
 
 import ctypes
+import weakref
 from typing import Any
 
 from numba.core.ccallback import CFunc
 
 from ._backend import get_backend
-from ._decorator import _SIGNATURE, CUhostFn, HostFunction
+from ._decorator import _SIGNATURE, HostFunction
+from ._graphs import add_captured_node, add_graph_node
 from ._userdata import resolve_user_data
 
-__all__ = ["classify_function", "drain", "host_launch", "launch", "pending"]
+__all__ = ["classify_function", "drain", "enqueue", "host_launch", "pending"]
 
 _CFuncPtr = ctypes._CFuncPtr  # the base of every ctypes function pointer type
 _CDECL = ctypes._FUNCFLAG_CDECL
 _c_void_p = ctypes.c_void_p
-_STREAM_KINDS: dict[type, str] = {}  # type -> "graph" | "stream", filled on first sight
-# type -> "compiled" | "python", filled on first sight.  Exact: both depend on the
-# type alone (isinstance, and callable(), which reads the type's tp_call).  ctypes
-# pointers are never cached: their restype and argtypes can be set per instance.
-_FN_KINDS: dict[type, str] = {}
+
+
+class _KindsByType(dict):
+    """What a type is, keyed by ``id(type)``, holding each type weakly.
+
+    A plain dict keyed by the type would keep every type it has seen alive (a
+    class defined in a function, once per call).  A weak reference per entry
+    removes it when the type dies, before its id can be reused; lookups stay
+    a plain ``dict.get(id(cls))``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._refs: dict[int, weakref.ref] = {}
+
+    def remember(self, cls: type, kind: str) -> None:
+        key = id(cls)
+        try:
+            self._refs[key] = weakref.ref(cls, lambda _, key=key: self._forget(key))
+        except TypeError:  # not weakly referenceable: not cached
+            return
+        self[key] = kind
+
+    def _forget(self, key: int) -> None:
+        self.pop(key, None)
+        self._refs.pop(key, None)
+
+
+# id(type) -> "stream" | "builder" | "node", filled on first sight
+_TARGET_KINDS = _KindsByType()
+# id(type) -> "compiled" | "python", filled on first sight.  Exact: both depend on
+# the type alone (isinstance, and callable(), which reads the type's tp_call).
+# ctypes pointers are never cached: their restype and argtypes can be set per instance.
+_FN_KINDS = _KindsByType()
 
 
 def _prototype_error(detail: str) -> TypeError:
@@ -37,11 +69,13 @@ def _prototype_error(detail: str) -> TypeError:
 
 def classify_function(fn: Any) -> tuple[str, int, Any]:
     """Return ``(kind, address, owner)``: kind is "compiled", "pointer" or "python"."""
-    kind = _FN_KINDS.get(type(fn))
+    kind = _FN_KINDS.get(id(type(fn)))
     if kind == "python":
         return kind, 0, fn
-    if kind == "compiled" or isinstance(fn, HostFunction):
-        _FN_KINDS[type(fn)] = "compiled"
+    if kind == "compiled":
+        return kind, fn.address, fn
+    if isinstance(fn, HostFunction):
+        _FN_KINDS.remember(type(fn), "compiled")
         return "compiled", fn.address, fn
     if isinstance(fn, _CFuncPtr):
         flags = type(fn)._flags_
@@ -66,36 +100,51 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
             "host_launch() expected a HostFunction, a CUhostFn ctypes pointer or a "
             f"Python callable, got {type(fn).__name__}"
         )
-    _FN_KINDS[type(fn)] = "python"
+    _FN_KINDS.remember(type(fn), "python")
     return "python", 0, fn
 
 
-def _stream_kind(stream: Any) -> str:
-    kind = _STREAM_KINDS.get(type(stream))
+def _is_graph_node(target: Any) -> bool:
+    """A cuda.core explicit graph: a GraphDefinition, or any GraphNode (subclasses too)."""
+    for cls in type(target).__mro__:
+        if cls.__name__ in ("GraphDefinition", "GraphNode") and (cls.__module__ or "").startswith(
+            "cuda.core"
+        ):
+            return True
+    return False
+
+
+def _target_kind(target: Any) -> str:
+    """ "stream", "builder" (a GraphBuilder) or "node" (an explicit graph), cached per type."""
+    kind = _TARGET_KINDS.get(id(type(target)))
     if kind is not None:
         return kind
-    if stream is None:
+    if target is None:
         raise TypeError(
             "host_launch() needs a stream, got None; pass a cuda.core Stream or "
             "GraphBuilder, or a stream object with __cuda_stream__ (CuPy, PyTorch, numba-cuda)"
         )
-    if isinstance(stream, int):
+    if isinstance(target, int):
         raise TypeError(
-            f"host_launch() got a bare int ({stream!r}) as stream; wrap a raw CUstream "
+            f"host_launch() got a bare int ({target!r}) as stream; wrap a raw CUstream "
             "handle with cuda.core.Stream.from_handle(handle) (and keep the stream alive)"
         )
-    kind = None
-    module = type(stream).__module__ or ""
-    if type(stream).__name__ == "GraphBuilder" and module.startswith("cuda.core"):
-        kind = "graph"
-    elif hasattr(stream, "__cuda_stream__"):
+    module = type(target).__module__ or ""
+    if type(target).__name__ == "GraphBuilder" and (
+        module.startswith("cuda.core") or module == "numba_hostfn._simulator"
+    ):
+        kind = "builder"
+    elif _is_graph_node(target):
+        kind = "node"
+    elif hasattr(target, "__cuda_stream__"):
         kind = "stream"
-    if kind is None:
+    else:
         raise TypeError(
-            "host_launch() expected a cuda.core Stream or GraphBuilder, or an object with "
-            f"the __cuda_stream__ protocol, got {type(stream).__name__}"
+            "host_launch() expected a cuda.core Stream, GraphBuilder, GraphDefinition or "
+            "GraphNode, or an object with the __cuda_stream__ protocol, got "
+            f"{type(target).__name__}"
         )
-    _STREAM_KINDS[type(stream)] = kind
+    _TARGET_KINDS.remember(type(target), kind)
     return kind
 
 
@@ -115,7 +164,7 @@ def _stream_handle(stream: Any) -> int:
     return value[1]
 
 
-def host_launch(stream: Any, fn: Any, *, user_data: Any = None) -> None:
+def host_launch(stream: Any, fn: Any, *, user_data: Any = None) -> Any:
     """Enqueue ``fn`` on ``stream``: it runs on the host when the stream reaches this point.
 
     A :class:`HostFunction` or ctypes ``CUhostFn`` runs on the driver's thread
@@ -124,13 +173,20 @@ def host_launch(stream: Any, fn: Any, *, user_data: Any = None) -> None:
     alive until it has run, then releases them on the main thread.  A host
     function must not call CUDA; all rules: docs/threading.md.
 
+    On a stream that is capturing a CUDA graph (whoever began the capture:
+    cuda.core's ``GraphBuilder``, ``torch.cuda.graph``, CuPy, cuda.bindings),
+    ``fn`` becomes a host node of that graph, which runs at every replay; the
+    graph owns what the node needs until the graph and all its executable
+    instances are gone (docs/streams.md).
+
     Parameters
     ----------
-    stream : cuda.core Stream, GraphBuilder, or ``__cuda_stream__`` object
-        Where to enqueue.  A cuda.core ``GraphBuilder`` that is building gets a
-        host node through its ``callback`` (the node runs at every replay, and
-        its owners live as long as the graph).  Any other stream must not be
-        capturing.  With the simulator, a ``numba_hostfn.simulator.Stream``.
+    stream : stream, GraphBuilder, GraphDefinition or GraphNode
+        Where to enqueue: a cuda.core ``Stream`` or any object with
+        ``__cuda_stream__`` (CuPy, PyTorch, numba-cuda).  A ``GraphBuilder`` must be building.  A
+        ``GraphDefinition`` or ``GraphNode`` (an explicit graph) gets a new
+        host node, after the given node, that the graph owns.  With the
+        simulator, a ``numba_hostfn.simulator.Stream`` or its ``GraphBuilder``.
     fn : HostFunction, ctypes CUhostFn, numba cfunc or callable
         What to run.  A ctypes pointer must be declared exactly as
         ``ctypes.CFUNCTYPE(None, ctypes.c_void_p)``; a numba cfunc must have
@@ -138,7 +194,14 @@ def host_launch(stream: Any, fn: Any, *, user_data: Any = None) -> None:
     user_data : None, int, bytes-like or ByRef, optional
         Only for compiled functions and pointers.  ``None`` passes NULL, an
         ``int`` a raw address you keep valid, a bytes-like object a copy taken
-        now, :func:`by_ref` the buffer itself.
+        now (in a graph: taken once, and every replay sees that copy),
+        :func:`by_ref` the buffer itself (every replay sees it live).
+
+    Returns
+    -------
+    cuda.core.graph.HostCallbackNode or None
+        The new node for an explicit graph (so calls chain as in cuda.core),
+        else None.
 
     Raises
     ------
@@ -149,17 +212,22 @@ def host_launch(stream: Any, fn: Any, *, user_data: Any = None) -> None:
         If user_data is given with a Python callable, or does not match the
         HostFunction's declared ``dtype``.
     RuntimeError
-        If a plain stream is capturing a graph (pass the GraphBuilder instead),
-        or a driver call fails (:class:`CudaDriverError`).  Nothing was enqueued.
+        If a capture cannot take a node (it is invalidated), a GraphBuilder is
+        not building, or a driver call fails (:class:`CudaDriverError`).
+        Nothing was enqueued, and a capture is as it was.
     BackendUnavailableError
         If there is no CUDA driver and the simulator is not selected.
     """
-    launch(stream, fn, user_data, None)
+    return enqueue(stream, fn, user_data, None)
 
 
-def launch(stream: Any, fn: Any, user_data: Any, keep: Any) -> None:
-    """host_launch, plus ``keep``: more objects the launch owns until it has run."""
-    kind, target, fn_owner = classify_function(fn)
+def enqueue(target: Any, fn: Any, user_data: Any, keep: Any, device: bool = False) -> Any:
+    """host_launch, plus ``keep``: more objects the launch owns until it has run.
+
+    ``device`` (simulator only) enqueues simulated device work instead of a
+    host function.
+    """
+    kind, address, fn_owner = classify_function(fn)
     if kind == "python":
         if user_data is not None:
             raise ValueError(
@@ -171,44 +239,25 @@ def launch(stream: Any, fn: Any, user_data: Any, keep: Any) -> None:
     else:
         layout = fn.dtype if kind == "compiled" else None
         arg, data_owner = resolve_user_data(user_data, layout, fn)
-    stream_kind = _stream_kind(stream)
+    target_kind = _target_kind(target)
     backend = get_backend()
-    if stream_kind == "graph":
-        _graph_launch(backend, stream, kind, fn, target, arg, (fn_owner, data_owner, keep))
-        return
-    handle = _stream_handle(stream)
-    if backend.checks_streams:
-        handle = backend.stream_handle(stream, handle)
-    native = backend.native
-    trampoline = native.run_python if kind == "python" else native.run_compiled
     # The function alone when it is all the launch owns: no object per launch,
     # so a burst of launches does not feed the cyclic garbage collector.
     owner = fn_owner if data_owner is None and keep is None else (fn_owner, data_owner, keep)
-    backend.launch(handle, trampoline, target, arg, owner)
-
-
-def _graph_launch(
-    backend: Any, builder: Any, kind: str, fn: Any, target: int, arg: int, owner: Any
-) -> None:
-    if kind == "python":
-        builder.callback(fn)  # cuda.core owns the callable for the graph's lifetime
-        return
-    records = backend.records
-    record = records.acquire(0, 0, owner)
-    try:
-        graph, user_object = backend.attach_to_capture(_stream_handle(builder), record)
-    except BaseException:
-        records.cancel(record)
-        raise
-    # From here the user object owns the record: releasing it releases them.
-    try:
-        # A fresh CUhostFn for any compiled kind (a numba CFunc is callable, and
-        # cuda.core would take it for a Python callable); the record owns the code.
-        builder.callback(CUhostFn(target), user_data=arg)
-    except BaseException:
-        backend.release_user_object(user_object)
-        raise
-    backend.commit_to_graph(graph, user_object)
+    if target_kind == "node":
+        return add_graph_node(backend, target, kind, address, arg, owner)
+    handle = _stream_handle(target)
+    if backend.checks_streams:
+        handle = backend.stream_handle(target, handle)
+    native = backend.native
+    trampoline = native.run_python if kind == "python" else native.run_compiled
+    builder = target_kind == "builder"
+    while True:
+        if not builder and backend.enqueue(handle, trampoline, address, arg, owner, device):
+            return None
+        if add_captured_node(backend, handle, kind, address, arg, owner, builder, device):
+            return None
+        # The capture ended between the two checks: enqueue on the stream.
 
 
 def pending() -> int:

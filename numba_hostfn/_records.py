@@ -1,15 +1,16 @@
 """Launch records: what each launch owns, and its release on the main thread.
 
-Every launch takes one *record*, a 40-byte slot in native memory that the
-trampoline in ``_native`` reads on the driver's thread.  The record holds a
-strong reference to the launch's *owner*, a Python object (usually a tuple)
-that keeps the callable or HostFunction, ctypes wrapper and copied or
-referenced user data alive.  When the host function has run, the trampoline
-pushes the record on a lock-free stack and asks the interpreter, through
-``Py_AddPendingCall``, to drain that stack on the main thread, which drops the
-owners.  Taking, giving back and draining records is native code that runs
-with the GIL held throughout (the GIL is the free list's lock).  LIFETIME.md
-states the invariants.
+Every launch takes one *record* in native memory (its layout lives in
+``native/records.ll`` alone).  The record holds a strong reference to the
+launch's *owner*, the object that keeps the callable or HostFunction, ctypes
+wrapper and copied or referenced user data alive.  A record is *taken*, handed
+to the driver with a trampoline, *run*, *completed* on the driver's thread
+(pushed on a lock-free stack, and a drain scheduled with
+``Py_AddPendingCall``), and *released* by the drain on the main thread, which
+drops the owner.  A record whose enqueue failed is released at once; a record
+kept by a graph is completed when the graph is gone.  Taking, releasing and
+draining run with the GIL held throughout (the GIL is the free list's lock).
+LIFETIME.md states the invariants.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import atexit
 import threading
 from typing import Any
 
-from ._native import RECORD_BYTES, Native, calloc
+from ._native import Native, calloc
 
 __all__ = ["LaunchRecords"]
 
@@ -48,29 +49,29 @@ class LaunchRecords:
         Slabs come from calloc and are never freed (invariant 6): a driver
         thread may still write a record while the process exits.
         """
-        base = calloc(_SLOTS_PER_SLAB, RECORD_BYTES)
+        base = calloc(_SLOTS_PER_SLAB, self._native.record_bytes)
         if not base:
             raise MemoryError("numba_hostfn could not allocate launch records")
         self._native.add_slab(base, _SLOTS_PER_SLAB)
 
-    def acquire(self, fn: int, arg: int, owner: Any) -> int:
-        """Take a record for a launch of ``fn(arg)``; ``owner`` lives until release."""
+    def take(self, fn: int, arg: int, owner: Any) -> int:
+        """Take a record for ``fn(arg)``; it owns ``owner`` until it is released."""
         record = self._native.take(fn, arg, owner)
         while not record:
             self.grow()
             record = self._native.take(fn, arg, owner)
         return record
 
-    def cancel(self, record: int) -> None:
-        """Give back a record whose enqueue failed: nothing will ever run it."""
-        self._native.give_back(record)
+    def release(self, record: int) -> None:
+        """Release a record that nothing will run (its enqueue failed)."""
+        self._native.release(record)
 
     def drain(self) -> int:
-        """Release the owners of every launch that has run; return how many."""
+        """Release the records that have run; return how many."""
         return self._native.drain()
 
     def pending(self) -> int:
-        """How many launches hold a record (not yet run, or run and not released)."""
+        """How many records are held (not yet run, or run and not released)."""
         return self._native.held.value
 
     def _at_exit(self) -> None:

@@ -1,41 +1,78 @@
-"""A simulated CUDA stream: FIFO host work on a native thread that never holds the GIL.
+"""A simulated CUDA context: streams, their one host-function thread, and graphs.
 
-Each :class:`Stream` owns a native queue (``_native``) and one native thread
-(pthread) running the native worker loop; Python never sees that thread.  Host
-functions therefore run as they do under the driver: in FIFO order per
-stream, on a thread foreign to Python and without the GIL, through the very
-same trampolines and launch records.  Streams run independently of each other (the
-real driver runs the host functions of all streams of a context on one thread:
-docs/simulator.md lists what is and is not modelled).
+Each :class:`Stream` owns a native queue and a native thread (pthread) that
+runs its work in order, like a stream's device engine; Python never sees that
+thread.  Host functions go, as on the driver, to the context's *one*
+host-function thread: the host functions of all streams run one at a time,
+each stream waits for its own, and a slow one delays the others.  They run
+through the very same trampolines and launch records as on a GPU, on a thread
+foreign to Python and without the GIL.  Simulated device work (``sleep``,
+``launch``) runs on the stream's own thread.
+
+Graphs: ``Stream.begin_capture``/``end_capture`` (CuPy's shape) and
+``Stream.create_graph_builder`` (cuda.core's) record the work enqueued while
+capturing; a :class:`Graph` replays it in order.  A graph owns its host nodes'
+owners through a native *keeper*, as a CUDA user object does: released once
+the graph (and every instance) is closed and no replay of it is still queued.
+docs/simulator.md lists what is and is not modelled.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from ._backend import SimulatorBackend, get_backend
 from ._errors import SIMULATOR_ENV, SimulatorUnsupportedError
-from ._native import QUEUE_BYTES, calloc
+from ._native import Status
 
-__all__ = ["Stream"]
+__all__ = ["Graph", "GraphBuilder", "Stream"]
 
 
 def _simulator() -> SimulatorBackend:
     backend = get_backend()
     if not isinstance(backend, SimulatorBackend):
         raise RuntimeError(
-            "numba_hostfn.simulator.Stream needs the simulator backend; set "
+            "numba_hostfn.simulator needs the simulator backend; set "
             f"{SIMULATOR_ENV}=1 before the first use of numba_hostfn"
         )
     return backend
 
 
+@dataclass
+class _Capture:
+    """The work captured on a stream so far: nodes ``(device, fn, arg)``, and their keeper."""
+
+    keeper: int
+    nodes: list = field(default_factory=list)
+
+
+class _Keeper:
+    """One reference to a capture's keeper, given back at ``close`` (or when collected)."""
+
+    def __init__(self, native: Any, capture: _Capture) -> None:
+        self._native = native
+        self.capture = capture
+        self._held = True
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self._native.sim_keeper_release_call(self.capture.keeper)
+
+    def __del__(self) -> None:
+        if getattr(self, "_held", False):
+            self.release()
+
+
 class Stream:
     """A simulated stream, accepted by :func:`~numba_hostfn.host_launch` like a CUDA stream.
 
-    Work runs in the order it was enqueued, on the stream's own native thread,
-    without the GIL.  ``sleep`` and ``launch`` enqueue stand-ins for device work
-    so that host functions have something before and after them.
+    Work runs in the order it was enqueued.  Host functions run on the
+    simulated context's one host-function thread, without the GIL; ``sleep``
+    and ``launch`` enqueue stand-ins for device work, which runs on the
+    stream's own thread, so that host functions have something before and
+    after them.
 
     Examples
     --------
@@ -51,34 +88,41 @@ class Stream:
 
     def __init__(self) -> None:
         backend = _simulator()
+        self._backend = backend
         self._native = backend.native
-        queue = calloc(1, QUEUE_BYTES)
-        if not queue:
-            raise MemoryError("the simulator could not allocate a stream")
-        if self._native.sim_init(queue):
-            raise RuntimeError("the simulator could not initialise a stream's lock")
-        if self._native.sim_start(queue):
-            raise RuntimeError("the simulator could not start a stream's thread")
-        self._queue = queue
+        handle = self._native.sim_stream_new()
+        if not handle:
+            raise RuntimeError("the simulator could not create a stream (memory or thread)")
+        self._handle = handle
         self._closed = False
-        backend.streams[queue] = self
+        backend.streams[handle] = self
 
     @property
     def handle(self) -> int:
         """The stream's handle: the address of its native queue."""
-        return self._queue
+        return self._handle
 
     def __cuda_stream__(self) -> tuple[int, int]:
         """Return ``(0, handle)``, as CUDA streams do (version 0 of the protocol)."""
-        return (0, self._queue)
+        return (0, self._handle)
 
     def _live(self) -> int:
         if self._closed:
             raise RuntimeError("the simulated stream is closed; create a new Stream")
-        return self._queue
+        return self._handle
+
+    @property
+    def is_capturing(self) -> bool:
+        """True between :meth:`begin_capture` and :meth:`end_capture`."""
+        return self._handle in self._backend.captures
 
     def sync(self) -> None:
         """Wait, without holding the GIL, until all work enqueued so far has run."""
+        if self.is_capturing:
+            raise RuntimeError(
+                "sync() on a simulated stream that is capturing: nothing it captured runs "
+                "until the graph is launched; end the capture first"
+            )
         self._native.sim_sync(self._live())
 
     def is_done(self) -> bool:
@@ -91,18 +135,24 @@ class Stream:
             raise TypeError(f"sleep() expected a number of seconds, got {seconds!r}")
         if not 0 <= seconds <= 3600:
             raise ValueError(f"sleep() expected 0 to 3600 seconds, got {seconds!r}")
-        status = self._native.sim_launch(self._live(), self._native.sim_delay, int(seconds * 1e6))
-        if status:
-            raise RuntimeError("the simulated stream refused the work (closed)")
+        micros = int(seconds * 1e6)
+        status = self._native.sim_enqueue_device_call(self._live(), self._native.sim_delay, micros)
+        if status == Status.CAPTURING:
+            self._backend.captures[self._handle].nodes.append(
+                (True, self._native.sim_delay, micros)
+            )
+        elif status:
+            self._backend.refused(status)
 
     def launch(self, fn: Any, *, user_data: Any = None) -> None:
         """Enqueue a compiled host function as simulated device work (a "kernel").
 
         ``fn`` must be a :class:`~numba_hostfn.HostFunction` or a ``CUhostFn``
-        ctypes pointer: device work cannot run Python.  It is launched exactly
-        as :func:`~numba_hostfn.host_launch` would, lifetimes included.
+        ctypes pointer: device work cannot run Python.  It runs on the
+        stream's own thread, with the lifetimes of
+        :func:`~numba_hostfn.host_launch` (a graph owns it when captured).
         """
-        from ._launch import classify_function, host_launch
+        from ._launch import classify_function, enqueue
 
         kind = classify_function(fn)[0]
         if kind == "python":
@@ -110,25 +160,52 @@ class Stream:
                 "simulated device work must be compiled: pass a HostFunction or a "
                 f"CUhostFn ctypes pointer, got {fn!r}; use host_launch() for Python callables"
             )
-        host_launch(self, fn, user_data=user_data)
+        enqueue(self, fn, user_data, None, device=True)
 
-    def create_graph_builder(self) -> Any:
-        """Not modelled: the simulator has no CUDA graphs."""
-        raise SimulatorUnsupportedError(
-            "the simulator does not model CUDA graph capture; run graph code on a GPU"
-        )
+    # ---- graphs ----
+
+    def begin_capture(self) -> None:
+        """Start capturing: work enqueued from now on is recorded, not run (CuPy's shape)."""
+        self._live()
+        if self.is_capturing:
+            raise RuntimeError("the simulated stream is already capturing")
+        keeper = self._native.sim_keeper_new()
+        if not keeper:
+            raise MemoryError("the simulator could not allocate a graph")
+        self._backend.captures[self._handle] = _Capture(keeper)
+        self._native.sim_set_capturing(self._handle, 1)
+
+    def end_capture(self) -> Graph:
+        """Stop capturing; return the captured work as an executable :class:`Graph`."""
+        return Graph(_Keeper(self._native, self._end_capture()))
+
+    def _end_capture(self) -> _Capture:
+        capture = self._backend.captures.get(self._handle)
+        if capture is None:
+            raise RuntimeError("end_capture() on a simulated stream that is not capturing")
+        self._native.sim_set_capturing(self._handle, 0)
+        del self._backend.captures[self._handle]
+        return capture
+
+    def create_graph_builder(self) -> GraphBuilder:
+        """A :class:`GraphBuilder` that captures on this stream (cuda.core's shape)."""
+        self._live()
+        return GraphBuilder(self)
 
     def close(self) -> None:
         """Run what is queued, then stop the stream's thread.
 
-        The queue's few hundred bytes are kept, not freed: any later launch on
+        A capture still open is abandoned: what it owned is released.  The
+        queue's few hundred bytes are kept, not freed: any later launch on
         this stream (through a stale handle too) finds it stopped and raises.
         """
         if self._closed:
             return
+        if self.is_capturing:
+            _Keeper(self._native, self._end_capture()).release()
         self._closed = True
-        self._native.sim_stop(self._queue)
-        self._native.sim_finish(self._queue, 1)  # join, without the GIL
+        self._native.sim_stop(self._handle)
+        self._native.sim_finish(self._handle, 1)  # join, without the GIL
 
     def __enter__(self) -> Stream:
         return self
@@ -139,9 +216,115 @@ class Stream:
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
             self._closed = True
-            self._native.sim_stop(self._queue)
-            self._native.sim_finish(self._queue, 0)  # the thread ends on its own
+            capture = self._backend.captures.pop(self._handle, None)
+            if capture is not None:
+                self._native.sim_keeper_release_call(capture.keeper)
+            self._native.sim_stop(self._handle)
+            self._native.sim_finish(self._handle, 0)  # the thread ends on its own
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
-        return f"<numba_hostfn.simulator.Stream handle={self._queue:#x} {state}>"
+        return f"<numba_hostfn.simulator.Stream handle={self._handle:#x} {state}>"
+
+
+class Graph:
+    """An executable simulated graph: :meth:`launch` replays the captured work in order.
+
+    It owns the captured host nodes' owners with the graph definition: they
+    are released once both are closed and no replay is still queued.
+    """
+
+    def __init__(self, keeper: _Keeper) -> None:
+        self._keeper = keeper
+
+    @property
+    def is_closed(self) -> bool:
+        return not self._keeper._held
+
+    def launch(self, stream: Stream) -> None:
+        """Enqueue one replay of the graph's work on ``stream``."""
+        if self.is_closed:
+            raise RuntimeError("the simulated graph is closed")
+        if not isinstance(stream, Stream):
+            raise TypeError(f"Graph.launch() expected a simulator.Stream, got {stream!r}")
+        if stream.is_capturing:
+            raise SimulatorUnsupportedError(
+                "the simulator does not model launching a graph inside a capture"
+            )
+        native = self._keeper._native
+        handle = stream._live()
+        capture = self._keeper.capture
+        native.sim_keeper_acquire(capture.keeper)  # held by this replay until it has run
+        try:
+            for device, fn, arg in capture.nodes:
+                call = native.sim_enqueue_device_call if device else native.sim_enqueue_call
+                status = call(handle, fn, arg)
+                if status:
+                    stream._backend.refused(status)
+        except BaseException:
+            native.sim_keeper_release_call(capture.keeper)
+            raise
+        status = native.sim_enqueue_device_call(handle, native.sim_keeper_release, capture.keeper)
+        if status:  # pragma: no cover - the stream was open a moment ago
+            native.sim_keeper_release_call(capture.keeper)
+            stream._backend.refused(status)
+
+    def close(self) -> None:
+        """Destroy the executable graph (its queued replays still run)."""
+        self._keeper.release()
+
+
+class GraphBuilder:
+    """Builds a simulated graph by capturing a stream, with cuda.core's ``GraphBuilder`` surface.
+
+    ``begin_building()``, then enqueue work on the builder (``host_launch``,
+    ``host_copy``, ...), then ``end_building()`` and ``complete()`` for a
+    :class:`Graph`.  ``close()`` destroys the definition.
+    """
+
+    def __init__(self, stream: Stream) -> None:
+        self._stream = stream
+        self._definition: _Keeper | None = None
+        self._closed = False
+
+    @property
+    def stream(self) -> Stream:
+        return self._stream
+
+    @property
+    def is_building(self) -> bool:
+        return self._stream.is_capturing and self._definition is None and not self._closed
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return self._stream.__cuda_stream__()
+
+    def begin_building(self, mode: str = "relaxed") -> GraphBuilder:
+        """Start capturing on the builder's stream (``mode`` is accepted and not modelled)."""
+        if self._closed or self._definition is not None:
+            raise RuntimeError("this GraphBuilder has already built its graph or is closed")
+        self._stream.begin_capture()
+        return self
+
+    def end_building(self) -> GraphBuilder:
+        if not self.is_building:
+            raise RuntimeError("end_building() on a GraphBuilder that is not building")
+        self._definition = _Keeper(self._stream._native, self._stream._end_capture())
+        return self
+
+    def complete(self) -> Graph:
+        """An executable :class:`Graph` of what was built (one more owner of the nodes)."""
+        if self._definition is None or not self._definition._held:
+            raise RuntimeError("complete() needs a GraphBuilder that has ended building")
+        capture = self._definition.capture
+        self._stream._native.sim_keeper_acquire(capture.keeper)
+        return Graph(_Keeper(self._stream._native, capture))
+
+    def close(self) -> None:
+        """Destroy the graph definition (executable graphs keep what they need)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._definition is not None:
+            self._definition.release()
+        elif self._stream.is_capturing:
+            _Keeper(self._stream._native, self._stream._end_capture()).release()

@@ -6,7 +6,7 @@ import os
 
 from numba_hostfn._devicework import Device
 
-__all__ = ["Device", "child_env", "rerun_on_simulator"]
+__all__ = ["Capture", "Device", "child_env", "rerun_on_simulator", "released_eventually"]
 
 
 def child_env(**extra: str) -> dict:
@@ -46,3 +46,93 @@ def rerun_on_simulator(request) -> bool:
     )
     assert run.returncode == 0 and "1 passed" in run.stdout, run.stdout + run.stderr
     return True
+
+
+class Capture:
+    """A plain stream captured as another library would capture it.
+
+    On a GPU through cuda.bindings (``cuStreamBeginCapture`` in ``mode``, then
+    ``cuStreamEndCapture`` and ``cuGraphInstantiate``); on the simulator with
+    ``Stream.begin_capture``/``end_capture``.  ``end()`` gives something to
+    ``launch(stream)`` and ``close()``.
+    """
+
+    MODES = ("global", "thread_local", "relaxed")
+
+    def __init__(self, stream, mode: str = "global") -> None:
+        self.stream = stream
+        import numba_hostfn
+
+        self.simulator = isinstance(stream, numba_hostfn.simulator.Stream)
+        self._graph = self._exec = None
+        if self.simulator:
+            stream.begin_capture()
+            return
+        from cuda.bindings import driver
+
+        self._d = driver
+        modes = driver.CUstreamCaptureMode
+        flag = {
+            "global": modes.CU_STREAM_CAPTURE_MODE_GLOBAL,
+            "thread_local": modes.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            "relaxed": modes.CU_STREAM_CAPTURE_MODE_RELAXED,
+        }[mode]
+        self._check(driver.cuStreamBeginCapture(self._handle(stream), flag))
+
+    def _handle(self, stream):
+        return self._d.CUstream(int(stream.handle))
+
+    def _check(self, result):
+        err = result[0] if isinstance(result, tuple) else result
+        assert int(err) == 0, f"driver call failed: {err!r}"
+        return result[1] if isinstance(result, tuple) and len(result) > 1 else None
+
+    def end(self) -> Capture:
+        if self.simulator:
+            self._graph = self.stream.end_capture()
+            return self
+        self._graph = self._check(self._d.cuStreamEndCapture(self._handle(self.stream)))
+        self._exec = self._check(self._d.cuGraphInstantiate(self._graph, 0))
+        return self
+
+    def instantiate_again(self):
+        """A second executable instance of the same captured graph (GPU only)."""
+        return self._check(self._d.cuGraphInstantiate(self._graph, 0))
+
+    def launch(self, stream=None, instance=None) -> None:
+        stream = self.stream if stream is None else stream
+        if self.simulator:
+            self._graph.launch(stream)
+        else:
+            exec_ = self._exec if instance is None else instance
+            self._check(self._d.cuGraphLaunch(exec_, self._handle(stream)))
+
+    def close(self, *instances) -> None:
+        if self.simulator:
+            self._graph.close()
+            return
+        for exec_ in (self._exec, *instances):
+            self._check(self._d.cuGraphExecDestroy(exec_))
+        self._check(self._d.cuGraphDestroy(self._graph))
+
+
+def released_eventually(alive, device, rounds: int = 300) -> bool:
+    """Wait until the weak reference ``alive`` is dead; True if it died.
+
+    CUDA runs a graph's user-object destructors asynchronously once the graph
+    and its instances are gone; a device synchronize flushes them.  Each round
+    synchronizes, drains and collects.
+    """
+    import gc
+    import time
+
+    import numba_hostfn
+
+    for _ in range(rounds):
+        device.synchronize()
+        numba_hostfn.drain()
+        gc.collect()
+        if alive() is None:
+            return True
+        time.sleep(0.01)
+    return False

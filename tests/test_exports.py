@@ -34,7 +34,12 @@ def test_public_names_are_exactly_the_documented_ones():
 
 
 def test_simulator_module_exports():
-    assert set(numba_hostfn.simulator.__all__) == {"Stream", "SimulatorUnsupportedError"}
+    assert set(numba_hostfn.simulator.__all__) == {
+        "Graph",
+        "GraphBuilder",
+        "Stream",
+        "SimulatorUnsupportedError",
+    }
     assert (
         numba_hostfn.simulator.SimulatorUnsupportedError is numba_hostfn.SimulatorUnsupportedError
     )

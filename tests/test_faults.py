@@ -4,13 +4,21 @@ These run in a child process: a thread that keeps the GIL stops every Python
 thread, pytest's own timeout included, so only a parent can see the hang.
 """
 
+import ctypes
 import signal
 import subprocess
 import sys
 import textwrap
+import time
+import weakref
 
+import numba
+import numpy as np
 import pytest
 from _device import child_env
+from numba import carray
+
+import numba_hostfn as nh
 
 FAULTS_SCRIPT = textwrap.dedent("""
     import faulthandler
@@ -110,3 +118,66 @@ def test_print_objmode_and_a_kept_gil_on_the_host_function_thread():
     assert lines[2] == "objmode on the host-function thread: True", out  # plain printed nothing
     assert reports.count("missing Environment") == 1, out
     assert "pending: 0" in lines, out
+
+
+_add_pending_call = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(
+    ctypes.cast(ctypes.pythonapi.Py_AddPendingCall, ctypes.c_void_p).value
+)
+_usleep = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint)(("usleep", ctypes.CDLL(None)))
+
+
+@numba.cfunc("int32(voidptr)")
+def _noop_pending_call(p):
+    return 0
+
+
+_NOOP_PENDING_CALL = _noop_pending_call.address
+
+
+@nh.host_callback
+def _fill_pending_calls_then_wait(p):
+    """Fill CPython's pending-call queue, then keep this thread out of the eval loop."""
+    io = carray(p, (2,), np.int64)
+    filled = 0
+    while (
+        filled < 100_000
+        and _add_pending_call(nh.as_voidptr(_NOOP_PENDING_CALL), nh.as_voidptr(0)) == 0
+    ):
+        filled += 1
+    io[0] = filled
+    _usleep(io[1])
+
+
+@nh.host_callback
+def _increment(p):
+    carray(p, (1,), np.int64)[0] += 1
+
+
+def test_a_refused_drain_is_retried_by_the_next_completion(device, stream):
+    """Invariant 14: the first completion finds the pending-call queue full; the next one
+    schedules the drain again, with no drain() or launch from the main thread."""
+    from numba_hostfn._backend import get_backend
+
+    failures = get_backend().native.schedule_failures
+    before = failures.value
+    first, second = np.zeros(1, np.int64), np.zeros(1, np.int64)
+    first_alive, second_alive = weakref.ref(first), weakref.ref(second)
+    other = device.create_stream()
+    try:
+        device.delay(stream, 0.3)  # completes while the queue is full
+        nh.host_launch(stream, _increment, user_data=nh.by_ref(first))
+        device.delay(other, 2.0)  # completes after the queue has emptied
+        nh.host_launch(other, _increment, user_data=nh.by_ref(second))
+        del first, second
+        io = np.array([0, 1_200_000], np.int64)
+        _fill_pending_calls_then_wait(nh.by_ref(io))  # through ctypes: the GIL is released
+        assert io[0] > 0, "the pending-call queue was already full"
+        assert failures.value > before, "the first completion's drain was not refused"
+        for _ in range(600):  # no drain() and no host_launch: only the retry can release
+            if first_alive() is None and second_alive() is None:
+                break
+            time.sleep(0.05)
+        assert first_alive() is None and second_alive() is None
+    finally:
+        other.sync()
+        device.close_stream(other)

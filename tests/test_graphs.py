@@ -1,12 +1,20 @@
-"""cuda.core GraphBuilder forwarding, and refusal of a capturing plain stream."""
+"""Host functions in CUDA graphs: any capture, explicit graphs, owners kept by the graph.
+
+Tests without the ``gpu`` mark run on the simulator too, which models graphs
+(GraphBuilder, begin/end capture) and the driver's one host-function thread.
+"""
 
 import gc
+import subprocess
+import sys
+import textwrap
+import threading
 import time
 import weakref
 
 import numpy as np
 import pytest
-from _device import rerun_on_simulator
+from _device import Capture, child_env, released_eventually, rerun_on_simulator
 from numba import carray
 
 import numba_hostfn as nh
@@ -17,11 +25,37 @@ def increment(p):
     carray(p, (1,), np.int64)[0] += 1
 
 
-@pytest.mark.gpu
+ADD = np.dtype([("out", np.uint64), ("value", np.int64)])
+
+
+@nh.host_callback(dtype=ADD)
+def add_value(d):
+    carray(nh.as_voidptr(d.out), (1,), np.int64)[0] += d.value
+
+
+class Token:
+    """Records the thread that releases it."""
+
+    def __init__(self, released):
+        self._released = released
+
+    def __del__(self):
+        self._released.append(threading.current_thread() is threading.main_thread())
+
+
+def _build(stream, work):
+    """Capture ``work(builder)`` with the backend's GraphBuilder; return (builder, graph)."""
+    builder = stream.create_graph_builder().begin_building()
+    work(builder)
+    return builder, builder.end_building().complete()
+
+
 def test_graph_builder_host_nodes_run_at_every_replay(device, stream):
     counter = np.zeros(1, np.int64)
     alive = weakref.ref(counter)
-    calls = []
+    calls, released = [], []
+    weakref.finalize(counter, lambda: released.append(threading.current_thread().name))
+
     builder = stream.create_graph_builder().begin_building()
     nh.host_launch(builder, increment, user_data=nh.by_ref(counter))
     nh.host_launch(builder, lambda: calls.append(1))
@@ -33,41 +67,23 @@ def test_graph_builder_host_nodes_run_at_every_replay(device, stream):
     stream.sync()
     assert counter[0] == 6
     assert calls == [1, 1]
-    result = int(counter[0])
     del counter
     gc.collect()
-    assert nh.pending() == 3, "the graph must own its compiled nodes' owners"
+    assert nh.pending() == 4, "the graph must own its nodes' owners"
     assert alive() is not None, "the graph must own by_ref user data"
     graph.close()
     builder.close()
     del graph, builder
-    # CUDA runs user-object destructors asynchronously, once the graph and
-    # its executable instances are destroyed; a device synchronize flushes them.
-    for _ in range(200):
-        device.synchronize()
-        nh.drain()
-        gc.collect()
-        if alive() is None:
-            break
-        time.sleep(0.01)
-    assert alive() is None, "destroying the graph must release what it owned"
+    assert released_eventually(alive, device), "destroying the graph must release what it owned"
+    assert released == ["MainThread"]
     assert nh.pending() == 0
-    assert result == 6
 
 
-@pytest.mark.gpu
-def test_copied_user_data_lives_with_the_graph(device, stream):
+def test_copied_user_data_is_copied_once_at_capture(device, stream):
     out = np.zeros(1, np.int64)
-    OUT = np.dtype([("out", np.uint64), ("value", np.int64)])
-
-    @nh.host_callback(dtype=OUT)
-    def write(d):
-        carray(nh.as_voidptr(d.out), (1,), np.int64)[0] += d.value
-
-    data = np.array([(out.ctypes.data, 5)], OUT)
-    builder = stream.create_graph_builder().begin_building()
-    nh.host_launch(builder, write, user_data=data.tobytes())
-    graph = builder.end_building().complete()
+    data = np.array([(out.ctypes.data, 5)], ADD)
+    builder, graph = _build(stream, lambda b: nh.host_launch(b, add_value, user_data=data))
+    data[0]["value"] = 1000  # after capture: no replay sees it
     for _ in range(3):
         graph.launch(stream)
     stream.sync()
@@ -76,42 +92,402 @@ def test_copied_user_data_lives_with_the_graph(device, stream):
     builder.close()
 
 
-@pytest.mark.gpu
-def test_capturing_plain_stream_is_refused_and_capture_stays_valid(device, stream):
+@pytest.mark.parametrize("mode", Capture.MODES)
+def test_any_capture_of_a_plain_stream_owns_every_kind(device, stream, mode):
+    """Captured by someone else (cuda.bindings; CuPy's shape on the simulator), any mode."""
     counter = np.zeros(1, np.int64)
-    builder = stream.create_graph_builder().begin_building()
-    capturing = builder.stream
-    with pytest.raises(RuntimeError, match="GraphBuilder"):
-        nh.host_launch(capturing, increment, user_data=nh.by_ref(counter))
-    with pytest.raises(RuntimeError, match="capturing"):
-        nh.host_launch(capturing, lambda: None)
+    by_address = np.zeros(1, np.int64)
+    copied_out = np.zeros(1, np.int64)
+    calls = []
+    capture = Capture(stream, mode)
+    nh.host_launch(stream, increment, user_data=nh.by_ref(counter))
+    nh.host_launch(stream, increment, user_data=by_address.ctypes.data)
+    nh.host_launch(stream, lambda: calls.append(1))
+    nh.host_launch(stream, add_value, user_data=np.array([(copied_out.ctypes.data, 2)], ADD))
+    nh.host_launch(stream, increment.ctypes, user_data=by_address.ctypes.data)
+    capture.end()
+    assert nh.pending() == 5
+    for replays in (10, 1000):
+        for _ in range(replays):
+            capture.launch()
+        stream.sync()
+    assert counter[0] == 1010
+    assert by_address[0] == 2020
+    assert copied_out[0] == 2020
+    assert len(calls) == 1010
+    alive = weakref.ref(counter)
+    del counter
+    capture.close()
+    assert released_eventually(alive, device)
     assert nh.pending() == 0
-    nh.host_launch(builder, increment, user_data=nh.by_ref(counter))
-    graph = builder.end_building().complete()
-    graph.launch(stream)
+
+
+@pytest.mark.gpu
+def test_one_graph_instantiated_twice(device, stream):
+    counter = np.zeros(1, np.int64)
+    capture = Capture(stream, "relaxed")
+    nh.host_launch(stream, increment, user_data=nh.by_ref(counter))
+    capture.end()
+    second = capture.instantiate_again()
+    for _ in range(3):
+        capture.launch()
+        capture.launch(instance=second)
     stream.sync()
-    assert counter[0] == 1
+    assert counter[0] == 6
+    alive = weakref.ref(counter)
+    del counter
+    capture.close(second)
+    assert released_eventually(alive, device)
+
+
+def test_two_executable_graphs_of_one_builder(device, stream):
+    counter = np.zeros(1, np.int64)
+    alive = weakref.ref(counter)
+    builder = stream.create_graph_builder().begin_building()
+    nh.host_launch(builder, increment, user_data=nh.by_ref(counter))
+    builder.end_building()
+    first, second = builder.complete(), builder.complete()
+    first.launch(stream)
+    second.launch(stream)
+    stream.sync()
+    assert counter[0] == 2
+    del counter
+    builder.close()
+    first.close()
+    second.launch(stream)  # the last instance still owns the node's user data
+    stream.sync()
+    gc.collect()
+    nh.drain()
+    assert alive() is not None
+    assert alive()[0] == 3
+    second.close()
+    assert released_eventually(alive, device)
+
+
+def test_graph_destroyed_while_replays_are_queued(device, stream):
+    counter = np.zeros(1, np.int64)
+    alive = weakref.ref(counter)
+    builder, graph = _build(
+        stream, lambda b, c=counter: nh.host_launch(b, increment, user_data=nh.by_ref(c))
+    )
+    device.delay(stream, 0.3)  # the replays wait behind this
+    for _ in range(50):
+        graph.launch(stream)
+    graph.close()
+    builder.close()
+    del counter
+    gc.collect()
+    nh.drain()
+    assert alive() is not None, "queued replays still need the user data"
+    stream.sync()
+    assert alive() is None or alive()[0] == 50
+    assert released_eventually(alive, device)
+
+
+def test_replayed_callable_results_are_released_on_the_main_thread(device, stream):
+    released = []
+    builder, graph = _build(stream, lambda b: nh.host_launch(b, lambda: Token(released)))
+    for _ in range(5):
+        graph.launch(stream)
+    stream.sync()
+    nh.drain()
+    gc.collect()
+    assert released == [True] * 5
     graph.close()
     builder.close()
 
 
-@pytest.mark.gpu
-def test_cupy_capture_is_refused_and_stays_valid(device):
-    import cupy
+def test_host_copy_and_release_after_under_capture(device, stream):
+    src = np.arange(8, dtype=np.int64)
+    dst = np.zeros(8, np.int64)
+    released = []
+    token = Token(released)
+    alive = weakref.ref(token)
+    capture = Capture(stream)
+    nh.host_copy(stream, dst, src)
+    nh.release_after(stream, token)
+    capture.end()
+    del token
+    gc.collect()
+    assert alive() is not None, "release_after under capture keeps its objects for the graph"
+    for i in range(3):
+        src[:] = i
+        capture.launch()
+        stream.sync()
+        assert (dst == i).all()
+    assert released == []
+    capture.close()
+    assert released_eventually(alive, device)
+    assert released == [True]
 
-    s = cupy.cuda.Stream(non_blocking=True)
-    with s:
-        s.begin_capture()
-        with pytest.raises(RuntimeError, match="capturing"):
-            nh.host_launch(s, increment, user_data=0)
-        graph = s.end_capture()
-    graph.launch(s)
-    s.synchronize()
+
+def test_not_building_builder_is_refused(device, stream):
+    builder = stream.create_graph_builder()
+    with pytest.raises(RuntimeError, match="begin_building"):
+        nh.host_launch(builder, increment, user_data=0)
+    assert nh.pending() == 0
+    builder.close()
 
 
-def test_simulator_has_no_graphs(request):
+def test_simulated_host_functions_of_all_streams_share_one_thread(request):
+    """As on the driver: one host-function thread, so a stalled one delays other streams'."""
+    if rerun_on_simulator(request):
+        return
+    gate = threading.Event()
+    order, threads = [], []
+    with nh.simulator.Stream() as a, nh.simulator.Stream() as b:
+        nh.host_launch(a, lambda: (threads.append(threading.get_ident()), gate.wait(30)))
+        nh.host_launch(a, lambda: order.append("a"))
+        time.sleep(0.1)  # let a's host function start and stall
+        nh.host_launch(b, lambda: (threads.append(threading.get_ident()), order.append("b")))
+        b.sleep(0)  # device work on b is not held up by a's host function
+        time.sleep(0.2)
+        assert order == [], "b's host function ran beside a stalled one"
+        gate.set()
+        a.sync()
+        b.sync()
+    assert sorted(order) == ["a", "b"]
+    assert len(set(threads)) == 1
+
+
+def test_simulated_capture_rules(request):
     if rerun_on_simulator(request):
         return
     with nh.simulator.Stream() as s:
-        with pytest.raises(nh.SimulatorUnsupportedError, match="graph"):
-            s.create_graph_builder()
+        with pytest.raises(RuntimeError, match="not capturing"):
+            s.end_capture()
+        s.begin_capture()
+        with pytest.raises(RuntimeError, match="already capturing"):
+            s.begin_capture()
+        with pytest.raises(RuntimeError, match="capturing"):
+            s.sync()
+        nh.host_launch(s, lambda: None)
+        assert nh.pending() == 1
+    nh.drain()
+    assert nh.pending() == 0, "closing a stream abandons its capture and releases it"
+
+
+EXIT_SCRIPT = textwrap.dedent("""
+    import faulthandler
+    faulthandler.enable()
+    import numpy as np
+    from numba import carray
+    import numba_hostfn as nh
+    from _device import Device
+
+    @nh.host_callback
+    def increment(p):
+        carray(p, (1,), np.int64)[0] += 1
+
+    device = Device()
+    stream = device.create_stream()
+    counter = np.zeros(1, np.int64)
+    calls = []
+    builder = stream.create_graph_builder().begin_building()
+    nh.host_launch(builder, increment, user_data=nh.by_ref(counter))
+    nh.host_launch(builder, lambda: calls.append(1))
+    graph = builder.end_building().complete()
+    device.delay(stream, 1.0)
+    for _ in range(2000):
+        graph.launch(stream)
+    print("pending", nh.pending(), flush=True)
+""")
+
+
+def test_exit_with_a_live_graph_and_queued_replays():
+    child = subprocess.run(
+        [sys.executable, "-c", EXIT_SCRIPT],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=120,
+    )
+    assert child.returncode == 0, child.stderr
+    assert "pending 2" in child.stdout
+
+
+# ---- GPU: captures begun by other libraries, explicit graphs, broken captures ----
+
+
+@pytest.mark.gpu
+def test_torch_cuda_graph_owns_every_kind(device):
+    import torch
+
+    counter = np.zeros(1, np.int64)
+    by_address = np.zeros(1, np.int64)
+    copied_out = np.zeros(1, np.int64)
+    calls, released = [], []
+    weakref.finalize(counter, lambda: released.append(threading.current_thread().name))
+    alive = weakref.ref(counter)
+    x = torch.zeros(4, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    with torch.cuda.graph(g, stream=s):
+        x += 1
+        stream = torch.cuda.current_stream()
+        nh.host_launch(stream, increment, user_data=nh.by_ref(counter))
+        nh.host_launch(stream, increment, user_data=by_address.ctypes.data)
+        nh.host_launch(stream, lambda: calls.append(1))
+        nh.host_launch(stream, add_value, user_data=np.array([(copied_out.ctypes.data, 3)], ADD))
+    for replays in (10, 1000):
+        for _ in range(replays):
+            g.replay()
+        torch.cuda.synchronize()
+    assert counter[0] == 1010 and by_address[0] == 1010 and copied_out[0] == 3030
+    assert len(calls) == 1010
+    assert float(x[0]) == 1010
+    del counter
+    gc.collect()
+    assert alive() is not None
+    del g
+    assert released_eventually(alive, device)
+    assert released == ["MainThread"]
+    assert nh.pending() == 0
+
+
+@pytest.mark.gpu
+def test_torch_eager_then_captured_as_tensorrt_llm_tests_it(device):
+    """TensorRT-LLM's hostfunc test: 5 eager calls, then 2 captured calls replayed 10 times."""
+    import torch
+
+    counter = np.zeros(1, np.int64)
+    stream = torch.cuda.current_stream()
+    for _ in range(5):
+        nh.host_launch(stream, increment, user_data=nh.by_ref(counter))
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        captured = torch.cuda.current_stream()
+        nh.host_launch(captured, increment, user_data=nh.by_ref(counter))
+        nh.host_launch(captured, increment, user_data=nh.by_ref(counter))
+    for _ in range(10):
+        g.replay()
+    torch.cuda.synchronize()
+    assert counter[0] == 25
+    del g
+    gc.collect()
+
+
+@pytest.mark.gpu
+def test_exception_inside_torch_cuda_graph_leaks_nothing(device):
+    import torch
+
+    before = nh.pending()
+    counter = np.zeros(1, np.int64)
+    alive = weakref.ref(counter)
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(ValueError, match="inside the capture"):
+        with torch.cuda.graph(g):
+            nh.host_launch(torch.cuda.current_stream(), increment, user_data=nh.by_ref(counter))
+            nh.host_launch(torch.cuda.current_stream(), lambda: None)
+            raise ValueError("inside the capture")
+    del counter, g
+    assert released_eventually(alive, device)
+    assert nh.pending() == before
+
+
+@pytest.mark.gpu
+def test_cupy_capture_replays(device):
+    import cupy
+
+    counter = np.zeros(1, np.int64)
+    s = cupy.cuda.Stream(non_blocking=True)
+    with s:
+        s.begin_capture()
+        nh.host_launch(s, increment, user_data=nh.by_ref(counter))
+        graph = s.end_capture()
+    for _ in range(7):
+        graph.launch(s)
+    s.synchronize()
+    assert counter[0] == 7
+    alive = weakref.ref(counter)
+    del counter, graph
+    assert released_eventually(alive, device)
+
+
+@pytest.mark.gpu
+def test_invalidated_capture_is_refused_and_left_as_it_was(device, stream):
+    from cuda.bindings import driver
+
+    handle = driver.CUstream(int(stream.handle))
+    mode = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+    (err,) = driver.cuStreamBeginCapture(handle, mode)
+    assert err == driver.CUresult.CUDA_SUCCESS
+    counter = np.zeros(1, np.int64)
+    nh.host_launch(stream, increment, user_data=nh.by_ref(counter))  # owned by the capture
+    (err,) = driver.cuStreamSynchronize(handle)  # not allowed while capturing: invalidates
+    assert err != driver.CUresult.CUDA_SUCCESS
+    held = nh.pending()
+    refs = sys.getrefcount(counter)
+    with pytest.raises(RuntimeError, match="invalidated"):
+        nh.host_launch(stream, increment, user_data=nh.by_ref(counter))
+    assert nh.pending() == held and sys.getrefcount(counter) == refs
+    status = driver.cuStreamGetCaptureInfo(handle)[1]
+    assert status == driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_INVALIDATED
+    err, graph = driver.cuStreamEndCapture(handle)
+    assert err == driver.CUresult.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+    alive = weakref.ref(counter)
+    del counter
+    # The driver destroyed the partial graph: what the first launch owned is released.
+    assert released_eventually(alive, device)
+    assert nh.pending() == 0
+
+
+@pytest.mark.gpu
+def test_explicit_graph_nodes_chain_and_are_owned(device, stream):
+    from cuda.core.graph import GraphDefinition
+
+    counter = np.zeros(1, np.int64)
+    src = np.arange(4, dtype=np.int64)
+    dst = np.zeros(4, np.int64)
+    released = []
+    token = Token(released)
+    alive = weakref.ref(counter)
+    definition = GraphDefinition()
+    first = nh.host_launch(definition, increment, user_data=nh.by_ref(counter))
+    second = nh.host_copy(first, dst, src)
+    third = nh.release_after(second, token)
+    last = nh.host_launch(third, increment, user_data=nh.by_ref(counter))
+    assert type(first).__name__ == "HostCallbackNode"
+    assert nh.host_copy(last, dst[:0], src[:0]) is last  # nothing added: the node itself
+    edges = {(first, second), (second, third), (third, last)}
+    assert set(definition.edges()) == edges
+    del token
+    graph = definition.instantiate()
+    for _ in range(3):
+        graph.launch(stream)
+    stream.sync()
+    assert counter[0] == 6 and (dst == src).all()
+    assert released == [] and nh.pending() == 4
+    del counter
+    graph.close()
+    del definition, first, second, third, last
+    assert released_eventually(alive, device)
+    assert released == [True]
+    assert nh.pending() == 0
+
+
+@pytest.mark.gpu
+def test_explicit_graph_python_callable_node(device, stream):
+    from cuda.core.graph import GraphDefinition
+
+    calls = []
+    definition = GraphDefinition()
+    node = nh.host_launch(definition, lambda: calls.append(1))
+    nh.host_launch(node, lambda: calls.append(2))
+    graph = definition.instantiate()
+    graph.launch(stream)
+    graph.launch(stream)
+    stream.sync()
+    assert calls == [1, 2, 1, 2]
+    graph.close()
+
+
+def test_explicit_graphs_need_a_gpu(request):
+    if rerun_on_simulator(request):
+        return
+    from cuda.core.graph import GraphDefinition
+
+    with pytest.raises(nh.SimulatorUnsupportedError, match="explicit graphs"):
+        nh.host_launch(GraphDefinition.__new__(GraphDefinition), increment, user_data=0)
+    assert nh.pending() == 0

@@ -186,7 +186,6 @@ def test_pinned_cuda_core_buffer_accepted_and_device_buffer_rejected(device, str
     pinned.close()
 
 
-@pytest.mark.gpu
 def test_captured_copy_replayed_copies_each_time(device, stream):
     src, dst = np.zeros(256), np.zeros(256)
     builder = stream.create_graph_builder().begin_building()

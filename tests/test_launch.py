@@ -453,10 +453,14 @@ def test_driver_thread_keeps_one_thread_state_for_its_python_callables(stream):
     assert len(set(ids)) == 1
 
 
-def test_ended_thread_gives_its_thread_state_back(request):
-    """A simulated stream's native thread ends at close: its adopted state is deleted."""
+def test_simulated_streams_take_no_thread_state_of_their_own(request):
+    """Python callables of every simulated stream run on the one host-function thread,
+    which keeps one thread state: streams made and closed add none (invariant 12)."""
     if rerun_on_simulator(request):
         return
+    with nh.simulator.Stream() as first:
+        nh.host_launch(first, lambda: None)  # the host-function thread adopts its state
+        first.sync()
     before = _thread_state_count()
     for _ in range(20):
         s = nh.simulator.Stream()
@@ -478,3 +482,35 @@ def test_free_threaded_build_is_refused(monkeypatch):
     )
     with pytest.raises(RuntimeError, match="free-threaded"):
         _native.Native()
+
+
+def test_types_seen_by_host_launch_are_not_kept_alive(stream):
+    """The per-type caches hold types weakly: classes made per call can die."""
+    classes = []
+    for _ in range(100):
+
+        class Callback:
+            def __call__(self):
+                pass
+
+        class StreamWrapper:
+            def __init__(self, inner):
+                self.inner = inner
+
+            def __cuda_stream__(self):
+                return self.inner.__cuda_stream__()
+
+        nh.host_launch(StreamWrapper(stream), Callback())
+        classes += [weakref.ref(Callback), weakref.ref(StreamWrapper)]
+        del Callback, StreamWrapper
+    stream.sync()
+    nh.drain()
+    gc.collect()
+    assert [c for c in classes if c() is not None] == []
+    # and a new class that reuses a dead one's id is classified afresh
+    for _ in range(50):
+        kind = type("NotCallable", (), {})
+        with pytest.raises(TypeError, match="Python callable"):
+            nh.host_launch(stream, kind())
+        del kind
+        gc.collect()

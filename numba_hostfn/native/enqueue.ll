@@ -1,0 +1,117 @@
+; The enqueue: host_launch's native part, and the CUDA driver's enqueue function.
+;
+; An *enqueue function*, i64 (ptr handle, ptr trampoline, ptr record), puts
+; trampoline(record) on a stream and returns a status: 0, or one of the
+; @nhf.status.* words (a CUresult in the low 32 bits where a driver call
+; failed).  @nhf_cuda_enqueue is the driver's; the simulator's are in
+; simulator.ll.
+
+; Raw driver entry points (cuGetProcAddress), set once by the CUDA backend.
+@nhf.cu.is_capturing = internal global ptr null
+@nhf.cu.launch_host_func = internal global ptr null
+
+define void @nhf_set_cuda(ptr %is_capturing, ptr %launch_host_func) {
+  store atomic ptr %is_capturing, ptr @nhf.cu.is_capturing seq_cst, align 8
+  store atomic ptr %launch_host_func, ptr @nhf.cu.launch_host_func seq_cst, align 8
+  ret void
+}
+
+; Enqueue on a real CUDA stream: a capturing stream gets nothing here (the
+; capture path owns its nodes by the graph), else cuLaunchHostFunc.
+define i64 @nhf_cuda_enqueue(ptr %stream, ptr %fn, ptr %arg) {
+entry:
+  %capture_status = alloca i32, align 4
+  store i32 0, ptr %capture_status
+  %is_capturing = load atomic ptr, ptr @nhf.cu.is_capturing seq_cst, align 8
+  %rc = call i32 %is_capturing(ptr %stream, ptr %capture_status)
+  %failed = icmp ne i32 %rc, 0
+  br i1 %failed, label %check_failed, label %checked
+check_failed:
+  %code = zext i32 %rc to i64
+  %flag = load i64, ptr @nhf.status.capture_check_failed
+  %status = or i64 %code, %flag
+  ret i64 %status
+checked:
+  %capture = load i32, ptr %capture_status
+  %capturing = icmp ne i32 %capture, 0
+  br i1 %capturing, label %refuse, label %launch
+refuse:
+  %refused = load i64, ptr @nhf.status.capturing
+  ret i64 %refused
+launch:
+  %launch_host_func = load atomic ptr, ptr @nhf.cu.launch_host_func seq_cst, align 8
+  %rc1 = call i32 %launch_host_func(ptr %stream, ptr %fn, ptr %arg)
+  %code1 = zext i32 %rc1 to i64
+  ret i64 %code1
+}
+
+; args[%i] of a METH_FASTCALL call, an int, as an unsigned 64-bit value.
+define internal i64 @nhf.arg_u64(ptr %args, i64 %i) alwaysinline {
+  %slot = getelementptr ptr, ptr %args, i64 %i
+  %object = load ptr, ptr %slot
+  %value = call i64 @PyLong_AsUnsignedLongLongMask(ptr %object)
+  ret i64 %value
+}
+
+@nhf.enqueue.usage = internal constant [74 x i8]
+  c"enqueue(enqueue_fn, handle, trampoline, fn, arg, owner) takes 6 arguments\00"
+
+; host_launch's native part, a METH_FASTCALL builtin:
+;   enqueue(enqueue_fn, handle, trampoline, fn, arg, owner) -> status
+; takes a record for fn(arg) owning %owner, drops the GIL only for
+; enqueue_fn(handle, trampoline, record), releases the record if that
+; refused, and drains what has run meanwhile.  Status: 0, the enqueue
+; function's status, or no_record (nothing taken: add a slab and call again).
+define ptr @nhf_py_enqueue(ptr %self, ptr %args, i64 %nargs) {
+entry:
+  %six = icmp eq i64 %nargs, 6
+  br i1 %six, label %unpack, label %usage
+usage:
+  %type_error = load ptr, ptr @PyExc_TypeError
+  call void @PyErr_SetString(ptr %type_error, ptr @nhf.enqueue.usage)
+  ret ptr null
+unpack:
+  %enqueue_fn = call i64 @nhf.arg_u64(ptr %args, i64 0)
+  %handle = call i64 @nhf.arg_u64(ptr %args, i64 1)
+  %trampoline = call i64 @nhf.arg_u64(ptr %args, i64 2)
+  %fn = call i64 @nhf.arg_u64(ptr %args, i64 3)
+  %arg = call i64 @nhf.arg_u64(ptr %args, i64 4)
+  %owner_slot = getelementptr ptr, ptr %args, i64 5
+  %owner = load ptr, ptr %owner_slot
+  %error = call ptr @PyErr_Occurred()
+  %bad_int = icmp ne ptr %error, null
+  br i1 %bad_int, label %fail, label %take
+fail:
+  ret ptr null
+take:
+  %fnp = inttoptr i64 %fn to ptr
+  %argp = inttoptr i64 %arg to ptr
+  %record = call ptr @nhf_py_take(ptr %fnp, ptr %argp, ptr %owner)
+  %none = icmp eq ptr %record, null
+  br i1 %none, label %no_record, label %enqueue
+no_record:
+  %no_record_status = load i64, ptr @nhf.status.no_record
+  %answer = call ptr @PyLong_FromUnsignedLongLong(i64 %no_record_status)
+  ret ptr %answer
+enqueue:
+  %enqueue_fnp = inttoptr i64 %enqueue_fn to ptr
+  %stream = inttoptr i64 %handle to ptr
+  %tramp = inttoptr i64 %trampoline to ptr
+  %thread = call ptr @PyEval_SaveThread()
+  %status = call i64 %enqueue_fnp(ptr %stream, ptr %tramp, ptr %record)
+  call void @PyEval_RestoreThread(ptr %thread)
+  %ok = icmp eq i64 %status, 0
+  br i1 %ok, label %enqueued, label %refused
+refused:
+  call void @nhf_py_release(ptr %record)
+  br label %out
+enqueued:
+  %wanted = call i1 @nhf.drain_wanted()
+  br i1 %wanted, label %drain, label %out
+drain:
+  %n = call i64 @nhf_py_drain()
+  br label %out
+out:
+  %result = call ptr @PyLong_FromUnsignedLongLong(i64 %status)
+  ret ptr %result
+}
