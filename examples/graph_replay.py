@@ -3,7 +3,7 @@
 # node (without the GIL) on its user data -- here a running count and sum of what a
 # kernel produced -- and the graph keeps that user data alive as long as it exists.
 #
-# Needs a GPU (the simulator has no graphs).
+# Needs a GPU (its kernel is CUDA C++, compiled with NVRTC).
 
 import ctypes
 import sys
@@ -33,7 +33,7 @@ def accumulate(a):
 
 def main() -> int:
     if nh.backend_name() == "simulator":
-        raise SystemExit("graph_replay.py needs a GPU: the simulator has no CUDA graphs")
+        raise SystemExit("graph_replay.py needs a GPU: its kernel is CUDA C++")
     from cuda.core import (
         Device,
         LaunchConfig,
