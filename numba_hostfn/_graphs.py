@@ -71,14 +71,17 @@ def add_graph_node(backend: Any, after: Any, kind: str, fn: int, arg: int, owner
             "the simulator does not model explicit graphs (cuda.core GraphDefinition and "
             "GraphNode); capture a simulated stream or GraphBuilder instead, or run on a GPU"
         )
-    definition = after if type(after).__name__ == "GraphDefinition" else after.graph
+    # cuda.core's own builder method, from the base class: HostCallbackNode
+    # shadows ``callback`` with a property (the Python callable of that node).
+    base = next(c for c in type(after).__mro__ if c.__name__ in ("GraphDefinition", "GraphNode"))
+    definition = after if base.__name__ == "GraphDefinition" else after.graph
     graph = int(definition.handle)
     node_fn, node_arg, record = _graph_record(backend, kind, fn, arg, owner)
     token = backend.own_by_graph(graph, record)
     try:
         # A fresh CUhostFn: cuda.core would take a numba CFunc (callable) for a
         # Python callable.  The record owns the code it points to.
-        return after.callback(CUhostFn(node_fn), user_data=node_arg)
+        return base.callback(after, CUhostFn(node_fn), user_data=node_arg)
     except BaseException:
         backend.disown(graph, token)
         raise

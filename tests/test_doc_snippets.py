@@ -36,8 +36,10 @@ def test_the_pages_have_snippets():
 
 @pytest.mark.parametrize("page, code", SNIPPETS)
 def test_snippet_runs(stream, page, code):
-    exec(compile(code, f"{page} snippet", "exec"), {"stream": stream})
+    namespace = {"stream": stream}
+    exec(compile(code, f"{page} snippet", "exec"), namespace)
     stream.sync()
+    namespace.clear()  # what the snippet made (graphs too) goes, as at the end of a script
     numba_hostfn.drain()
 
 

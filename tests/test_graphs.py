@@ -461,7 +461,7 @@ def test_explicit_graph_nodes_chain_and_are_owned(device, stream):
     assert released == [] and nh.pending() == 4
     del counter
     graph.close()
-    del definition, first, second, third, last
+    del definition, first, second, third, last, edges  # nodes keep their graph alive
     assert released_eventually(alive, device)
     assert released == [True]
     assert nh.pending() == 0
