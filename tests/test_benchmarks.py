@@ -33,8 +33,41 @@ def test_benchmark_suite_smoke(tmp_path):
     )
     assert run.returncode == 0, run.stdout + run.stderr
     report = (tmp_path / "benchmarks.md").read_text()
-    for section in ("### enqueue", "### throughput", "### dispatch (idle)", "### targets"):
+    for section in (
+        "### enqueue",
+        "### throughput",
+        "### dispatch (idle)",
+        "### graph replay",
+        "### targets",
+    ):
         assert section in report
     assert "host_launch(HostFunction)" in report
-    for plot in ("enqueue.png", "throughput.png", "dispatch.png", "compile.png"):
+    assert "| captured HostFunction node | -- " not in report  # it measured, did not fail
+    assert "| captured Python callable node | -- " not in report
+    assert "| captured Python node / captured compiled node |" in report
+    for plot in ("enqueue.png", "throughput.png", "dispatch.png", "compile.png", "graphs.png"):
         assert (tmp_path / plot).read_bytes().startswith(b"\x89PNG"), plot
+
+
+def test_benchmark_one_section(tmp_path):
+    """--only runs that section alone: its table, the targets table, and its plot only."""
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "run.py"),
+            "--smoke",
+            "--only",
+            "graphs",
+            "--out",
+            str(tmp_path),
+        ],
+        env=child_env(NUMBA_HOSTFN_SIMULATOR="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = (tmp_path / "benchmarks.md").read_text()
+    assert "### graph replay" in report and "### targets" in report
+    assert "### enqueue" not in report and "### compile and import" not in report
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == ["graphs.png"]

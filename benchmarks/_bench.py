@@ -1,0 +1,296 @@
+"""The machinery the benchmark sections share: rows, targets, the report and the plots.
+
+A section (``bench_*.py``) times its rows with :func:`record` (or builds :class:`Row`
+objects and appends them to :data:`ROWS`); ``run.py`` then writes the report from
+:data:`ROWS`, each section's baseline rows and its targets.  Also here: the compiled
+host functions, the no-op callbacks and the :class:`Gate` (device work that holds a
+stream) that several sections use.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+@dataclass
+class Row:
+    group: str
+    name: str
+    unit: str
+    samples: list[float] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.samples) if self.samples else None
+
+    def fail(self, exc: Exception) -> None:
+        """The row's measurement failed: no samples, and the error as its note."""
+        self.samples.clear()
+        self.note = f"{type(exc).__name__}: {str(exc).splitlines()[0][:90]}"
+
+    def cell(self) -> str:
+        if not self.samples:
+            return f"-- ({self.note})" if self.note else "--"
+        return f"{self.median:.2f} ({min(self.samples):.2f}-{max(self.samples):.2f})"
+
+
+ROWS: list[Row] = []
+ROW_WATCHDOG_S = float(os.environ.get("BENCH_WATCHDOG_S", "120"))
+
+
+def record(group: str, name: str, unit: str, fn, repeats: int) -> Row:
+    """Run ``fn()`` (returns one sample) ``repeats`` times; a failure becomes the row's note."""
+    row = Row(group, name, unit)
+    print(f"[{group}] {name} ...", file=sys.stderr, flush=True)  # where a hang happens
+    # A row that takes over two minutes prints every thread's stack (and goes on).
+    faulthandler.dump_traceback_later(ROW_WATCHDOG_S, exit=False)
+    try:
+        for _ in range(repeats):
+            row.samples.append(fn())
+    except Exception as exc:  # a failing peer is a finding, reported in the table
+        row.fail(exc)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+    ROWS.append(row)
+    return row
+
+
+def find(group: str, name: str) -> Row | None:
+    for row in ROWS:
+        if row.group == group and row.name == name:
+            return row
+    return None
+
+
+def ratio(a: Row | None, b: Row | None) -> float | None:
+    if a and b and a.median is not None and b.median:
+        return a.median / b.median
+    return None
+
+
+# A target line: (what, measured value as text, met: True, False or None for n/a).
+Target = tuple[str, str, bool | None]
+
+
+def target(text: str, value: float | None, limit: float | None, fmt: str = "{:.2f}x") -> Target:
+    """A line of the targets table: ``value <= limit``; no limit: informational (met n/a)."""
+    met = None if value is None or limit is None else value <= limit
+    return (text, "n/a" if value is None else fmt.format(value), met)
+
+
+# ---- shared setup ----------------------------------------------------------------------
+
+
+_libc = ctypes.CDLL(None)
+clock_gettime = _libc.clock_gettime
+clock_gettime.argtypes = (ctypes.c_int, ctypes.c_size_t)
+clock_gettime.restype = ctypes.c_int
+usleep = _libc.usleep
+usleep.argtypes = (ctypes.c_uint,)
+usleep.restype = ctypes.c_int
+
+
+def compiled_functions(nh):
+    from numba import carray
+
+    @nh.host_callback
+    def empty(p):
+        pass
+
+    @nh.host_callback
+    def stamp(p):
+        """p -> int64[3]: [ns, scratch sec, scratch nsec]: CLOCK_MONOTONIC now."""
+        a = carray(p, (3,), np.int64)
+        clock_gettime(1, a[1:3].ctypes.data)
+        a[0] = a[1] * 1_000_000_000 + a[2]
+
+    return empty, stamp
+
+
+def noop() -> None:
+    pass
+
+
+def noop_arg(arg) -> None:
+    pass
+
+
+def noop_cb(stream, status, arg) -> None:
+    pass
+
+
+def cupy_stream(stream):
+    """CuPy's view of a cuda.core stream (Stream.from_external where CuPy has it)."""
+    import cupy
+
+    if hasattr(cupy.cuda.Stream, "from_external"):
+        return cupy.cuda.Stream.from_external(stream)
+    return cupy.cuda.ExternalStream(int(stream.handle))
+
+
+class Gate:
+    """Device work that holds a stream until the host opens it (sets a flag)."""
+
+    SOURCE = r"""
+    extern "C" __global__ void wait_flag(volatile int *flag)
+    {
+        while (*flag == 0) { __nanosleep(100); }
+    }
+    """
+
+    def __init__(self, device):
+        self.device = device
+        self.simulator = device.simulator
+        self.flag = device.host_array(1)
+        if not self.simulator:
+            from cuda.core import LaunchConfig, Program, ProgramOptions
+
+            arch = "sm_" + "".join(str(v) for v in device.cuda.compute_capability)
+            prog = Program(self.SOURCE, code_type="c++", options=ProgramOptions(arch=arch))
+            self.kernel = prog.compile("cubin").get_kernel("wait_flag")
+            self.config = LaunchConfig(grid=1, block=1)
+        else:
+            from numba import carray
+
+            import numba_hostfn as nh
+
+            @nh.host_callback
+            def spin_until_set(p):
+                flag = carray(p, (1,), np.int32)
+                while flag[0] == 0:
+                    usleep(20)  # an opaque call: the flag is read again each time
+
+            self.spin = spin_until_set
+
+    def close_on(self, stream) -> None:
+        self.flag[0] = 0
+        if self.simulator:
+            import numba_hostfn as nh
+
+            stream.launch(self.spin, user_data=nh.by_ref(self.flag))
+        else:
+            from cuda.core import launch
+
+            launch(stream, self.config, self.kernel, np.uint64(self.flag.ctypes.data))
+
+    def open(self) -> int:
+        t0 = time.monotonic_ns()
+        self.flag[0] = 1
+        return t0
+
+
+# ---- report ------------------------------------------------------------------------------
+
+
+def report(
+    out_dir: str | None,
+    header: str,
+    targets: Iterable[Target],
+    baseline: Callable[[str], Row | None],
+    plots: Iterable[tuple[str, str]],
+) -> str:
+    """The markdown report of :data:`ROWS`: one table per group, then the targets.
+
+    ``baseline(group)`` is the row a group's ratios are to (None: its first row);
+    with ``out_dir``, the report is written there as benchmarks.md, with ``plots``
+    (group prefix, PNG file name) drawn beside it.
+    """
+    lines = [header, ""]
+    groups: list[str] = []
+    for row in ROWS:
+        if row.group not in groups:
+            groups.append(row.group)
+    for group in groups:
+        rows = [r for r in ROWS if r.group == group]
+        base = baseline(group)
+        lines += [
+            f"### {group}",
+            "",
+            f"| | median (min-max) | unit | ratio to {base.name if base else 'first row'} |",
+            "| --- | ---: | --- | ---: |",
+        ]
+        base = base or rows[0]
+        for row in rows:
+            r = ratio(row, base)
+            lines.append(
+                f"| {row.name} | {row.cell()} | {row.unit} | {'' if r is None else f'{r:.2f}'} |"
+            )
+        lines.append("")
+    lines += ["### targets", "", "| target | measured | met |", "| --- | ---: | --- |"]
+    for text, value, met in targets:
+        lines.append(f"| {text} | {value} | {'n/a' if met is None else ('yes' if met else 'NO')} |")
+    text = "\n".join(lines) + "\n"
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, "benchmarks.md"), "w") as f:
+            f.write(text)
+        plot(out_dir, plots)
+    return text
+
+
+def plot(out_dir: str, plots: Iterable[tuple[str, str]]) -> None:
+    """One horizontal bar chart per (group prefix, file name) with rows that have samples."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plots", file=sys.stderr)
+        return
+    for group, filename in plots:
+        rows = [r for r in ROWS if r.group.startswith(group) and r.samples]
+        if not rows:
+            continue
+        labels = [_plot_label(group, r) for r in rows]
+        colors = [_plot_color(r.name) for r in rows]
+        med = [r.median for r in rows]
+        err = [
+            [m - min(r.samples) for m, r in zip(med, rows, strict=True)],
+            [max(r.samples) - m for m, r in zip(med, rows, strict=True)],
+        ]
+        fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.2))
+        ax.barh(range(len(rows)), med, xerr=err, color=colors)
+        ax.set_yticks(range(len(rows)), labels, fontsize=8)
+        ax.invert_yaxis()
+        log = max(med) > 20 * min(med)
+        if log:
+            ax.set_xscale("log")
+        scale = ", log scale" if log else ""
+        ax.set_xlabel(f"{rows[0].unit} (median, min-max){scale}")
+        ax.set_title(f"numba_hostfn: {group}")
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, filename), dpi=110)
+        plt.close(fig)
+
+
+def _plot_label(group: str, row: Row) -> str:
+    if row.group == group:
+        return row.name
+    if "switch interval" in row.group:
+        return f"busy, switch interval: {row.name}"
+    return f"{row.group.split('(')[-1].rstrip(')')}: {row.name}"
+
+
+def _plot_color(name: str) -> str:
+    """One colour per mechanism: ours compiled, ours Python, the raw driver, the peers."""
+    if "HostFunction" in name or "ctypes CUhostFn" in name or "@host_callback" in name:
+        return "#4c72b0"
+    if "Python callable" in name:
+        return "#dd8452"
+    if "CuPy" in name or "numba-cuda" in name or "cuda.bindings" in name or "cuda.core" in name:
+        return "#55a868"
+    return "#8c8c8c"  # the raw driver and numba itself

@@ -1,0 +1,217 @@
+"""Section enqueue: the cost of one enqueue call.
+
+From a loop of N calls timed on the host (the stream is held by device work so that
+nothing runs meanwhile): host_launch with a HostFunction, a ctypes CUhostFn and a
+Python callable; a C loop over cuLaunchHostFunc (built with nvcc if present);
+cuda.bindings.driver.cuLaunchHostFunc; ctypes straight to libcuda; CuPy's
+Stream.launch_host_func; numba-cuda's Stream.add_callback (a failure is reported as a
+row).  Ratios are to the raw C loop.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+
+from _bench import (
+    ROWS,
+    Gate,
+    Row,
+    Target,
+    compiled_functions,
+    cupy_stream,
+    find,
+    noop,
+    noop_arg,
+    noop_cb,
+    ratio,
+    record,
+    target,
+)
+
+GROUP = "enqueue"
+RAW_C_LOOP = "raw C loop over cuLaunchHostFunc"
+PLOTS = [(GROUP, "enqueue.png")]
+
+
+def run(nh, device, n: int, repeats: int) -> None:
+    empty, _ = compiled_functions(nh)
+    stream = device.create_stream()
+    gate = Gate(device)
+
+    def per_call(enqueue_one) -> float:
+        gate.close_on(stream)
+        try:
+            start = time.perf_counter()
+            for _ in range(n):
+                enqueue_one()
+            elapsed = time.perf_counter() - start
+        finally:  # a failing row must not leave the stream held (and the device busy)
+            gate.open()
+            stream.sync()
+            nh.drain()
+        return elapsed / n * 1e6
+
+    pointer = empty.ctypes
+    record(
+        GROUP,
+        "host_launch(HostFunction)",
+        "µs/call",
+        lambda: per_call(lambda: nh.host_launch(stream, empty)),
+        repeats,
+    )
+    record(
+        GROUP,
+        "host_launch(ctypes CUhostFn)",
+        "µs/call",
+        lambda: per_call(lambda: nh.host_launch(stream, pointer)),
+        repeats,
+    )
+    record(
+        GROUP,
+        "host_launch(Python callable)",
+        "µs/call",
+        lambda: per_call(lambda: nh.host_launch(stream, noop)),
+        repeats,
+    )
+    if device.simulator:
+        for name in (
+            RAW_C_LOOP,
+            "cuda.bindings cuLaunchHostFunc",
+            "ctypes -> libcuda cuLaunchHostFunc",
+            "CuPy launch_host_func",
+            "numba-cuda add_callback",
+        ):
+            ROWS.append(Row(GROUP, name, "µs/call", note="needs a GPU"))
+        stream.close()
+        return
+    handle = int(stream.handle)
+    from cuda.bindings import driver
+
+    record(GROUP, RAW_C_LOOP, "µs/call", lambda: raw_c_loop(gate, stream, n), repeats)
+    fn_obj = driver.CUhostFn(empty.address)
+    cu_stream = driver.CUstream(handle)
+    record(
+        GROUP,
+        "cuda.bindings cuLaunchHostFunc",
+        "µs/call",
+        lambda: per_call(lambda: driver.cuLaunchHostFunc(cu_stream, fn_obj, 0)),
+        repeats,
+    )
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    launch = libcuda.cuLaunchHostFunc
+    launch.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+    launch.restype = ctypes.c_int
+    address = empty.address
+    record(
+        GROUP,
+        "ctypes -> libcuda cuLaunchHostFunc",
+        "µs/call",
+        lambda: per_call(lambda: launch(handle, address, None)),
+        repeats,
+    )
+
+    def cupy_row():
+
+        cs = cupy_stream(stream)
+        return per_call(lambda: cs.launch_host_func(noop_arg, None))
+
+    record(GROUP, "CuPy launch_host_func", "µs/call", cupy_row, repeats)
+
+    def numba_cuda_row():
+        from numba import cuda
+
+        ns = cuda.external_stream(handle)
+        return per_call(lambda: ns.add_callback(noop_cb, None))
+
+    record(GROUP, "numba-cuda add_callback", "µs/call", numba_cuda_row, 1)
+    stream.close()
+
+
+def baseline(group: str) -> Row | None:
+    return find(GROUP, RAW_C_LOOP) if group == GROUP else None
+
+
+def targets() -> list[Target]:
+    return [
+        target(
+            "HostFunction enqueue <= 1.5x raw C loop",
+            ratio(find(GROUP, "host_launch(HostFunction)"), find(GROUP, RAW_C_LOOP)),
+            1.5,
+        )
+    ]
+
+
+C_LOOP = r"""
+#include <cuda.h>
+#include <time.h>
+static void CUDA_CB empty(void *p) { (void)p; }
+/* n enqueues of an empty host function; returns microseconds per call (-1 on error). */
+extern "C" double loop(unsigned long long stream, int n)
+{
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    for (int i = 0; i < n; ++i)
+        if (cuLaunchHostFunc((CUstream)stream, empty, 0) != CUDA_SUCCESS) return -1.0;
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    return ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / n / 1e3;
+}
+"""
+_C_LOOP_LIB = None
+
+
+def raw_c_loop(gate, stream, n: int) -> float:
+    """The C loop, built with nvcc as a shared library and called once through ctypes."""
+    global _C_LOOP_LIB
+    if _C_LOOP_LIB is None:
+        nvcc = shutil.which("nvcc")
+        if not nvcc:
+            raise RuntimeError("nvcc not found: row skipped")
+        build = tempfile.mkdtemp()
+        src, out = os.path.join(build, "loop.c"), os.path.join(build, "libloop.so")
+        with open(src, "w") as f:
+            f.write(C_LOOP)
+        cuda_home = os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
+        stubs = [
+            f"-L{d}"
+            for d in (
+                os.path.join(cuda_home, "lib64", "stubs"),
+                os.path.join(cuda_home, "targets", "x86_64-linux", "lib", "stubs"),
+            )
+            if os.path.isdir(d)
+        ]
+        subprocess.run(
+            [
+                nvcc,
+                "-O2",
+                "-shared",
+                "-Xcompiler",
+                "-fPIC",
+                "-x",
+                "cu",
+                src,
+                "-o",
+                out,
+                *stubs,
+                "-lcuda",
+            ],
+            check=True,
+            capture_output=True,
+        )
+        lib = ctypes.CDLL(out)
+        lib.loop.argtypes = (ctypes.c_ulonglong, ctypes.c_int)
+        lib.loop.restype = ctypes.c_double
+        _C_LOOP_LIB = lib
+    gate.close_on(stream)
+    try:
+        per_call = _C_LOOP_LIB.loop(int(stream.handle), n)
+    finally:
+        gate.open()
+        stream.sync()
+    if per_call < 0:
+        raise RuntimeError("cuLaunchHostFunc failed in the C loop")
+    return per_call
