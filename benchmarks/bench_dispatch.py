@@ -34,10 +34,16 @@ GROUP = "dispatch"
 PLOTS = [(GROUP, "dispatch.png")]
 
 
+EXECUTOR = "HostFunction on a HostExecutor"
+
+
 def run(nh, device, repeats: int, window: float) -> None:
     _, stamp = compiled_functions(nh)
     stream = device.create_stream()
     gate = Gate(device)
+    # A spin budget longer than the 2 ms each sample waits at the gate: the pool's
+    # threads spin throughout (the lowest latency; a core busy meanwhile).
+    executor = nh.HostExecutor(threads=1, spin_us=10_000)
     hold_gil = ctypes.PyDLL(None).usleep
 
     def sample(kind: str, main: str) -> float:
@@ -48,6 +54,8 @@ def run(nh, device, repeats: int, window: float) -> None:
         try:
             if kind == "HostFunction":
                 nh.host_launch(stream, stamp, user_data=nh.by_ref(stamps))
+            elif kind == EXECUTOR:
+                nh.host_launch(stream, stamp, user_data=nh.by_ref(stamps), executor=executor)
             elif kind == "Python callable":
                 nh.host_launch(stream, lambda: seen.append(time.monotonic_ns()))
             else:  # CuPy
@@ -66,12 +74,12 @@ def run(nh, device, repeats: int, window: float) -> None:
                 gate.open()
             stream.sync()
             nh.drain()
-        t1 = int(stamps[0]) if kind == "HostFunction" else seen[0]
+        t1 = int(stamps[0]) if kind in ("HostFunction", EXECUTOR) else seen[0]
         return (t1 - t0) / 1e3
 
     # The driver thread's wake-up time drifts over seconds: the conditions are
     # interleaved, one sample of each per round, so that drift hits them alike.
-    kinds = ["HostFunction", "Python callable"] + ([] if device.simulator else ["CuPy"])
+    kinds = ["HostFunction", EXECUTOR, "Python callable"] + ([] if device.simulator else ["CuPy"])
     rows = [
         Row(f"dispatch ({main})", kind, "µs")
         for main in ("idle", "busy in Python", "holding the GIL")
@@ -111,6 +119,7 @@ def run(nh, device, repeats: int, window: float) -> None:
             )
     finally:
         sys.setswitchinterval(old)
+    executor.close()
     stream.close()
 
 
@@ -120,7 +129,14 @@ def baseline(group: str) -> Row | None:
 
 def targets() -> list[Target]:
     idle = find("dispatch (idle)", "HostFunction")
+    executor_idle = find("dispatch (idle)", EXECUTOR)
     return [
+        target(
+            "HostExecutor dispatch, main idle: median <= 10 µs",
+            executor_idle.median if executor_idle else None,
+            10.0,
+            "{:.1f} µs",
+        ),
         target(
             "HostFunction dispatch, main busy in Python <= 1.2x idle",
             ratio(find("dispatch (busy in Python)", "HostFunction"), idle),

@@ -29,6 +29,10 @@ full:
 6. graphs (bench_graphs.py): the replay cost per host node of a captured graph of K
    nodes replayed R times: a HostFunction and a Python callable through host_launch,
    and on a GPU cuda.core's own GraphBuilder.callback.
+7. executor (bench_executor.py): the HostExecutor: round trip kernel -> host work ->
+   kernel against raw C baselines, 4 streams x 50 x 2 ms of host work in parallel
+   (with a timeline plot), and the pool's CPU time; its dispatch delay is a row of
+   the dispatch section.
 
 _bench.py holds what the sections share: the rows and record(), the report with
 its targets table, the plots, the compiled host functions and the Gate.  A section
@@ -45,6 +49,7 @@ import time
 import bench_compile
 import bench_dispatch
 import bench_enqueue
+import bench_executor
 import bench_graphs
 import bench_throughput
 from _bench import Row, report
@@ -56,6 +61,7 @@ SECTIONS = {
     "dispatch": bench_dispatch,
     "compile": bench_compile,
     "graphs": bench_graphs,
+    "executor": bench_executor,
 }
 
 
@@ -104,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
         "dispatch": lambda: bench_dispatch.run(nh, device, dispatch_repeats, window),
         "compile": lambda: bench_compile.run(1 if args.smoke else 3),
         "graphs": lambda: bench_graphs.run(nh, device, nodes, replays, repeats),
+        "executor": lambda: bench_executor.run(
+            nh, device, 50 if args.smoke else 2000, repeats, 3 if args.smoke else 50
+        ),
     }
     for name in SECTIONS:
         if not args.only or name in args.only:
@@ -112,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     targets = [t for s in SECTIONS.values() if hasattr(s, "targets") for t in s.targets()]
     plots = [p for s in SECTIONS.values() for p in s.PLOTS]
     print(report(args.out, header, targets, baseline, plots))
+    if args.out:
+        bench_executor.plot_timeline(args.out)
     device.close()
     return 0
 

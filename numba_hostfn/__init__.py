@@ -18,6 +18,7 @@ from ._errors import (
     HostCallbackCompileError,
     SimulatorUnsupportedError,
 )
+from ._executor import HostExecutor
 from ._hostcopy import (
     MEMCPY_2D_LAYOUT,
     MEMCPY_LAYOUT,
@@ -41,6 +42,7 @@ __all__ = [
     "CUhostFn",
     "CudaDriverError",
     "HostCallbackCompileError",
+    "HostExecutor",
     "HostFunction",
     "SimulatorUnsupportedError",
     "as_voidptr",

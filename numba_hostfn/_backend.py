@@ -16,7 +16,7 @@ import weakref
 from typing import Any
 
 from ._errors import SIMULATOR_ENV, BackendUnavailableError, CudaDriverError
-from ._native import Native, Status, native
+from ._native import Native, Status, calloc, native
 from ._records import LaunchRecords
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
 _lock = threading.Lock()
 _backend: Backend | None = None
 _CAPTURE_ACTIVE, _CAPTURE_INVALIDATED = 1, 2  # CUstreamCaptureStatus
+_HOSTALLOC_PORTABLE_DEVICEMAP = 0x01 | 0x02  # CU_MEMHOSTALLOC_PORTABLE | _DEVICEMAP
 
 
 def simulator_requested() -> bool:
@@ -73,20 +74,28 @@ class Backend:
         """Vet ``stream`` (whose ``__cuda_stream__`` gave ``handle``); return the handle."""
         return handle
 
-    def refused(self, status: int) -> None:  # pragma: no cover
+    def refused(self, status: int, call: str) -> None:  # pragma: no cover
         """Raise the error for an enqueue function's nonzero status."""
         raise NotImplementedError
 
     def enqueue(
-        self, handle: int, trampoline: int, fn: int, arg: int, owner: Any, device: bool = False
+        self,
+        handle: int,
+        trampoline: int,
+        fn: int,
+        arg: int,
+        owner: Any,
+        enqueue_fn: int = 0,
+        call: str = "cuLaunchHostFunc",
     ) -> bool:
         """Enqueue ``trampoline`` for ``fn(arg)`` with a record that owns ``owner``.
 
         Returns False, having enqueued nothing, if the stream is capturing.
-        ``device`` (simulator only) makes it simulated device work.
+        ``enqueue_fn`` replaces the backend's own (simulated device work, an
+        executor's lane); ``call`` names the driver call in errors.
         """
         native = self.native
-        enqueue_fn = self.device_enqueue_fn if device else self.enqueue_fn
+        enqueue_fn = enqueue_fn or self.enqueue_fn
         status = native.enqueue(enqueue_fn, handle, trampoline, fn, arg, owner)
         while status == Status.NO_RECORD:
             self.records.grow()
@@ -94,7 +103,7 @@ class Backend:
         if status == Status.CAPTURING:
             return False
         if status:
-            self.refused(status)
+            self.refused(status, call)
         return True
 
     # ---- graphs: the capture path and explicit graphs (``_graphs``) ----
@@ -124,6 +133,18 @@ class Backend:
         self, graph: Any, handle: int, fn: int, arg: int, device: bool = False
     ) -> None:
         """Add the host node ``fn(arg)`` to the capture on stream ``handle``."""
+        raise NotImplementedError  # pragma: no cover
+
+    # ---- the HostExecutor (``_executor``) ----
+
+    #: The native enqueue function of executor tasks, u64 (*)(lane, trampoline, record).
+    executor_enqueue_fn = 0
+
+    def check_executor(self) -> None:
+        """Raise RuntimeError if a HostExecutor cannot work here."""
+
+    def executor_memory(self, nbytes: int) -> int:
+        """``nbytes`` zeroed bytes that the streams can write and wait on."""
         raise NotImplementedError  # pragma: no cover
 
 
@@ -160,6 +181,9 @@ class CudaBackend(Backend):
                 "cuGraphRetainUserObject",
                 "cuGraphReleaseUserObject",
                 "cuStreamGetCaptureInfo",
+                "cuStreamWriteValue32",
+                "cuStreamWaitValue32",
+                "cuMemHostAlloc",
             )
         }
         native.set_cuda(proc["cuStreamIsCapturing"], proc["cuLaunchHostFunc"])
@@ -188,6 +212,12 @@ class CudaBackend(Backend):
             c_int, vp, ctypes.POINTER(c_int), vp, ctypes.POINTER(vp), vp, vp, vp
         )(proc["cuStreamGetCaptureInfo"])
         self._no_destructor_sync = int(driver.CUuserObject_flags.CU_USER_OBJECT_NO_DESTRUCTOR_SYNC)
+        native.set_cuda_memops(proc["cuStreamWriteValue32"], proc["cuStreamWaitValue32"])
+        self.executor_enqueue_fn = native.exec_cuda_enqueue
+        self._host_alloc = ctypes.CFUNCTYPE(c_int, ctypes.POINTER(vp), ctypes.c_size_t, c_uint)(
+            proc["cuMemHostAlloc"]
+        )
+        self._executor_checked = False
         self._move = int(driver.CUuserObjectRetain_flags.CU_GRAPH_USER_OBJECT_MOVE)
 
     def _proc(self, name: str) -> int:
@@ -219,9 +249,18 @@ class CudaBackend(Backend):
         if int(err) != 0:
             raise CudaDriverError(f"{call} failed: {self.error_text(int(err))}", int(err))
 
-    def refused(self, status: int) -> None:
+    def refused(self, status: int, call: str) -> None:
         code = int(status & 0xFFFFFFFF)
-        call = "cuStreamIsCapturing" if status & Status.CAPTURE_CHECK_FAILED else "cuLaunchHostFunc"
+        if status & Status.KEPT:
+            raise CudaDriverError(
+                f"cuStreamWaitValue32 failed: {self.error_text(code)}; the task was enqueued "
+                "and runs when the stream reaches it, but the stream does not wait for it",
+                code,
+            )
+        if status & Status.OUT_OF_MEMORY:
+            raise MemoryError("numba_hostfn could not allocate an executor task")
+        if status & Status.CAPTURE_CHECK_FAILED:
+            call = "cuStreamIsCapturing"
         raise CudaDriverError(f"{call} failed: {self.error_text(code)}", code)
 
     def capture_graph(self, handle: int, builder: bool) -> Any:
@@ -278,6 +317,49 @@ class CudaBackend(Backend):
         rc = self._launch_host_func(handle, fn, arg)
         self._check(rc, "cuLaunchHostFunc")
 
+    def check_executor(self) -> None:
+        if self._executor_checked:
+            return
+        d = self._driver
+        attribute = d.CUdevice_attribute
+        err, count = d.cuDeviceGetCount()
+        self._check(err, "cuDeviceGetCount")
+        for ordinal in range(count):
+            err, device = d.cuDeviceGet(ordinal)
+            self._check(err, "cuDeviceGet")
+            values = {}
+            for name in (
+                "CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING",
+                "CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1",
+                "CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR",
+            ):
+                if hasattr(attribute, name):
+                    err, value = d.cuDeviceGetAttribute(getattr(attribute, name), device)
+                    values[name] = value if int(err) == 0 else 0
+            memops = values.get("CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1", 0) or values.get(
+                "CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR", 0
+            )
+            if not values.get("CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING") or not memops:
+                raise RuntimeError(
+                    f"HostExecutor needs stream memory operations on host memory, which CUDA "
+                    f"device {ordinal} does not offer ({values}); run host functions with "
+                    "host_launch without executor= there"
+                )
+        self._executor_checked = True
+
+    def executor_memory(self, nbytes: int) -> int:
+        pointer = ctypes.c_void_p()
+        rc = self._host_alloc(ctypes.byref(pointer), nbytes, _HOSTALLOC_PORTABLE_DEVICEMAP)
+        if rc:
+            raise CudaDriverError(
+                f"cuMemHostAlloc failed: {self.error_text(rc)}; a HostExecutor allocates its "
+                "pinned words in the current context: make the stream's device current first "
+                "(cuda.core: Device(n).set_current())",
+                rc,
+            )
+        ctypes.memset(pointer.value, 0, nbytes)
+        return pointer.value
+
 
 class SimulatorBackend(Backend):
     """Enqueue on simulated streams: native queues, and one host-function thread."""
@@ -291,6 +373,7 @@ class SimulatorBackend(Backend):
             raise RuntimeError("the simulator could not start its host-function thread")
         self.enqueue_fn = native.sim_enqueue
         self.device_enqueue_fn = native.sim_enqueue_device
+        self.executor_enqueue_fn = native.exec_sim_enqueue
         self.streams: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         #: handle -> the simulator's capture object, while that stream captures.
         self.captures: dict[int, Any] = {}
@@ -304,8 +387,13 @@ class SimulatorBackend(Backend):
             )
         return handle
 
-    def refused(self, status: int) -> None:
-        if status == Status.QUEUE_STOPPED:
+    def refused(self, status: int, call: str = "") -> None:
+        if status & Status.QUEUE_STOPPED:
+            if status & Status.KEPT:
+                raise RuntimeError(
+                    "the simulated stream closed while a HostExecutor task was enqueued: the "
+                    "task runs when the stream reaches it, but the stream does not wait for it"
+                )
             raise RuntimeError("the simulated stream is closed; create a new Stream")
         raise MemoryError("the simulator could not allocate a queue entry")
 
@@ -330,6 +418,12 @@ class SimulatorBackend(Backend):
         self, graph: Any, handle: int, fn: int, arg: int, device: bool = False
     ) -> None:
         graph.nodes.append((device, fn, arg))
+
+    def executor_memory(self, nbytes: int) -> int:
+        memory = calloc(1, nbytes)  # never freed: a stream may still wait on it
+        if not memory:
+            raise MemoryError("the simulator could not allocate a HostExecutor's words")
+        return memory
 
 
 def get_backend() -> Backend:

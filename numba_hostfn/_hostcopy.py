@@ -24,7 +24,7 @@ from numba.extending import intrinsic
 
 from ._decorator import HostFunction, host_callback
 from ._intrinsics import as_voidptr
-from ._launch import enqueue
+from ._launch import _target_kind, enqueue
 
 __all__ = [
     "MEMCPY_2D_LAYOUT",
@@ -174,7 +174,7 @@ def _region(obj: Any, role: str) -> _Region:
     )
 
 
-def host_copy(stream: Any, dst: Any, src: Any) -> Any:
+def host_copy(stream: Any, dst: Any, src: Any, *, executor: Any = None) -> Any:
     """Copy ``src`` into ``dst`` on the host, in stream order and without the GIL.
 
     Typical use: after a device-to-host copy into pinned staging memory, move the
@@ -193,6 +193,9 @@ def host_copy(stream: Any, dst: Any, src: Any) -> Any:
         cuda.core ``Buffer`` (pinned memory).
     src : host buffer
         Same kinds; may be read-only.
+    executor : HostExecutor, optional
+        Copy on the executor's threads (a copy of 1 MiB or more, contiguous,
+        is split among them) instead of the driver's host-function thread.
 
     Returns
     -------
@@ -222,7 +225,7 @@ def host_copy(stream: Any, dst: Any, src: Any) -> Any:
     keep = (dst, src)
     if d.contiguous and s.contiguous:
         data = _PACK.pack(d.address, s.address, d.nbytes)
-        return enqueue(stream, host_memcpy(), data, keep)
+        return enqueue(stream, host_memcpy(), data, keep, executor=executor, copy=True)
     rows = d.rows if not d.contiguous else s.rows
     row_bytes = d.nbytes // rows
     for r in (d, s):
@@ -234,10 +237,10 @@ def host_copy(stream: Any, dst: Any, src: Any) -> Any:
     d_pitch = d.pitch if not d.contiguous else row_bytes
     s_pitch = s.pitch if not s.contiguous else row_bytes
     data = _PACK_2D.pack(d.address, s.address, rows, row_bytes, d_pitch, s_pitch)
-    return enqueue(stream, host_memcpy_2d(), data, keep)
+    return enqueue(stream, host_memcpy_2d(), data, keep, executor=executor)
 
 
-def release_after(stream: Any, *objs: Any) -> Any:
+def release_after(stream: Any, *objs: Any, executor: Any = None) -> Any:
     """Keep ``objs`` alive until ``stream`` reaches this point, then release them.
 
     They are released on the main thread (never on the driver's thread), so
@@ -252,6 +255,9 @@ def release_after(stream: Any, *objs: Any) -> Any:
         As for :func:`host_launch`.
     *objs : object
         Anything; nothing is enqueued when none is given.
+    executor : HostExecutor, optional
+        Release from the executor's stream point instead of a host function
+        on the driver's thread.
 
     Returns
     -------
@@ -261,11 +267,9 @@ def release_after(stream: Any, *objs: Any) -> Any:
     """
     if not objs:
         return _unchanged(stream)
-    return enqueue(stream, _compiled("release_point"), None, objs)
+    return enqueue(stream, _compiled("release_point"), None, objs, executor=executor)
 
 
 def _unchanged(target: Any) -> Any:
     """What a call that adds nothing returns: an explicit graph's node itself, else None."""
-    from ._launch import _target_kind
-
     return target if _target_kind(target) == "node" else None

@@ -15,6 +15,7 @@ from numba.core.ccallback import CFunc
 
 from ._backend import get_backend
 from ._decorator import _SIGNATURE, HostFunction
+from ._executor import check_executor
 from ._graphs import add_captured_node, add_graph_node
 from ._userdata import resolve_user_data
 
@@ -164,7 +165,7 @@ def _stream_handle(stream: Any) -> int:
     return value[1]
 
 
-def host_launch(stream: Any, fn: Any, *, user_data: Any = None) -> Any:
+def host_launch(stream: Any, fn: Any, *, user_data: Any = None, executor: Any = None) -> Any:
     """Enqueue ``fn`` on ``stream``: it runs on the host when the stream reaches this point.
 
     A :class:`HostFunction` or ctypes ``CUhostFn`` runs on the driver's thread
@@ -196,6 +197,11 @@ def host_launch(stream: Any, fn: Any, *, user_data: Any = None) -> Any:
         ``int`` a raw address you keep valid, a bytes-like object a copy taken
         now (in a graph: taken once, and every replay sees that copy),
         :func:`by_ref` the buffer itself (every replay sees it live).
+    executor : HostExecutor, optional
+        Run ``fn`` on the executor's threads instead of the driver's
+        host-function thread: the stream writes a word when it reaches this
+        point and waits for the executor to answer (docs/executor.md).  For a
+        stream only, not (yet) under graph capture.
 
     Returns
     -------
@@ -213,19 +219,29 @@ def host_launch(stream: Any, fn: Any, *, user_data: Any = None) -> Any:
         HostFunction's declared ``dtype``.
     RuntimeError
         If a capture cannot take a node (it is invalidated), a GraphBuilder is
-        not building, or a driver call fails (:class:`CudaDriverError`).
-        Nothing was enqueued, and a capture is as it was.
+        not building, the executor is closed or the stream captures, or a
+        driver call fails (:class:`CudaDriverError`).  Nothing was enqueued,
+        and a capture is as it was.
     BackendUnavailableError
         If there is no CUDA driver and the simulator is not selected.
     """
-    return enqueue(stream, fn, user_data, None)
+    return enqueue(stream, fn, user_data, None, executor=executor)
 
 
-def enqueue(target: Any, fn: Any, user_data: Any, keep: Any, device: bool = False) -> Any:
+def enqueue(
+    target: Any,
+    fn: Any,
+    user_data: Any,
+    keep: Any,
+    device: bool = False,
+    executor: Any = None,
+    copy: bool = False,
+) -> Any:
     """host_launch, plus ``keep``: more objects the launch owns until it has run.
 
     ``device`` (simulator only) enqueues simulated device work instead of a
-    host function.
+    host function.  ``copy`` says that ``fn`` is the compiled copy with
+    MEMCPY_LAYOUT user data, which an executor shares out among its threads.
     """
     kind, address, fn_owner = classify_function(fn)
     if kind == "python":
@@ -240,10 +256,22 @@ def enqueue(target: Any, fn: Any, user_data: Any, keep: Any, device: bool = Fals
         layout = fn.dtype if kind == "compiled" else None
         arg, data_owner = resolve_user_data(user_data, layout, fn)
     target_kind = _target_kind(target)
+    if executor is not None:
+        check_executor(executor)
+        if target_kind != "stream":
+            raise RuntimeError(
+                "executor= works on streams, not on a GraphBuilder or an explicit graph: "
+                "graph nodes on an executor are not supported yet; leave out executor="
+            )
     backend = get_backend()
     # The function alone when it is all the launch owns: no object per launch,
     # so a burst of launches does not feed the cyclic garbage collector.
-    owner = fn_owner if data_owner is None and keep is None else (fn_owner, data_owner, keep)
+    if executor is not None:
+        owner = (fn_owner, data_owner, keep, executor)  # an executor outlives its tasks
+    elif data_owner is None and keep is None:
+        owner = fn_owner
+    else:
+        owner = (fn_owner, data_owner, keep)
     if target_kind == "node":
         return add_graph_node(backend, target, kind, address, arg, owner)
     handle = _stream_handle(target)
@@ -251,13 +279,41 @@ def enqueue(target: Any, fn: Any, user_data: Any, keep: Any, device: bool = Fals
         handle = backend.stream_handle(target, handle)
     native = backend.native
     trampoline = native.run_python if kind == "python" else native.run_compiled
+    if executor is not None:
+        _executor_enqueue(backend, executor, handle, trampoline, address, arg, owner, copy)
+        return None
     builder = target_kind == "builder"
+    enqueue_fn = backend.device_enqueue_fn if device else 0
     while True:
-        if not builder and backend.enqueue(handle, trampoline, address, arg, owner, device):
+        if not builder and backend.enqueue(handle, trampoline, address, arg, owner, enqueue_fn):
             return None
         if add_captured_node(backend, handle, kind, address, arg, owner, builder, device):
             return None
         # The capture ended between the two checks: enqueue on the stream.
+
+
+def _executor_enqueue(
+    backend: Any,
+    executor: Any,
+    handle: int,
+    trampoline: int,
+    fn: int,
+    arg: int,
+    owner: Any,
+    copy: bool,
+) -> None:
+    lane = executor._lane(handle)
+    if copy:  # the executor's copy trampoline finds its pool in the record's fn
+        trampoline, fn = backend.native.exec_copy, executor._pool
+    enqueued = backend.enqueue(
+        lane, trampoline, fn, arg, owner, backend.executor_enqueue_fn, "cuStreamWriteValue32"
+    )
+    if not enqueued:
+        raise RuntimeError(
+            "host_launch(executor=...) on a stream that is capturing a graph: graph nodes on "
+            "an executor are not supported yet; nothing was enqueued. Capture without "
+            "executor= (the node then runs on the driver's host-function thread)"
+        )
 
 
 def pending() -> int:

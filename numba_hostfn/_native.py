@@ -8,6 +8,7 @@ Its source is LLVM IR in ``native/``, one file per concern:
 ``trampolines.ll``     what the driver calls: compiled functions, Python callables
 ``enqueue.ll``         ``host_launch``'s native part, and the CUDA enqueue function
 ``simulator.ll``       simulated streams, their host-function thread, graph keepers
+``executor.ll``        the HostExecutor: lanes of stream memory operations, its pool
 =====================  ===============================================================
 
 This module compiles them once per process with numba's own JIT (the engine
@@ -22,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import platform
 import sysconfig
 from pathlib import Path
 from typing import Any
@@ -30,7 +32,7 @@ import llvmlite.binding as llvm
 
 __all__ = ["Native", "Status", "calloc", "native"]
 
-_PARTS = ("interpreter", "records", "trampolines", "enqueue", "simulator")
+_PARTS = ("interpreter", "records", "trampolines", "enqueue", "simulator", "executor")
 
 
 class Status:
@@ -40,7 +42,8 @@ class Status:
     CAPTURING = 1 << 33  #: the stream is capturing: nothing was enqueued
     QUEUE_STOPPED = 1 << 34  #: the simulated stream is closed: nothing was enqueued
     NO_RECORD = 1 << 35  #: no free launch record: nothing was taken or enqueued
-    OUT_OF_MEMORY = 1 << 36  #: the simulator could not allocate a queue entry
+    OUT_OF_MEMORY = 1 << 36  #: no memory for a queue entry or a task
+    KEPT = 1 << 37  #: enqueued after all (a later step failed): the record will run
 
 
 # name -> LLVM declaration; each is bound to this process's address.
@@ -49,6 +52,10 @@ _LIBC = {
     "calloc": "declare ptr @calloc(i64, i64)",
     "free": "declare void @free(ptr)",
     "usleep": "declare i32 @usleep(i32)",
+    "nanosleep": "declare i32 @nanosleep(ptr, ptr)",
+    "clock_gettime": "declare i32 @clock_gettime(i32, ptr)",
+    "memcpy": "declare ptr @memcpy(ptr, ptr, i64)",
+    "prctl": "declare i32 @prctl(i32, ...)",
     "pthread_mutex_init": "declare i32 @pthread_mutex_init(ptr, ptr)",
     "pthread_mutex_lock": "declare i32 @pthread_mutex_lock(ptr)",
     "pthread_mutex_unlock": "declare i32 @pthread_mutex_unlock(ptr)",
@@ -81,7 +88,12 @@ _PYTHON = {
 }
 # Public from 3.13 as PyThreadState_GetUnchecked; the same function was private before.
 _PYTHON_ALIASES = {"PyThreadState_GetUnchecked": ("_PyThreadState_UncheckedGet",)}
-_GILSTATE_UNLOCKED = 1  # PyGILState_STATE: LOCKED 0, UNLOCKED 1
+_GILSTATE_LOCKED, _GILSTATE_UNLOCKED = 0, 1  # PyGILState_STATE
+# A spin-wait hint for the CPU, by architecture (nothing elsewhere): an LLVM
+# intrinsic, since numba's JIT parses no inline assembly.
+_PAUSE = ("declare void @llvm.x86.sse2.pause()", "call void @llvm.x86.sse2.pause()")
+_YIELD = ("declare void @llvm.aarch64.hint(i32)", "call void @llvm.aarch64.hint(i32 1)")
+_CPU_RELAX = {"x86_64": _PAUSE, "amd64": _PAUSE, "aarch64": _YIELD, "arm64": _YIELD}
 _METH_FASTCALL = 0x0080
 
 
@@ -130,7 +142,11 @@ def _prelude() -> str:
     for name, value in vars(Status).items():
         if name.isupper():
             lines.append(f"@nhf.status.{name.lower()} = internal constant i64 {value}")
+    lines.append(f"@nhf.gilstate.locked = internal constant i32 {_GILSTATE_LOCKED}")
     lines.append(f"@nhf.gilstate.unlocked = internal constant i32 {_GILSTATE_UNLOCKED}")
+    declaration, call = _CPU_RELAX.get(platform.machine().lower(), ("", ""))
+    lines.append(declaration)
+    lines.append(f"define internal void @nhf.cpu_relax() {{\n  {call}\n  ret void\n}}")
     lines.extend(_LIBC.values())
     lines.extend(_PYTHON.values())
     return "\n".join(lines) + "\n"
@@ -237,6 +253,16 @@ class Native:
         self.sim_keeper_disown = py(None, _vp, _vp)(fn("nhf_py_sim_keeper_disown"))
         self.sim_keeper_acquire = c(None, _vp)(fn("nhf_sim_keeper_acquire"))
         self.sim_keeper_release_call = c(None, _vp)(self.sim_keeper_release)
+
+        # The HostExecutor (executor.ll).
+        self.exec_copy = fn("nhf_exec_copy")
+        self.exec_cuda_enqueue = fn("nhf_exec_cuda_enqueue")
+        self.exec_sim_enqueue = fn("nhf_exec_sim_enqueue")
+        self.set_cuda_memops = c(None, _vp, _vp)(fn("nhf_set_cuda_memops"))
+        self.exec_pool_new = c(_vp, _i64, _i64, _i64)(fn("nhf_exec_pool_new"))
+        self.exec_lane_new = c(_vp, _vp, _vp, _vp)(fn("nhf_exec_lane_new"))
+        self.exec_outstanding = c(_i64, _vp)(fn("nhf_exec_outstanding"))
+        self.exec_pool_close = c(None, _vp)(fn("nhf_exec_pool_close"))
 
     def _builtin(self, name: str, address: int) -> Any:
         """A METH_FASTCALL builtin function for machine code at ``address``."""

@@ -10,6 +10,7 @@ PUBLIC = {
     "CUhostFn",
     "CudaDriverError",
     "HostCallbackCompileError",
+    "HostExecutor",
     "HostFunction",
     "SimulatorUnsupportedError",
     "as_voidptr",

@@ -101,7 +101,13 @@ enqueue:
   %status = call i64 %enqueue_fnp(ptr %stream, ptr %tramp, ptr %record)
   call void @PyEval_RestoreThread(ptr %thread)
   %ok = icmp eq i64 %status, 0
-  br i1 %ok, label %enqueued, label %refused
+  br i1 %ok, label %enqueued, label %failed
+failed:
+  ; "kept": enqueued after all (a later step failed); the record will run.
+  %kept_flag = load i64, ptr @nhf.status.kept
+  %kept_bits = and i64 %status, %kept_flag
+  %kept = icmp ne i64 %kept_bits, 0
+  br i1 %kept, label %out, label %refused
 refused:
   call void @nhf_py_release(ptr %record)
   br label %out

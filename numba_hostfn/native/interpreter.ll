@@ -75,6 +75,34 @@ take:
   ret i32 %state
 }
 
+; Give back the thread state that @nhf.gil.take kept for this thread, before
+; the thread ends (an executor's threads, at close).  Skipped once the guard
+; is closed: at exit it is leaked instead.
+define internal void @nhf.gil.forget() {
+entry:
+  %in = call i1 @nhf.enter()
+  br i1 %in, label %check, label %out
+check:
+  %own = call ptr @PyGILState_GetThisThreadState()
+  %none = icmp eq ptr %own, null
+  br i1 %none, label %leave, label %dispose
+dispose:
+  ; Ensure (counter 1 -> 2, the GIL taken); Release(LOCKED) (2 -> 1, GIL kept);
+  ; Release(UNLOCKED) (1 -> 0): the thread state is cleared and deleted, and
+  ; the GIL released with it.
+  %taken = call i32 @PyGILState_Ensure()
+  %locked = load i32, ptr @nhf.gilstate.locked
+  call void @PyGILState_Release(i32 %locked)
+  %unlocked = load i32, ptr @nhf.gilstate.unlocked
+  call void @PyGILState_Release(i32 %unlocked)
+  br label %leave
+leave:
+  call void @nhf.leave()
+  br label %out
+out:
+  ret void
+}
+
 define internal void @nhf.gil.give(i32 %state) {
   call void @PyGILState_Release(i32 %state)
   ret void

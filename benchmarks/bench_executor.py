@@ -1,0 +1,339 @@
+"""Section executor: the HostExecutor against the driver's host-function thread.
+
+- round trip: one stream, N iterations of "tiny kernel -> host work (an empty
+  compiled function) -> next kernel", synchronized at the end, per iteration: the
+  kernel alone, host_launch, host_launch(executor=), and two raw C baselines built
+  with nvcc (kernel + cuLaunchHostFunc; kernel + cuStreamWriteValue32 "reached" +
+  a host thread spinning on it + cuStreamWaitValue32 "done").
+- parallel host work: 4 streams x 50 tasks x 2 ms of compiled work; the makespan
+  with host_launch (the driver's one thread) and with a 4-thread executor, against
+  the ideal parallel time (50 x 2 ms); per task start and end times give the
+  timeline plot (executor_timeline.png).
+- the pool's CPU time (process CPU seconds per wall second) over 1 s with nothing
+  outstanding, and over 1 s with a task outstanding that the stream has not
+  reached (spinning, then polling).
+The dispatch section has the executor's dispatch delay; benchmarks/host_copy.py its
+copies.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+
+import numpy as np
+from _bench import ROWS, Gate, Row, Target, compiled_functions, find, ratio, record, target
+
+ROUND_TRIP = "executor: round trip kernel -> host work -> kernel"
+PARALLEL = "executor: 4 streams x 50 tasks x 2 ms"
+CPU = "executor: pool CPU time"
+PLOTS = [(ROUND_TRIP, "executor.png")]
+C_MEMOP = "raw C: kernel + stream memory operations + spinning thread"
+C_HOSTFN = "raw C: kernel + cuLaunchHostFunc"
+EXECUTOR = "kernel + host_launch(executor=)"
+HOSTFN = "kernel + host_launch"
+TIMELINE: dict[str, list[tuple[int, float, float]]] = {}
+
+BUSY = np.dtype([("out", np.uint64), ("index", np.int64), ("ns", np.int64)])
+_clock_gettime = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_void_p)(
+    ("clock_gettime", ctypes.CDLL(None))
+)
+
+
+def _busy_function(nh):
+    from numba import carray
+
+    @nh.host_callback(dtype=BUSY)
+    def busy(d):
+        """Spin for d.ns nanoseconds; out[2*index], out[2*index+1] = start, end (ns)."""
+        out = carray(nh.as_voidptr(d.out), (2 * (d.index + 1),), np.int64)
+        ts = np.zeros(2, np.int64)
+        _clock_gettime(1, ts.ctypes.data)
+        start = ts[0] * 1_000_000_000 + ts[1]
+        now = start
+        while now - start < d.ns:
+            _clock_gettime(1, ts.ctypes.data)
+            now = ts[0] * 1_000_000_000 + ts[1]
+        out[2 * d.index] = start
+        out[2 * d.index + 1] = now
+
+    return busy
+
+
+def run(nh, device, n: int, repeats: int, tasks: int) -> None:
+    empty, _ = compiled_functions(nh)
+    stream = device.create_stream()
+    executor = nh.HostExecutor(threads=4)
+
+    def round_trip(host_work) -> float:
+        device.delay(stream, 0)  # warm
+        host_work()
+        stream.sync()
+        nh.drain()
+        start = time.perf_counter()
+        for _ in range(n):
+            device.delay(stream, 0)  # a tiny kernel
+            host_work()
+        stream.sync()
+        elapsed = time.perf_counter() - start
+        nh.drain()
+        return elapsed / n * 1e6
+
+    record(ROUND_TRIP, "kernel alone", "µs/iter", lambda: round_trip(lambda: None), repeats)
+    record(
+        ROUND_TRIP,
+        HOSTFN,
+        "µs/iter",
+        lambda: round_trip(lambda: nh.host_launch(stream, empty)),
+        repeats,
+    )
+    record(
+        ROUND_TRIP,
+        EXECUTOR,
+        "µs/iter",
+        lambda: round_trip(lambda: nh.host_launch(stream, empty, executor=executor)),
+        repeats,
+    )
+    if device.simulator:
+        for name in (C_HOSTFN, C_MEMOP):
+            ROWS.append(Row(ROUND_TRIP, name, "µs/iter", note="needs a GPU"))
+    else:
+        record(ROUND_TRIP, C_HOSTFN, "µs/iter", lambda: _c_round_trip(stream, n, 1), repeats)
+        record(ROUND_TRIP, C_MEMOP, "µs/iter", lambda: _c_round_trip(stream, n, 2), repeats)
+    _parallel(nh, device, tasks, repeats)
+    _cpu_time(nh, device, executor, stream)
+    executor.close()
+    device.close_stream(stream)
+
+
+def _parallel(nh, device, tasks: int, repeats: int) -> None:
+    busy = _busy_function(nh)
+    streams = [device.create_stream() for _ in range(4)]
+    ideal_ms = tasks * 2.0
+
+    def makespan(executor, label: str) -> float:
+        out = np.zeros(2 * 4 * tasks, np.int64)
+        for s in streams:
+            device.delay(s, 0.02)  # all streams start together, after this
+        for t in range(tasks):
+            for i, s in enumerate(streams):
+                data = np.array([(out.ctypes.data, i * tasks + t, 2_000_000)], BUSY)
+                nh.host_launch(s, busy, user_data=data, executor=executor)
+        for s in streams:
+            s.sync()
+        nh.drain()
+        spans = out.reshape(4 * tasks, 2)
+        first = spans[:, 0].min()
+        TIMELINE[label] = [
+            (k // tasks, (a - first) / 1e6, (b - a) / 1e6) for k, (a, b) in enumerate(spans)
+        ]
+        return (spans[:, 1].max() - first) / 1e6
+
+    with nh.HostExecutor(threads=4) as executor:
+        record(
+            PARALLEL,
+            "host_launch (the driver's thread)",
+            "ms",
+            lambda: makespan(None, "host_launch"),
+            repeats,
+        )
+        record(
+            PARALLEL,
+            "host_launch(executor=HostExecutor(threads=4))",
+            "ms",
+            lambda: makespan(executor, "executor"),
+            repeats,
+        )
+    ROWS.append(Row(PARALLEL, "ideal (one task after another per stream)", "ms", [ideal_ms]))
+    for s in streams:
+        device.close_stream(s)
+
+
+def _cpu_time(nh, device, executor, stream) -> None:
+    def cpu_over(seconds: float, outstanding: bool) -> float:
+        gate = Gate(device) if outstanding else None
+        if gate is not None:
+            gate.close_on(stream)
+            nh.host_launch(stream, compiled_functions(nh)[0], executor=executor)
+        time.sleep(0.05)  # past the spin budget that the launch started
+        c0, w0 = time.process_time(), time.perf_counter()
+        time.sleep(seconds)
+        c1, w1 = time.process_time(), time.perf_counter()
+        if gate is not None:
+            gate.open()
+            stream.sync()
+            nh.drain()
+        return (c1 - c0) / (w1 - w0)
+
+    record(CPU, "idle (nothing outstanding): parked", "CPU s/s", lambda: cpu_over(1.0, False), 1)
+    record(
+        CPU,
+        f"a task outstanding, not reached: polling every {executor.poll_us:g} µs",
+        "CPU s/s",
+        lambda: cpu_over(1.0, True),
+        1,
+    )
+
+
+def baseline(group: str) -> Row | None:
+    if group == ROUND_TRIP:
+        return find(ROUND_TRIP, C_MEMOP)
+    if group == PARALLEL:
+        return find(PARALLEL, "ideal (one task after another per stream)")
+    return None
+
+
+def targets() -> list[Target]:
+    return [
+        target(
+            "executor round trip <= 1.5x raw C memory operations",
+            ratio(find(ROUND_TRIP, EXECUTOR), find(ROUND_TRIP, C_MEMOP)),
+            1.5,
+        ),
+        target(
+            "executor round trip <= 0.35x host_launch",
+            ratio(find(ROUND_TRIP, EXECUTOR), find(ROUND_TRIP, HOSTFN)),
+            0.35,
+        ),
+        target(
+            "4 x 50 x 2 ms makespan on the executor <= 1.15x ideal",
+            ratio(
+                find(PARALLEL, "host_launch(executor=HostExecutor(threads=4))"),
+                find(PARALLEL, "ideal (one task after another per stream)"),
+            ),
+            1.15,
+        ),
+    ]
+
+
+def plot_timeline(out_dir: str) -> None:
+    """executor_timeline.png: the 4 streams' tasks, on the driver's thread and on the pool."""
+    if not TIMELINE:
+        return
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, axes = plt.subplots(len(TIMELINE), 1, figsize=(9, 1.6 * len(TIMELINE) + 0.8), sharex=True)
+    axes = np.atleast_1d(axes)
+    for ax, (label, spans) in zip(axes, TIMELINE.items(), strict=True):
+        for stream_index in range(4):
+            bars = [(a, w) for s, a, w in spans if s == stream_index]
+            ax.broken_barh(bars, (stream_index - 0.4, 0.8), color=f"C{stream_index}")
+        ax.set_yticks(range(4), [f"stream {i}" for i in range(4)], fontsize=8)
+        title = (
+            "host_launch: the driver's one thread"
+            if label == "host_launch"
+            else "host_launch(executor=HostExecutor(threads=4))"
+        )
+        ax.set_title(title, fontsize=9)
+    axes[-1].set_xlabel("ms since the first task started (each task: 2 ms of compiled work)")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "executor_timeline.png"), dpi=110)
+    plt.close(fig)
+
+
+C_ROUND_TRIP = r"""
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <pthread.h>
+#include <time.h>
+
+__global__ void tiny(void) {}
+static void CUDA_CB empty(void *p) { (void)p; }
+
+struct spinner { volatile unsigned *reached; volatile unsigned *done; unsigned last; };
+
+static void *spin(void *arg)
+{
+    struct spinner *s = (struct spinner *)arg;
+    unsigned seen = 0;
+    while (seen != s->last) {
+        unsigned r = *s->reached;
+        if (r != seen) { seen = r; __sync_synchronize(); *s->done = r; }
+    }
+    return 0;
+}
+
+static double now_us(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
+}
+
+/* n iterations of tiny kernel -> host work -> ...; mode 1: cuLaunchHostFunc,
+   mode 2: write "reached", a spinning thread answers, wait for "done".
+   Returns microseconds per iteration (-1 on error). */
+extern "C" double round_trip(unsigned long long stream_handle, int n, int mode)
+{
+    CUstream stream = (CUstream)stream_handle;
+    unsigned *words = 0;
+    pthread_t thread;
+    struct spinner s;
+    if (mode == 2) {
+        unsigned flags = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP;
+        if (cuMemHostAlloc((void **)&words, 8, flags)) return -1.0;
+        words[0] = words[1] = 0;
+        s.reached = words; s.done = words + 1; s.last = (unsigned)n;
+        pthread_create(&thread, 0, spin, &s);
+    }
+    double start = now_us();
+    for (int i = 1; i <= n; ++i) {
+        tiny<<<1, 1, 0, (cudaStream_t)stream>>>();
+        if (mode == 1) {
+            if (cuLaunchHostFunc(stream, empty, 0)) return -1.0;
+        } else {
+            if (cuStreamWriteValue32(stream, (CUdeviceptr)words, i, 0)) return -1.0;
+            if (cuStreamWaitValue32(stream, (CUdeviceptr)(words + 1), i, CU_STREAM_WAIT_VALUE_GEQ))
+                return -1.0;
+        }
+    }
+    if (cuStreamSynchronize(stream)) return -1.0;
+    double per = (now_us() - start) / n;
+    if (mode == 2) { pthread_join(thread, 0); cuMemFreeHost(words); }
+    return per;
+}
+"""
+_LIB = None
+
+
+def _c_round_trip(stream, n: int, mode: int) -> float:
+    global _LIB
+    if _LIB is None:
+        nvcc = shutil.which("nvcc")
+        if not nvcc:
+            raise RuntimeError("nvcc not found: row skipped")
+        build = tempfile.mkdtemp()
+        src, out = os.path.join(build, "rt.cu"), os.path.join(build, "librt.so")
+        with open(src, "w") as f:
+            f.write(C_ROUND_TRIP)
+        cuda_home = os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
+        stubs = [
+            f"-L{d}"
+            for d in (
+                os.path.join(cuda_home, "lib64", "stubs"),
+                os.path.join(cuda_home, "targets", "x86_64-linux", "lib", "stubs"),
+            )
+            if os.path.isdir(d)
+        ]
+        subprocess.run(
+            [nvcc, "-O2", "-shared", "-Xcompiler", "-fPIC", src, "-o", out, *stubs, "-lcuda"],
+            check=True,
+            capture_output=True,
+        )
+        _LIB = ctypes.CDLL(out)
+        _LIB.round_trip.argtypes = (ctypes.c_ulonglong, ctypes.c_int, ctypes.c_int)
+        _LIB.round_trip.restype = ctypes.c_double
+    stream.sync()
+    per = _LIB.round_trip(int(stream.handle), n, mode)
+    if per < 0:
+        raise RuntimeError("a driver call failed in the C round trip")
+    return per

@@ -1,0 +1,175 @@
+"""``HostExecutor``: stream-ordered host work on a pool of native threads.
+
+``host_launch(stream, fn, executor=ex)`` puts two stream memory operations on
+the stream instead of a driver host function: a write of a task number to a
+"reached" word in pinned, device-mapped host memory, then a wait until a "done"
+word holds it.  One of the pool's threads, which never hold the GIL, sees the
+stream reach the task, runs it and writes "done" (``native/executor.ll``).  The
+driver's single host-function thread is not involved: tasks of different
+streams run in parallel, and the start latency is a spinning thread's, not the
+driver thread's wake-up.  Launch records and lifetimes are those of
+``host_launch`` (LIFETIME.md, invariant 15 for the words).
+"""
+
+from __future__ import annotations
+
+import numbers
+import threading
+from typing import Any
+
+from ._backend import get_backend
+from ._errors import SIMULATOR_ENV
+
+__all__ = ["HostExecutor"]
+
+_WORDS_PER_BLOCK = 512  # lanes per block of pinned memory (8 bytes each: a page)
+
+
+def _positive_number(name: str, value: Any, minimum: float, maximum: float) -> float:
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise TypeError(f"HostExecutor({name}=...) expected a number, got {value!r}")
+    if not minimum <= value <= maximum:
+        raise ValueError(f"HostExecutor({name}=...) expected {minimum} to {maximum}, got {value!r}")
+    return float(value)
+
+
+class HostExecutor:
+    """A pool of native threads that runs host functions in stream order.
+
+    Pass it to :func:`host_launch`, :func:`host_copy` or :func:`release_after`
+    as ``executor=``: the function then runs on one of the pool's threads, not
+    on the driver's one host-function thread, so host work of different streams
+    runs in parallel and starts within microseconds of the stream reaching it.
+    The stream waits for it as for a host function.  A large ``host_copy`` is
+    shared out among the pool's threads.  Threading rules and costs:
+    docs/executor.md.
+
+    Parameters
+    ----------
+    threads : int, optional
+        How many threads (1 to 1024).  Tasks of one stream run one at a time;
+        up to ``threads`` streams' tasks run at once.
+    spin_us : float, optional
+        While tasks are outstanding (enqueued, not yet run), a thread with
+        nothing to run spins for this many microseconds after its last task
+        (a core busy, the lowest latency), then polls.
+    poll_us : float, optional
+        Then it checks every ``poll_us`` microseconds (little CPU, up to that
+        much latency).  With nothing outstanding the threads sleep until the
+        next launch wakes them, and use no CPU.
+
+    Raises
+    ------
+    TypeError, ValueError
+        For a wrong type or value of an argument.
+    RuntimeError
+        If a device cannot run stream memory operations on host memory (no
+        unified addressing, no stream wait on memory), naming the device; there
+        is no fallback to the driver's host-function thread.
+
+    Examples
+    --------
+    >>> with nh.HostExecutor(threads=2) as ex:  # doctest: +SKIP
+    ...     nh.host_launch(stream, fn, user_data=nh.by_ref(a), executor=ex)
+    ...     stream.sync()
+    """
+
+    def __init__(self, threads: int = 4, *, spin_us: float = 100.0, poll_us: float = 100.0) -> None:
+        if not isinstance(threads, numbers.Integral) or isinstance(threads, bool):
+            raise TypeError(f"HostExecutor(threads=...) expected an int, got {threads!r}")
+        if not 1 <= threads <= 1024:
+            raise ValueError(f"HostExecutor(threads=...) expected 1 to 1024 threads, got {threads}")
+        spin = _positive_number("spin_us", spin_us, 0, 10_000_000)
+        poll = _positive_number("poll_us", poll_us, 1, 1_000_000)
+        backend = get_backend()
+        backend.check_executor()
+        self._backend = backend
+        self._native = backend.native
+        self.threads = int(threads)
+        self.spin_us = spin
+        self.poll_us = poll
+        self._lanes: dict[int, int] = {}
+        self._block = 0
+        self._block_used = _WORDS_PER_BLOCK
+        self._lock = threading.Lock()
+        self._closed = False
+        pool = self._native.exec_pool_new(self.threads, int(spin * 1000), int(poll * 1000))
+        if not pool:
+            raise RuntimeError(
+                f"HostExecutor could not start {self.threads} threads (memory or thread limit)"
+            )
+        self._pool = pool
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` has run."""
+        return self._closed
+
+    def outstanding(self) -> int:
+        """How many tasks are enqueued and not yet run."""
+        return self._native.exec_outstanding(self._pool)
+
+    def _lane(self, handle: int) -> int:
+        """The lane (its words and task queue) for stream ``handle``, made on first use."""
+        if self._closed:
+            raise RuntimeError("the HostExecutor is closed; create a new one")
+        lane = self._lanes.get(handle)
+        if lane is not None:
+            return lane
+        with self._lock:
+            lane = self._lanes.get(handle)
+            if lane is None:
+                if self._block_used == _WORDS_PER_BLOCK:
+                    self._block = self._backend.executor_memory(8 * _WORDS_PER_BLOCK)
+                    self._block_used = 0
+                words = self._block + 8 * self._block_used
+                lane = self._native.exec_lane_new(self._pool, handle, words)
+                if not lane:
+                    raise MemoryError("HostExecutor could not allocate a stream's lane")
+                self._block_used += 1
+                self._lanes[handle] = lane
+        return lane
+
+    def close(self) -> None:
+        """Run every task already enqueued, then stop the threads (GIL released).
+
+        It returns once the streams have reached and the threads have run all
+        outstanding tasks.  Later launches with this executor raise
+        RuntimeError.  The pinned words stay allocated: a stream may still
+        have to execute a wait on them.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._native.exec_pool_close(self._pool)
+
+    def __enter__(self) -> HostExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # Launch records own their executor: it is collected only when no task
+        # of it is outstanding, so this never waits for a stream.
+        if not getattr(self, "_closed", True):
+            self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self._lanes)} streams"
+        return f"<numba_hostfn.HostExecutor threads={self.threads} {state}>"
+
+
+def check_executor(executor: Any) -> HostExecutor:
+    """``executor`` as a usable HostExecutor, or the error that says why not."""
+    if not isinstance(executor, HostExecutor):
+        raise TypeError(
+            f"executor= expected a numba_hostfn.HostExecutor, got {type(executor).__name__}"
+        )
+    if executor._closed:
+        raise RuntimeError("the HostExecutor is closed; create a new one")
+    if executor._backend is not get_backend():  # pragma: no cover - one backend per process
+        raise RuntimeError(
+            f"the HostExecutor belongs to another backend; {SIMULATOR_ENV} changed in between"
+        )
+    return executor

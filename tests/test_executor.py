@@ -1,0 +1,328 @@
+"""HostExecutor: stream-ordered host work on native threads, through stream memory operations.
+
+Every test runs on the simulator too, which models the operations as device
+work (a write of "reached", a wait on "done").
+"""
+
+import ctypes
+import gc
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import weakref
+
+import numpy as np
+import pytest
+from _device import child_env
+from numba import carray
+
+import numba_hostfn as nh
+
+_libc = ctypes.CDLL(None)
+_usleep = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint)(("usleep", _libc))
+_clock_gettime = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_void_p)(
+    ("clock_gettime", _libc)
+)
+
+
+@nh.host_callback
+def increment(p):
+    carray(p, (1,), np.int64)[0] += 1
+
+
+@nh.host_callback
+def observe(p):
+    """cell[1] = 10 * cell[0] + cell[2]: what the host saw between two device writes."""
+    cell = carray(p, (3,), np.int32)
+    cell[1] = 10 * cell[0] + cell[2]
+
+
+ADD = np.dtype([("out", np.uint64), ("value", np.int64)])
+
+
+@nh.host_callback(dtype=ADD)
+def add_value(d):
+    carray(nh.as_voidptr(d.out), (1,), np.int64)[0] += d.value
+
+
+MEET = np.dtype([("flags", np.uint64), ("met", np.uint64), ("n", np.int64), ("me", np.int64)])
+
+
+@nh.host_callback(dtype=MEET)
+def meet(d):
+    """Raise my flag, then wait (up to about 2 s) until all n flags are up."""
+    flags = carray(nh.as_voidptr(d.flags), (d.n,), np.int64)
+    flags[d.me] = 1
+    for _ in range(20_000):
+        total = 0
+        for i in range(d.n):
+            total += flags[i]
+        if total == d.n:
+            carray(nh.as_voidptr(d.met), (d.n,), np.int64)[d.me] = 1
+            return
+        _usleep(100)
+
+
+@pytest.fixture
+def executor():
+    ex = nh.HostExecutor(threads=4)
+    yield ex
+    ex.close()
+
+
+def test_runs_between_prior_and_later_stream_work(executor, stream, device):
+    cell = device.host_array(3)
+    device.store(stream, cell, 0, 1, delay=0.05)  # device work before
+    nh.host_launch(stream, observe, user_data=nh.by_ref(cell), executor=executor)
+    device.store(stream, cell, 2, 7)  # device work after
+    stream.sync()
+    assert list(cell) == [1, 10, 7]
+
+
+def test_every_function_kind_and_user_data_form(executor, stream, device):
+    counter = np.zeros(1, np.int64)
+    by_address = np.zeros(1, np.int64)
+    out = np.zeros(1, np.int64)
+    calls = []
+    device.delay(stream, 0.02)
+    for _ in range(10):
+        nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=executor)
+        nh.host_launch(stream, increment, user_data=by_address.ctypes.data, executor=executor)
+        nh.host_launch(
+            stream, add_value, user_data=np.array([(out.ctypes.data, 3)], ADD), executor=executor
+        )
+        nh.host_launch(
+            stream, increment.ctypes, user_data=by_address.ctypes.data, executor=executor
+        )
+        nh.host_launch(stream, increment._cfunc, user_data=counter.ctypes.data, executor=executor)
+        nh.host_launch(stream, lambda: calls.append(threading.get_ident()), executor=executor)
+    stream.sync()
+    assert counter[0] == 20 and by_address[0] == 20 and out[0] == 30
+    assert len(calls) == 10
+    assert threading.get_ident() not in calls, "a Python callable runs on a pool thread"
+    assert executor.outstanding() == 0
+
+
+def test_streams_run_their_host_work_in_parallel(device):
+    """Four tasks on four streams meet: each waits until all four have started. On one
+    host-function thread (the driver's, or the simulator's) they could only run one
+    after another, and none would meet the others."""
+    flags, met = np.zeros(4, np.int64), np.zeros(4, np.int64)
+    streams = [device.create_stream() for _ in range(4)]
+    try:
+        with nh.HostExecutor(threads=4) as ex:
+            for i, s in enumerate(streams):
+                data = np.array([(flags.ctypes.data, met.ctypes.data, 4, i)], MEET)
+                nh.host_launch(s, meet, user_data=data, executor=ex)
+            for s in streams:
+                s.sync()
+    finally:
+        for s in streams:
+            device.close_stream(s)
+    assert met.tolist() == [1, 1, 1, 1]
+
+
+def test_compiled_tasks_run_while_the_main_thread_holds_the_gil(executor, stream, device):
+    stamps = np.zeros(4, np.int64)
+    device.delay(stream, 0.05)
+    nh.host_launch(stream, _stamp, user_data=nh.by_ref(stamps), executor=executor)
+    start = time.monotonic_ns()
+    ctypes.PyDLL(None).usleep(500_000)  # one C call that keeps the GIL
+    stream.sync()
+    assert stamps[0] == 1
+    assert start < stamps[3] < start + 500_000_000, "an executor task waited for the GIL"
+
+
+@nh.host_callback
+def _stamp(p):
+    a = carray(p, (4,), np.int64)
+    _clock_gettime(1, a[1:3].ctypes.data)
+    a[3] = a[1] * 1_000_000_000 + a[2]
+    a[0] += 1
+
+
+def test_tasks_that_raise_are_reported_and_the_stream_goes_on(executor, stream, unraisables):
+    @nh.host_callback
+    def raises(p):
+        raise ValueError("raised inside an executor task")
+
+    def bad_callable():
+        raise KeyError("raised by a Python callable on the pool")
+
+    counter = np.zeros(1, np.int64)
+    nh.host_launch(stream, raises, user_data=nh.by_ref(counter), executor=executor)
+    nh.host_launch(stream, bad_callable, executor=executor)
+    nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=executor)
+    stream.sync()
+    assert counter[0] == 1
+    kinds = sorted(type(u.exc_value).__name__ for u in unraisables)
+    assert kinds == ["KeyError", "ValueError"]
+
+
+def test_close_finishes_outstanding_work_first(stream, device):
+    counter = np.zeros(1, np.int64)
+    ex = nh.HostExecutor(threads=2)
+    device.delay(stream, 0.3)
+    for _ in range(50):
+        nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=ex)
+    ex.close()  # waits for the stream to reach and the pool to run all 50
+    assert counter[0] == 50
+    assert ex.outstanding() == 0 and ex.closed
+    ex.close()  # idempotent
+    stream.sync()
+
+
+def test_owners_kept_until_run_then_released_on_the_main_thread(executor, stream, device):
+    counter = np.zeros(1, np.int64)
+    alive = weakref.ref(counter)
+    released = []
+    weakref.finalize(counter, lambda: released.append(threading.current_thread().name))
+    device.delay(stream, 0.1)
+    nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=executor)
+    del counter
+    gc.collect()
+    assert alive() is not None
+    stream.sync()
+    for _ in range(200):
+        nh.drain()
+        if alive() is None:
+            break
+        time.sleep(0.005)
+    assert alive() is None and released == ["MainThread"]
+
+
+def test_host_copy_and_release_after_on_the_executor(executor, stream):
+    rng = np.random.default_rng(1)
+    small_src, small_dst = rng.random(100), np.zeros(100)
+    big_src = rng.random(3 << 20)  # 24 MiB: shared among the pool's threads
+    big_dst = np.zeros_like(big_src)
+    strided_dst = np.zeros((8, 16))
+    nh.host_copy(stream, small_dst, small_src, executor=executor)
+    nh.host_copy(stream, big_dst, big_src, executor=executor)
+    nh.host_copy(stream, strided_dst[:, :8], small_src[:64].reshape(8, 8), executor=executor)
+    token = []
+    alive = weakref.ref(executor)
+    nh.release_after(stream, token, executor=executor)
+    stream.sync()
+    nh.drain()
+    assert np.array_equal(small_dst, small_src)
+    assert np.array_equal(big_dst, big_src)
+    assert np.array_equal(strided_dst[:, :8], small_src[:64].reshape(8, 8))
+    assert not strided_dst[:, 8:].any()
+    assert alive() is executor
+
+
+def test_bad_arguments_are_refused_with_nothing_enqueued(stream):
+    with pytest.raises(ValueError, match="1 to 1024"):
+        nh.HostExecutor(threads=0)
+    with pytest.raises(TypeError, match="int"):
+        nh.HostExecutor(threads=2.5)
+    with pytest.raises(TypeError, match="int"):
+        nh.HostExecutor(threads=True)
+    with pytest.raises(ValueError, match="poll_us"):
+        nh.HostExecutor(poll_us=0)
+    with pytest.raises(TypeError, match="spin_us"):
+        nh.HostExecutor(spin_us="fast")
+    counter = np.zeros(1, np.int64)
+    refs = sys.getrefcount(counter)
+    with pytest.raises(TypeError, match="HostExecutor"):
+        nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=object())
+    closed = nh.HostExecutor(threads=1)
+    closed.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=closed)
+    with pytest.raises(RuntimeError, match="closed"):
+        nh.host_copy(stream, np.zeros(4), np.ones(4), executor=closed)
+    assert nh.pending() == 0 and sys.getrefcount(counter) == refs
+
+
+def test_capture_with_an_executor_is_refused_and_left_as_it_was(executor, stream):
+    builder = stream.create_graph_builder().begin_building()
+    counter = np.zeros(1, np.int64)
+    with pytest.raises(RuntimeError, match="not supported yet"):
+        nh.host_launch(builder, increment, user_data=nh.by_ref(counter), executor=executor)
+    assert nh.pending() == 0
+    nh.host_launch(builder, increment, user_data=nh.by_ref(counter))  # the capture still works
+    graph = builder.end_building().complete()
+    graph.launch(stream)
+    stream.sync()
+    assert counter[0] == 1
+    graph.close()
+    builder.close()
+
+
+_thread_head = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(
+    ("PyInterpreterState_ThreadHead", ctypes.pythonapi)
+)
+_thread_next = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(
+    ("PyThreadState_Next", ctypes.pythonapi)
+)
+_interp_main = ctypes.PYFUNCTYPE(ctypes.c_void_p)(("PyInterpreterState_Main", ctypes.pythonapi))
+
+
+def _thread_states() -> int:
+    count, state = 0, _thread_head(_interp_main())
+    while state:
+        count, state = count + 1, _thread_next(state)
+    return count
+
+
+def test_pool_threads_give_their_thread_states_back_at_close(stream):
+    before = _thread_states()
+    for _ in range(5):
+        with nh.HostExecutor(threads=3) as ex:
+            for _ in range(6):
+                nh.host_launch(stream, lambda: None, executor=ex)
+            stream.sync()
+    nh.drain()
+    assert _thread_states() == before
+
+
+EXIT_SCRIPT = textwrap.dedent("""
+    import atexit
+    import numpy as np
+    from numba import carray
+    import numba_hostfn as nh
+    from _device import Device
+
+    @nh.host_callback
+    def increment(p):
+        carray(p, (1,), np.int64)[0] += 1
+
+    device = Device()
+    stream = device.create_stream()
+    counter = np.zeros(1, np.int64)
+    calls = []
+    executor = nh.HostExecutor(threads=2)
+
+    def sync_at_exit():
+        stream.sync()  # returns only if every "reached" got its "done"
+        print("synced at exit", counter[0], len(calls), flush=True)
+
+    atexit.register(sync_at_exit)
+    device.delay(stream, 1.0)
+    for _ in range(200):
+        nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=executor)
+        nh.host_launch(stream, lambda: calls.append(1), executor=executor)
+    print("exiting", flush=True)
+""")
+
+
+def test_exit_with_executor_work_outstanding_writes_every_done():
+    """At exit, Python callables are skipped but their "done" is still written."""
+    run = subprocess.run(
+        [sys.executable, "-c", EXIT_SCRIPT],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0] == "exiting"
+    words = lines[1].split()
+    assert words[:3] == ["synced", "at", "exit"]
+    assert int(words[3]) == 200, "compiled tasks run at exit"
+    assert int(words[4]) < 200, "Python callables are skipped once the interpreter exits"
