@@ -2,7 +2,7 @@
 
 From a loop of N calls timed on the host (the stream is held by device work so that
 nothing runs meanwhile): host_launch with a HostFunction, a ctypes CUhostFn and a
-Python callable; a C loop over cuLaunchHostFunc (built with nvcc if present);
+Python callable, and with a HostFunction on a HostExecutor; a C loop over cuLaunchHostFunc (built with nvcc if present);
 cuda.bindings.driver.cuLaunchHostFunc; ctypes straight to libcuda; CuPy's
 Stream.launch_host_func; numba-cuda's Stream.add_callback (a failure is reported as a
 row).  Ratios are to the raw C loop.
@@ -78,6 +78,14 @@ def run(nh, device, n: int, repeats: int) -> None:
         lambda: per_call(lambda: nh.host_launch(stream, noop)),
         repeats,
     )
+    with nh.HostExecutor(threads=1) as executor:
+        record(
+            GROUP,
+            "host_launch(HostFunction, executor=)",
+            "µs/call",
+            lambda: per_call(lambda: nh.host_launch(stream, empty, executor=executor)),
+            repeats,
+        )
     if device.simulator:
         for name in (
             RAW_C_LOOP,

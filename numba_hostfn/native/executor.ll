@@ -264,7 +264,13 @@ look:
   %reached = load atomic volatile i32, ptr %reachedp seq_cst, align 4
   %done = load atomic volatile i32, ptr %donep seq_cst, align 4
   %idle = icmp eq i32 %reached, %done
-  br i1 %idle, label %next_lane, label %lock
+  br i1 %idle, label %next_lane, label %busy_hint
+busy_hint:
+  ; Nor while another thread runs its task: spinners would only contend for the lock.
+  %claimed_hint_p = call ptr @nhf.exec.lane.claimed(ptr %lane)
+  %claimed_hint = load atomic i32, ptr %claimed_hint_p monotonic, align 4
+  %running = icmp ne i32 %claimed_hint, 0
+  br i1 %running, label %next_lane, label %lock
 lock:
   %mutex = call ptr @nhf.exec.lane.fifo_mutex(ptr %lane)
   %l = call i32 @pthread_mutex_lock(ptr %mutex)
@@ -274,7 +280,7 @@ lock:
   br i1 %empty, label %unlock, label %check_claimed
 check_claimed:
   %claimedp = call ptr @nhf.exec.lane.claimed(ptr %lane)
-  %claimed = load i32, ptr %claimedp
+  %claimed = load atomic i32, ptr %claimedp monotonic, align 4
   %busy = icmp ne i32 %claimed, 0
   br i1 %busy, label %unlock, label %check_reached
 check_reached:
@@ -285,7 +291,7 @@ check_reached:
   %is_reached = icmp sge i32 %ahead, 0  ; cyclic: (int32)(reached - seq) >= 0
   br i1 %is_reached, label %take, label %unlock
 take:
-  store i32 1, ptr %claimedp
+  store atomic i32 1, ptr %claimedp monotonic, align 4
   %u1 = call i32 @pthread_mutex_unlock(ptr %mutex)
   store ptr %lane, ptr %lane_out
   ret ptr %head
@@ -328,7 +334,7 @@ clear_tail:
   br label %unclaim
 unclaim:
   %claimedp = call ptr @nhf.exec.lane.claimed(ptr %lane)
-  store i32 0, ptr %claimedp
+  store atomic i32 0, ptr %claimedp monotonic, align 4
   %u = call i32 @pthread_mutex_unlock(ptr %mutex)
   call void @free(ptr %task)
   %outstandingp = call ptr @nhf.exec.pool.outstanding(ptr %pool)
