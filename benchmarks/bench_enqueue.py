@@ -2,10 +2,10 @@
 
 From a loop of N calls timed on the host (the stream is held by device work so that
 nothing runs meanwhile): host_launch with a HostFunction, a ctypes CUhostFn and a
-Python callable, and with a HostFunction on a HostExecutor; a C loop over cuLaunchHostFunc (built with nvcc if present);
-cuda.bindings.driver.cuLaunchHostFunc; ctypes straight to libcuda; CuPy's
-Stream.launch_host_func; numba-cuda's Stream.add_callback (a failure is reported as a
-row).  Ratios are to the raw C loop.
+Python callable, and with a HostFunction on a HostExecutor; a C loop over
+cuLaunchHostFunc (built with nvcc if present); cuda.bindings.driver.cuLaunchHostFunc;
+ctypes straight to libcuda; CuPy's Stream.launch_host_func; numba-cuda's
+Stream.add_callback (a failure is reported as a row).  Ratios are to the raw C loop.
 """
 
 from __future__ import annotations
