@@ -2,10 +2,10 @@
 
 From a loop of N calls timed on the host (the stream is held by device work so that
 nothing runs meanwhile): host_launch with a HostFunction, a ctypes CUhostFn and a
-Python callable, and with a HostFunction on a HostExecutor; a C loop over
-cuLaunchHostFunc (built with nvcc if present); cuda.bindings.driver.cuLaunchHostFunc;
-ctypes straight to libcuda; CuPy's Stream.launch_host_func; numba-cuda's
-Stream.add_callback (a failure is reported as a row).  Ratios are to the raw C loop.
+Python callable; a C loop over cuLaunchHostFunc (built with nvcc if present);
+cuda.bindings.driver.cuLaunchHostFunc; ctypes straight to libcuda; CuPy's
+Stream.launch_host_func; numba-cuda's Stream.add_callback (a failure is reported as a
+row).  Ratios are to the raw C loop.
 """
 
 from __future__ import annotations
@@ -43,18 +43,18 @@ def run(nh, device, n: int, repeats: int) -> None:
     stream = device.create_stream()
     gate = Gate(device)
 
-    def per_call(enqueue_one, calls: int = n) -> float:
+    def per_call(enqueue_one) -> float:
         gate.close_on(stream)
         try:
             start = time.perf_counter()
-            for _ in range(calls):
+            for _ in range(n):
                 enqueue_one()
             elapsed = time.perf_counter() - start
         finally:  # a failing row must not leave the stream held (and the device busy)
             gate.open()
             stream.sync()
             nh.drain()
-        return elapsed / calls * 1e6
+        return elapsed / n * 1e6
 
     pointer = empty.ctypes
     record(
@@ -78,19 +78,9 @@ def run(nh, device, n: int, repeats: int) -> None:
         lambda: per_call(lambda: nh.host_launch(stream, noop)),
         repeats,
     )
-    with nh.HostExecutor(threads=1) as executor:
-        record(
-            GROUP,
-            "host_launch(HostFunction, executor=)",
-            "µs/call",
-            # Stream memory operations fill the stream's queue on the device, like
-            # kernels: behind the closed gate, 20,000 would block this thread, which
-            # is the one that opens the gate.  1,000 fit.
-            lambda: per_call(
-                lambda: nh.host_launch(stream, empty, executor=executor), min(n, 1000)
-            ),
-            repeats,
-        )
+    # No executor row here: behind the closed gate, executor launches (stream memory
+    # operations) block the enqueuing thread, which is the one that opens the gate.
+    # On the H200 1,000 of them hung this section (docs/executor.md, Limits).
     if device.simulator:
         for name in (
             RAW_C_LOOP,
