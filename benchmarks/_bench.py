@@ -12,8 +12,11 @@ from __future__ import annotations
 import ctypes
 import faulthandler
 import os
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -139,6 +142,32 @@ def cupy_stream(stream):
     if hasattr(cupy.cuda.Stream, "from_external"):
         return cupy.cuda.Stream.from_external(stream)
     return cupy.cuda.ExternalStream(int(stream.handle))
+
+
+def build_with_nvcc(source: str, name: str) -> ctypes.CDLL:
+    """Compile CUDA C++ ``source`` with nvcc into a shared library linked to libcuda."""
+    nvcc = shutil.which("nvcc")
+    if not nvcc:
+        raise RuntimeError("nvcc not found: row skipped")
+    build = tempfile.mkdtemp()
+    src, out = os.path.join(build, f"{name}.cu"), os.path.join(build, f"lib{name}.so")
+    with open(src, "w") as f:
+        f.write(source)
+    cuda_home = os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
+    stubs = [
+        f"-L{d}"
+        for d in (
+            os.path.join(cuda_home, "lib64", "stubs"),
+            os.path.join(cuda_home, "targets", "x86_64-linux", "lib", "stubs"),
+        )
+        if os.path.isdir(d)
+    ]
+    subprocess.run(
+        [nvcc, "-O2", "-shared", "-Xcompiler", "-fPIC", src, "-o", out, *stubs, "-lcuda"],
+        check=True,
+        capture_output=True,
+    )
+    return ctypes.CDLL(out)
 
 
 class Gate:

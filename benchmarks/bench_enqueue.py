@@ -11,10 +11,6 @@ row).  Ratios are to the raw C loop.
 from __future__ import annotations
 
 import ctypes
-import os
-import shutil
-import subprocess
-import tempfile
 import time
 
 from _bench import (
@@ -22,6 +18,7 @@ from _bench import (
     Gate,
     Row,
     Target,
+    build_with_nvcc,
     compiled_functions,
     cupy_stream,
     find,
@@ -171,41 +168,7 @@ def raw_c_loop(gate, stream, n: int) -> float:
     """The C loop, built with nvcc as a shared library and called once through ctypes."""
     global _C_LOOP_LIB
     if _C_LOOP_LIB is None:
-        nvcc = shutil.which("nvcc")
-        if not nvcc:
-            raise RuntimeError("nvcc not found: row skipped")
-        build = tempfile.mkdtemp()
-        src, out = os.path.join(build, "loop.c"), os.path.join(build, "libloop.so")
-        with open(src, "w") as f:
-            f.write(C_LOOP)
-        cuda_home = os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
-        stubs = [
-            f"-L{d}"
-            for d in (
-                os.path.join(cuda_home, "lib64", "stubs"),
-                os.path.join(cuda_home, "targets", "x86_64-linux", "lib", "stubs"),
-            )
-            if os.path.isdir(d)
-        ]
-        subprocess.run(
-            [
-                nvcc,
-                "-O2",
-                "-shared",
-                "-Xcompiler",
-                "-fPIC",
-                "-x",
-                "cu",
-                src,
-                "-o",
-                out,
-                *stubs,
-                "-lcuda",
-            ],
-            check=True,
-            capture_output=True,
-        )
-        lib = ctypes.CDLL(out)
+        lib = build_with_nvcc(C_LOOP, "loop")
         lib.loop.argtypes = (ctypes.c_ulonglong, ctypes.c_int)
         lib.loop.restype = ctypes.c_double
         _C_LOOP_LIB = lib

@@ -20,13 +20,21 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
-import subprocess
-import tempfile
 import time
 
 import numpy as np
-from _bench import ROWS, Gate, Row, Target, compiled_functions, find, ratio, record, target
+from _bench import (
+    ROWS,
+    Gate,
+    Row,
+    Target,
+    build_with_nvcc,
+    compiled_functions,
+    find,
+    ratio,
+    record,
+    target,
+)
 
 ROUND_TRIP = "executor: round trip kernel -> host work -> kernel"
 PARALLEL = "executor: 4 streams x 50 tasks x 2 ms"
@@ -308,28 +316,7 @@ _LIB = None
 def _c_round_trip(stream, n: int, mode: int) -> float:
     global _LIB
     if _LIB is None:
-        nvcc = shutil.which("nvcc")
-        if not nvcc:
-            raise RuntimeError("nvcc not found: row skipped")
-        build = tempfile.mkdtemp()
-        src, out = os.path.join(build, "rt.cu"), os.path.join(build, "librt.so")
-        with open(src, "w") as f:
-            f.write(C_ROUND_TRIP)
-        cuda_home = os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
-        stubs = [
-            f"-L{d}"
-            for d in (
-                os.path.join(cuda_home, "lib64", "stubs"),
-                os.path.join(cuda_home, "targets", "x86_64-linux", "lib", "stubs"),
-            )
-            if os.path.isdir(d)
-        ]
-        subprocess.run(
-            [nvcc, "-O2", "-shared", "-Xcompiler", "-fPIC", src, "-o", out, *stubs, "-lcuda"],
-            check=True,
-            capture_output=True,
-        )
-        _LIB = ctypes.CDLL(out)
+        _LIB = build_with_nvcc(C_ROUND_TRIP, "round_trip")
         _LIB.round_trip.argtypes = (ctypes.c_ulonglong, ctypes.c_int, ctypes.c_int)
         _LIB.round_trip.restype = ctypes.c_double
     stream.sync()

@@ -23,6 +23,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ._decorator import HostFunction, host_callback
+from ._executor import check_executor
 from ._intrinsics import as_voidptr
 from ._launch import _target_kind, enqueue
 
@@ -212,6 +213,8 @@ def host_copy(stream: Any, dst: Any, src: Any, *, executor: Any = None) -> Any:
         neither C-contiguous nor evenly spaced contiguous rows, the two overlap,
         or a cuda.core ``Buffer`` is device memory.  Nothing was enqueued.
     """
+    if executor is not None:
+        check_executor(executor)
     d = _region(dst, "dst")
     s = _region(src, "src")
     if not d.writable:
@@ -265,6 +268,8 @@ def release_after(stream: Any, *objs: Any, executor: Any = None) -> Any:
         For an explicit graph, the new node (``stream`` itself if nothing was
         added); else None.
     """
+    if executor is not None:
+        check_executor(executor)
     if not objs:
         return _unchanged(stream)
     return enqueue(stream, _compiled("release_point"), None, objs, executor=executor)

@@ -6,7 +6,14 @@ import os
 
 from numba_hostfn._devicework import Device
 
-__all__ = ["Capture", "Device", "child_env", "rerun_on_simulator", "released_eventually"]
+__all__ = [
+    "Capture",
+    "Device",
+    "child_env",
+    "released_eventually",
+    "rerun_on_simulator",
+    "thread_state_count",
+]
 
 
 def child_env(**extra: str) -> dict:
@@ -136,3 +143,19 @@ def released_eventually(alive, device, rounds: int = 300) -> bool:
             return True
         time.sleep(0.01)
     return False
+
+
+def thread_state_count() -> int:
+    """How many Python thread states the main interpreter has."""
+    import ctypes
+
+    api = ctypes.pythonapi
+    head = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(
+        ("PyInterpreterState_ThreadHead", api)
+    )
+    following = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(("PyThreadState_Next", api))
+    main = ctypes.PYFUNCTYPE(ctypes.c_void_p)(("PyInterpreterState_Main", api))
+    count, state = 0, head(main())
+    while state:
+        count, state = count + 1, following(state)
+    return count

@@ -15,7 +15,7 @@ import weakref
 
 import numpy as np
 import pytest
-from _device import child_env
+from _device import child_env, thread_state_count
 from numba import carray
 
 import numba_hostfn as nh
@@ -253,31 +253,15 @@ def test_capture_with_an_executor_is_refused_and_left_as_it_was(executor, stream
     builder.close()
 
 
-_thread_head = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(
-    ("PyInterpreterState_ThreadHead", ctypes.pythonapi)
-)
-_thread_next = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(
-    ("PyThreadState_Next", ctypes.pythonapi)
-)
-_interp_main = ctypes.PYFUNCTYPE(ctypes.c_void_p)(("PyInterpreterState_Main", ctypes.pythonapi))
-
-
-def _thread_states() -> int:
-    count, state = 0, _thread_head(_interp_main())
-    while state:
-        count, state = count + 1, _thread_next(state)
-    return count
-
-
 def test_pool_threads_give_their_thread_states_back_at_close(stream):
-    before = _thread_states()
+    before = thread_state_count()
     for _ in range(5):
         with nh.HostExecutor(threads=3) as ex:
             for _ in range(6):
                 nh.host_launch(stream, lambda: None, executor=ex)
             stream.sync()
     nh.drain()
-    assert _thread_states() == before
+    assert thread_state_count() == before
 
 
 EXIT_SCRIPT = textwrap.dedent("""

@@ -11,7 +11,7 @@ import weakref
 
 import numpy as np
 import pytest
-from _device import child_env, rerun_on_simulator
+from _device import child_env, rerun_on_simulator, thread_state_count
 from numba import carray
 
 import numba_hostfn as nh
@@ -426,20 +426,6 @@ _thread_state_get = ctypes.PYFUNCTYPE(ctypes.c_void_p)(("PyThreadState_Get", cty
 _thread_state_id = ctypes.PYFUNCTYPE(ctypes.c_uint64, ctypes.c_void_p)(
     ("PyThreadState_GetID", ctypes.pythonapi)
 )
-_interp_main = ctypes.PYFUNCTYPE(ctypes.c_void_p)(("PyInterpreterState_Main", ctypes.pythonapi))
-_thread_head = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(
-    ("PyInterpreterState_ThreadHead", ctypes.pythonapi)
-)
-_thread_next = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)(
-    ("PyThreadState_Next", ctypes.pythonapi)
-)
-
-
-def _thread_state_count() -> int:
-    count, state = 0, _thread_head(_interp_main())
-    while state:
-        count, state = count + 1, _thread_next(state)
-    return count
 
 
 def test_driver_thread_keeps_one_thread_state_for_its_python_callables(stream):
@@ -461,14 +447,14 @@ def test_simulated_streams_take_no_thread_state_of_their_own(request):
     with nh.simulator.Stream() as first:
         nh.host_launch(first, lambda: None)  # the host-function thread adopts its state
         first.sync()
-    before = _thread_state_count()
+    before = thread_state_count()
     for _ in range(20):
         s = nh.simulator.Stream()
         nh.host_launch(s, lambda: None)
         s.sync()
         s.close()
     nh.drain()
-    assert _thread_state_count() == before
+    assert thread_state_count() == before
 
 
 def test_free_threaded_build_is_refused(monkeypatch):
