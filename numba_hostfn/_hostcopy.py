@@ -209,12 +209,25 @@ def host_copy(stream: Any, dst: Any, src: Any, *, executor: Any = None) -> Any:
     TypeError
         If a buffer is not host memory with the buffer protocol.
     ValueError
-        If ``dst`` is read-only, the sizes or row shapes differ, a layout is
+        If two numpy arrays have different dtypes (``host_copy`` copies bytes;
+        pass ``.view(np.uint8)`` of both to copy them raw), ``dst`` is
+        read-only, the sizes or row shapes differ, a layout is
         neither C-contiguous nor evenly spaced contiguous rows, the two overlap,
         or a cuda.core ``Buffer`` is device memory.  Nothing was enqueued.
     """
     if executor is not None:
         check_executor(executor)
+    if (
+        isinstance(dst, np.ndarray)
+        and isinstance(src, np.ndarray)
+        and dst.dtype != src.dtype
+        and (dst.dtype.itemsize > 0 and src.dtype.itemsize > 0)
+    ):
+        raise ValueError(
+            f"host_copy() dst has dtype {dst.dtype} and src {src.dtype}: host_copy copies "
+            "bytes and would not convert (np.copyto would); convert first, or copy the raw "
+            "bytes with host_copy(stream, dst.view(np.uint8), src.view(np.uint8))"
+        )
     d = _region(dst, "dst")
     s = _region(src, "src")
     if not d.writable:

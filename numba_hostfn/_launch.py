@@ -8,6 +8,9 @@ capturing, and an explicit graph, go through ``_graphs``.
 from __future__ import annotations
 
 import ctypes
+import functools
+import inspect
+import types
 import weakref
 from typing import Any
 
@@ -73,6 +76,9 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
     kind = _FN_KINDS.get(id(type(fn)))
     if kind == "python":
         return kind, 0, fn
+    if type(fn) in _PER_INSTANCE:  # a plain function: not async (checked each time)
+        _refuse_coroutine_function(fn)
+        return "python", 0, fn
     if kind == "compiled":
         return kind, fn.address, fn
     if isinstance(fn, HostFunction):
@@ -101,8 +107,27 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
             "host_launch() expected a HostFunction, a CUhostFn ctypes pointer or a "
             f"Python callable, got {type(fn).__name__}"
         )
-    _FN_KINDS.remember(type(fn), "python")
+    _refuse_coroutine_function(fn)
+    if type(fn) not in _PER_INSTANCE:
+        _FN_KINDS.remember(type(fn), "python")
     return "python", 0, fn
+
+
+_ASYNC_FLAGS = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+# Callables whose coroutine-ness differs from one instance to the next: checked each time.
+_PER_INSTANCE = (types.FunctionType, types.MethodType, functools.partial)
+
+
+def _refuse_coroutine_function(fn: Any) -> None:
+    code = getattr(fn, "__code__", None)
+    is_async = code is not None and code.co_flags & _ASYNC_FLAGS
+    if is_async or (type(fn) is functools.partial and inspect.iscoroutinefunction(fn)):
+        raise TypeError(
+            f"host_launch() got a coroutine function ({getattr(fn, '__qualname__', fn)!r}): "
+            "a host function is called, not awaited, so it would only make a coroutine that "
+            "never runs. Pass a plain function; to resume a coroutine when the stream gets "
+            "here, signal it from a plain callable (loop.call_soon_threadsafe)"
+        )
 
 
 def _is_graph_node(target: Any) -> bool:

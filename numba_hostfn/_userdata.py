@@ -20,6 +20,14 @@ import numpy as np
 __all__ = ["ByRef", "by_ref", "resolve_user_data"]
 
 _MAX_ADDRESS = 2**64
+# ctypes objects whose bytes are an address: copying them is never what was meant.
+_POINTER_TYPES = (
+    ctypes._Pointer,
+    ctypes.c_void_p,
+    ctypes.c_char_p,
+    ctypes.c_wchar_p,
+    ctypes._CFuncPtr,
+)
 
 
 class ByRef:
@@ -47,6 +55,11 @@ class ByRef:
             )
         if view.nbytes == 0:
             raise ValueError("by_ref() needs a buffer of at least one byte")
+        if isinstance(obj, np.ndarray) and obj.dtype.hasobject:
+            raise TypeError(
+                f"by_ref() got an array of Python objects (dtype {obj.dtype}); a host "
+                "function cannot use object pointers without the GIL: pass numeric data"
+            )
         # The ctypes view holds a buffer export: a bytearray cannot be resized
         # (and so moved) while the launch owns it.
         self._export = (ctypes.c_char * view.nbytes).from_buffer(view.cast("B"))
@@ -136,6 +149,18 @@ def resolve_user_data(user_data: Any, layout: np.dtype | None, fn: Any) -> tuple
         raise TypeError(
             "user_data must be bytes-like, not str; pass text.encode() to copy its bytes"
         )
+    if isinstance(user_data, _POINTER_TYPES):
+        raise TypeError(
+            f"user_data is a ctypes pointer ({type(user_data).__name__}); its bytes are an "
+            "address, which would be copied: pass int(ctypes.cast(x, ctypes.c_void_p).value) "
+            "for that address (not owned), or by_ref(buffer) for the memory it points to"
+        )
+    if layout is None and isinstance(user_data, np.integer):
+        raise TypeError(
+            f"user_data is a numpy integer ({user_data.dtype}), which is ambiguous: pass "
+            "int(x) for the address it holds, or x.tobytes() for a copy of its bytes (or "
+            "declare the host function's dtype=)"
+        )
     try:
         view = memoryview(user_data)
     except TypeError:
@@ -145,6 +170,17 @@ def resolve_user_data(user_data: Any, layout: np.dtype | None, fn: Any) -> tuple
             f"{type(user_data).__name__}"
         ) from None
     dtype = user_data.dtype if isinstance(user_data, (np.ndarray, np.generic)) else None
+    if dtype is not None and dtype.hasobject:
+        raise TypeError(
+            f"user_data holds Python objects (dtype {dtype}): copying it would copy raw "
+            "object pointers that the host function cannot use without the GIL; pass "
+            "numeric data"
+        )
+    if view.nbytes == 0:
+        raise ValueError(
+            "user_data is empty (0 bytes): pass None for a NULL pointer, or data of at "
+            "least one byte"
+        )
     _check_layout(view.nbytes, dtype, layout, "user_data", fn)
     data = view.tobytes()  # C-order copy, whatever the source's strides
     copy = (ctypes.c_char * max(len(data), 1)).from_buffer_copy(data.ljust(1, b"\0"))

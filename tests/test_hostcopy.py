@@ -90,8 +90,9 @@ def test_copy_is_stream_ordered_after_device_work(stream, device):
         (np.zeros(16)[::2], np.zeros(8), ValueError, "layout"),
         (np.zeros((4, 4))[::-1], np.zeros((4, 4)), ValueError, "layout"),
         (np.zeros((10, 20))[:, :7], np.zeros((7, 20))[:, :10], ValueError, "row shapes"),
+        (np.zeros(4, np.int64), np.zeros(4, np.float64), ValueError, "view\\(np.uint8\\)"),
     ],
-    ids=["readonly-dst", "sizes", "list", "str", "strided-1d", "negative", "rows"],
+    ids=["readonly-dst", "sizes", "list", "str", "strided-1d", "negative", "rows", "dtypes"],
 )
 def test_bad_input_rejected_with_nothing_enqueued(stream, dst, src, exc, match):
     with pytest.raises(exc, match=match):

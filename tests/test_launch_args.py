@@ -1,6 +1,7 @@
 """Every bad argument raises the documented error, with nothing enqueued or kept."""
 
 import ctypes
+import functools
 import gc
 import sys
 import weakref
@@ -156,10 +157,67 @@ def test_user_data_with_python_callable_rejected(stream):
         (True, TypeError, "bool"),
         (-1, ValueError, "2\\*\\*64"),
         (2**64, ValueError, "2\\*\\*64"),
+        (np.zeros(3, object), TypeError, "Python objects"),
+        (memoryview(b""), ValueError, "empty"),
+        (bytearray(), ValueError, "empty"),
+        (ctypes.c_void_p(0x1234), TypeError, "ctypes pointer"),
+        (ctypes.pointer(ctypes.c_int(1)), TypeError, "ctypes pointer"),
+        (ctypes.c_char_p(b"text"), TypeError, "ctypes pointer"),
+        (np.int64(0x1234), TypeError, r"int\(x\) for the address"),
+        (np.uint64(0x1234), TypeError, r"x\.tobytes\(\) for a copy"),
+    ],
+    ids=[
+        "str",
+        "float",
+        "object",
+        "bool",
+        "negative",
+        "too-big",
+        "object-array",
+        "empty-memoryview",
+        "empty-bytearray",
+        "c_void_p",
+        "ctypes-pointer",
+        "c_char_p",
+        "np-int64",
+        "np-uint64",
     ],
 )
 def test_bad_user_data_rejected(stream, user_data, exc, match):
     _rejects(stream, exc, match, touch, user_data=user_data)
+
+
+def test_numpy_scalar_of_the_declared_dtype_is_copied(stream):
+    @nh.host_callback(dtype=np.int64)
+    def double(a):
+        a[0] *= 2
+
+    value = np.int64(21)
+    nh.host_launch(stream, double, user_data=value)  # the declared layout: a copy
+    stream.sync()
+    assert value == 21
+
+
+async def _coroutine():
+    pass
+
+
+async def _async_generator():
+    yield 1
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [_coroutine, _async_generator, functools.partial(_coroutine)],
+    ids=["coroutine-function", "async-generator", "partial"],
+)
+def test_coroutine_functions_rejected(stream, fn):
+    _rejects(stream, TypeError, "coroutine function", fn)
+    # and a plain function of the same type right after is still accepted
+    calls = []
+    nh.host_launch(stream, lambda: calls.append(1))
+    stream.sync()
+    assert calls == [1]
 
 
 def test_layout_mismatch_rejected_with_nothing_enqueued(stream):
@@ -187,6 +245,8 @@ def test_by_ref_rejects_unsuitable_buffers():
         nh.by_ref(np.zeros((4, 4))[:, 1])
     with pytest.raises(ValueError, match="at least one byte"):
         nh.by_ref(np.zeros(0))
+    with pytest.raises(TypeError, match="Python objects"):
+        nh.by_ref(np.zeros(3, object))
 
 
 def test_by_ref_pins_bytearray_size():
