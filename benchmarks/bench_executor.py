@@ -4,14 +4,23 @@
   compiled function) -> next kernel", synchronized at the end, per iteration: the
   kernel alone, host_launch, host_launch(executor=), and two raw C baselines built
   with nvcc (kernel + cuLaunchHostFunc; kernel + cuStreamWriteValue32 "reached" +
-  a host thread spinning on it + cuStreamWaitValue32 "done").
+  a host thread spinning on it + cuStreamWaitValue32 "done").  The Python rows
+  launch the kernel with the C baselines' own ``tiny<<<1, 1, 0, stream>>>()``,
+  called through ctypes, so that the rows differ only in the host work: a
+  cuda.core launch alone costs more than a whole C iteration (the "cuda.core
+  launch" row shows it).
 - parallel host work: 4 streams x 50 tasks x 2 ms of compiled work; the makespan
   with host_launch (the driver's one thread) and with a 4-thread executor, against
   the ideal parallel time (50 x 2 ms); per task start and end times give the
   timeline plot (executor_timeline.png).
 - the pool's CPU time (process CPU seconds per wall second) over 1 s with nothing
-  outstanding, and over 1 s with a task outstanding that the stream has not
-  reached (spinning, then polling).
+  outstanding, over 1 s with a task outstanding that the stream has not reached
+  (spinning, then polling), and over 1 s with a graph holding an executor node
+  alive (one thread polls for its replays).
+- graph replay: a graph of one node, a host node (the driver's thread) or an
+  executor node, replayed back to back, and replayed once after 20 ms idle
+  (launch to synchronize): what the executor's answer to "a replay cannot wake a
+  parked pool" (poll while such a graph lives) costs in latency.
 The dispatch section has the executor's dispatch delay; benchmarks/host_copy.py its
 copies.
 """
@@ -20,6 +29,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import statistics
 import time
 
 import numpy as np
@@ -39,6 +49,7 @@ from _bench import (
 ROUND_TRIP = "executor: round trip kernel -> host work -> kernel"
 PARALLEL = "executor: 4 streams x 50 tasks x 2 ms"
 CPU = "executor: pool CPU time"
+GRAPH = "executor: graph replay of one node"
 PLOTS = [(ROUND_TRIP, "executor.png")]
 C_MEMOP = "raw C: kernel + stream memory operations + spinning thread"
 C_HOSTFN = "raw C: kernel + cuLaunchHostFunc"
@@ -77,14 +88,19 @@ def run(nh, device, n: int, repeats: int, tasks: int) -> None:
     stream = device.create_stream()
     executor = nh.HostExecutor(threads=4)
 
-    def round_trip(host_work) -> float:
-        device.delay(stream, 0)  # warm
+    if device.simulator:
+        kernel = lambda: device.delay(stream, 0)  # noqa: E731
+    else:
+        kernel = _c_kernel_launcher(stream)
+
+    def round_trip(host_work, kernel=kernel) -> float:
+        kernel()  # warm
         host_work()
         stream.sync()
         nh.drain()
         start = time.perf_counter()
         for _ in range(n):
-            device.delay(stream, 0)  # a tiny kernel
+            kernel()  # a tiny kernel
             host_work()
         stream.sync()
         elapsed = time.perf_counter() - start
@@ -92,6 +108,14 @@ def run(nh, device, n: int, repeats: int, tasks: int) -> None:
         return elapsed / n * 1e6
 
     record(ROUND_TRIP, "kernel alone", "µs/iter", lambda: round_trip(lambda: None), repeats)
+    if not device.simulator:
+        record(
+            ROUND_TRIP,
+            "kernel alone, cuda.core launch (for scale)",
+            "µs/iter",
+            lambda: round_trip(lambda: None, lambda: device.delay(stream, 0)),
+            repeats,
+        )
     record(
         ROUND_TRIP,
         HOSTFN,
@@ -114,6 +138,7 @@ def run(nh, device, n: int, repeats: int, tasks: int) -> None:
         record(ROUND_TRIP, C_MEMOP, "µs/iter", lambda: _c_round_trip(stream, n, 2), repeats)
     _parallel(nh, device, tasks, repeats)
     _cpu_time(nh, device, executor, stream)
+    _graph_replay(nh, stream, executor, empty, n, repeats)
     executor.close()
     device.close_stream(stream)
 
@@ -187,6 +212,67 @@ def _cpu_time(nh, device, executor, stream) -> None:
     )
 
 
+def _graph(nh, stream, empty, executor):
+    builder = stream.create_graph_builder().begin_building()
+    nh.host_launch(builder, empty, executor=executor)
+    graph = builder.end_building().complete()
+    builder.close()
+    return graph
+
+
+def _graph_replay(nh, stream, executor, empty, n: int, repeats: int) -> None:
+    host_graph = _graph(nh, stream, empty, None)
+    node_graph = _graph(nh, stream, empty, executor)
+
+    def back_to_back(graph) -> float:
+        graph.launch(stream)
+        stream.sync()
+        start = time.perf_counter()
+        for _ in range(n):
+            graph.launch(stream)
+        stream.sync()
+        return (time.perf_counter() - start) / n * 1e6
+
+    def after_idle(graph) -> float:
+        times = []
+        for _ in range(20):
+            time.sleep(0.02)  # the pool is past its spin budget: one thread polls
+            start = time.perf_counter()
+            graph.launch(stream)
+            stream.sync()
+            times.append((time.perf_counter() - start) * 1e6)
+        return statistics.median(times)
+
+    record(GRAPH, "host node: back to back", "µs/replay", lambda: back_to_back(host_graph), repeats)
+    record(
+        GRAPH, "executor node: back to back", "µs/replay", lambda: back_to_back(node_graph), repeats
+    )
+    record(GRAPH, "host node: after 20 ms idle", "µs", lambda: after_idle(host_graph), repeats)
+    record(
+        GRAPH,
+        f"executor node: after 20 ms idle (one thread polls every {executor.poll_us:g} µs)",
+        "µs",
+        lambda: after_idle(node_graph),
+        repeats,
+    )
+
+    def cpu_with_graph() -> float:
+        time.sleep(0.05)
+        c0, w0 = time.process_time(), time.perf_counter()
+        time.sleep(1.0)
+        return (time.process_time() - c0) / (time.perf_counter() - w0)
+
+    record(
+        CPU,
+        "idle, a graph with an executor node alive: one thread polls",
+        "CPU s/s",
+        cpu_with_graph,
+        1,
+    )
+    host_graph.close()
+    node_graph.close()
+
+
 def baseline(group: str) -> Row | None:
     if group == ROUND_TRIP:
         return find(ROUND_TRIP, C_MEMOP)
@@ -257,6 +343,13 @@ C_ROUND_TRIP = r"""
 __global__ void tiny(void) {}
 static void CUDA_CB empty(void *p) { (void)p; }
 
+/* The Python rows' kernel: the same launch as the C loops below. */
+extern "C" int launch_tiny(unsigned long long stream_handle)
+{
+    tiny<<<1, 1, 0, (cudaStream_t)stream_handle>>>();
+    return (int)cudaGetLastError();
+}
+
 struct spinner { volatile unsigned *reached; volatile unsigned *done; unsigned last; };
 
 static void *spin(void *arg)
@@ -313,14 +406,31 @@ extern "C" double round_trip(unsigned long long stream_handle, int n, int mode)
 _LIB = None
 
 
-def _c_round_trip(stream, n: int, mode: int) -> float:
+def _lib() -> ctypes.CDLL:
     global _LIB
     if _LIB is None:
         _LIB = build_with_nvcc(C_ROUND_TRIP, "round_trip")
         _LIB.round_trip.argtypes = (ctypes.c_ulonglong, ctypes.c_int, ctypes.c_int)
         _LIB.round_trip.restype = ctypes.c_double
+        _LIB.launch_tiny.argtypes = (ctypes.c_ulonglong,)
+        _LIB.launch_tiny.restype = ctypes.c_int
+    return _LIB
+
+
+def _c_kernel_launcher(stream):
+    """``tiny<<<1, 1, 0, stream>>>()`` through ctypes: the C loops' own kernel launch."""
+    launch, handle = _lib().launch_tiny, int(stream.handle)
+
+    def kernel() -> None:
+        if launch(handle):
+            raise RuntimeError("the tiny kernel's launch failed")
+
+    return kernel
+
+
+def _c_round_trip(stream, n: int, mode: int) -> float:
     stream.sync()
-    per = _LIB.round_trip(int(stream.handle), n, mode)
+    per = _lib().round_trip(int(stream.handle), n, mode)
     if per < 0:
         raise RuntimeError("a driver call failed in the C round trip")
     return per

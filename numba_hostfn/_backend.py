@@ -147,6 +147,10 @@ class Backend:
         """``nbytes`` zeroed bytes that the streams can write and wait on."""
         raise NotImplementedError  # pragma: no cover
 
+    def add_slot_nodes(self, graph: Any, handle: int, slot: Any) -> None:
+        """Capture a graph slot's three operations on stream ``handle`` (``_graphs``)."""
+        raise NotImplementedError  # pragma: no cover
+
 
 class CudaBackend(Backend):
     """Enqueue with the driver's own cuLaunchHostFunc, reached without cuda.bindings' wrapper."""
@@ -184,8 +188,16 @@ class CudaBackend(Backend):
                 "cuStreamWriteValue32",
                 "cuStreamWaitValue32",
                 "cuMemHostAlloc",
+                "cuStreamCreate",
+                "cuStreamDestroy",
+                "cuStreamEndCapture",
             )
         }
+        # CUDA 12.3+: an explicit graph's executor node is captured into a child graph.
+        try:
+            proc["cuStreamBeginCaptureToGraph"] = self._proc("cuStreamBeginCaptureToGraph")
+        except (BackendUnavailableError, CudaDriverError):
+            proc["cuStreamBeginCaptureToGraph"] = 0
         native.set_cuda(proc["cuStreamIsCapturing"], proc["cuLaunchHostFunc"])
         self.enqueue_fn = native.cuda_enqueue
         self.device_enqueue_fn = native.cuda_enqueue
@@ -219,6 +231,27 @@ class CudaBackend(Backend):
         )
         self._executor_checked = False
         self._move = int(driver.CUuserObjectRetain_flags.CU_GRAPH_USER_OBJECT_MOVE)
+        u64 = ctypes.c_uint64
+        self._write_value32 = ctypes.CFUNCTYPE(c_int, vp, u64, c_uint, c_uint)(
+            proc["cuStreamWriteValue32"]
+        )
+        self._wait_value32 = ctypes.CFUNCTYPE(c_int, vp, u64, c_uint, c_uint)(
+            proc["cuStreamWaitValue32"]
+        )
+        self._stream_create = ctypes.CFUNCTYPE(c_int, ctypes.POINTER(vp), c_uint)(
+            proc["cuStreamCreate"]
+        )
+        self._stream_destroy = ctypes.CFUNCTYPE(c_int, vp)(proc["cuStreamDestroy"])
+        self._end_capture = ctypes.CFUNCTYPE(c_int, vp, ctypes.POINTER(vp))(
+            proc["cuStreamEndCapture"]
+        )
+        self._begin_capture_to_graph = (
+            ctypes.CFUNCTYPE(c_int, vp, vp, vp, vp, ctypes.c_size_t, c_int)(
+                proc["cuStreamBeginCaptureToGraph"]
+            )
+            if proc["cuStreamBeginCaptureToGraph"]
+            else None
+        )
 
     def _proc(self, name: str) -> int:
         d = self._driver
@@ -360,6 +393,48 @@ class CudaBackend(Backend):
         ctypes.memset(pointer.value, 0, nbytes)
         return pointer.value
 
+    def add_slot_nodes(self, graph: Any, handle: int, slot: Any) -> None:
+        reached, done = slot.words, slot.words + 4
+        for call, name, word, value, flags in (
+            (self._write_value32, "cuStreamWriteValue32", reached, 1, 0),
+            (self._wait_value32, "cuStreamWaitValue32", done, 1, 0),  # GEQ
+            (self._write_value32, "cuStreamWriteValue32", done, 0, 0),
+        ):
+            rc = call(handle, word, value, flags)
+            if rc:
+                raise CudaDriverError(
+                    f"{name} failed while capturing a HostExecutor node: {self.error_text(rc)}; "
+                    "nothing of it is kept, but the capture may now be invalidated (the driver "
+                    "decides): end it and capture again",
+                    rc,
+                )
+
+    def slot_graph(self, slot: Any) -> Any:
+        """A cuda.core GraphDefinition holding a graph slot's three operations."""
+        from cuda.core.graph import GraphDefinition
+
+        if self._begin_capture_to_graph is None:
+            raise RuntimeError(
+                f"executor= on an explicit graph needs cuStreamBeginCaptureToGraph (CUDA "
+                f"12.3+); this driver is {self.driver_version}. Capture a stream instead"
+            )
+        child = GraphDefinition()
+        stream = ctypes.c_void_p()
+        self._check(self._stream_create(ctypes.byref(stream), 1), "cuStreamCreate")
+        try:
+            relaxed = 2  # CU_STREAM_CAPTURE_MODE_RELAXED: no other stream is affected
+            rc = self._begin_capture_to_graph(stream, int(child.handle), None, None, 0, relaxed)
+            self._check(rc, "cuStreamBeginCaptureToGraph")
+            try:
+                self.add_slot_nodes(None, stream.value, slot)
+            finally:
+                graph = ctypes.c_void_p()
+                rc = self._end_capture(stream, ctypes.byref(graph))
+            self._check(rc, "cuStreamEndCapture")
+        finally:
+            self._stream_destroy(stream)
+        return child
+
 
 class SimulatorBackend(Backend):
     """Enqueue on simulated streams: native queues, and one host-function thread."""
@@ -418,6 +493,14 @@ class SimulatorBackend(Backend):
         self, graph: Any, handle: int, fn: int, arg: int, device: bool = False
     ) -> None:
         graph.nodes.append((device, fn, arg))
+
+    def add_slot_nodes(self, graph: Any, handle: int, slot: Any) -> None:
+        native = self.native
+        graph.nodes += [
+            (True, native.exec_sim_set, native.exec_slot_op(slot.address, 0)),
+            (True, native.exec_sim_await, native.exec_slot_op(slot.address, 1)),
+            (True, native.exec_sim_set, native.exec_slot_op(slot.address, 2)),
+        ]
 
     def executor_memory(self, nbytes: int) -> int:
         memory = calloc(1, nbytes)  # never freed: a stream may still wait on it

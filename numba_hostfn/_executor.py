@@ -18,7 +18,7 @@ import threading
 from typing import Any
 
 from ._backend import get_backend
-from ._errors import SIMULATOR_ENV
+from ._errors import SIMULATOR_ENV, CudaDriverError
 
 __all__ = ["HostExecutor"]
 
@@ -89,6 +89,8 @@ class HostExecutor:
         self.spin_us = spin
         self.poll_us = poll
         self._lanes: dict[int, int] = {}
+        #: Disarmed graph slots, (address, words), for reuse (list ops are atomic).
+        self._free_slots: list[tuple[int, int]] = []
         self._block = 0
         self._block_used = _WORDS_PER_BLOCK
         self._lock = threading.Lock()
@@ -99,6 +101,15 @@ class HostExecutor:
                 f"HostExecutor could not start {self.threads} threads (memory or thread limit)"
             )
         self._pool = pool
+        # Take the first block of pinned words now, outside any capture: a
+        # cuMemHostAlloc while some thread captures in global mode (torch's
+        # default) invalidates that capture.  With no context current yet,
+        # the first launch takes it instead.
+        try:
+            with self._lock:
+                self._reserve()
+        except CudaDriverError:
+            pass
 
     @property
     def closed(self) -> bool:
@@ -119,16 +130,46 @@ class HostExecutor:
         with self._lock:
             lane = self._lanes.get(handle)
             if lane is None:
-                if self._block_used == _WORDS_PER_BLOCK:
-                    self._block = self._backend.executor_memory(8 * _WORDS_PER_BLOCK)
-                    self._block_used = 0
-                words = self._block + 8 * self._block_used
-                lane = self._native.exec_lane_new(self._pool, handle, words)
+                lane = self._native.exec_lane_new(self._pool, handle, self._words())
                 if not lane:
                     raise MemoryError("HostExecutor could not allocate a stream's lane")
-                self._block_used += 1
                 self._lanes[handle] = lane
         return lane
+
+    def _reserve(self) -> None:
+        """A new block of pinned words, if the current one is used up (under ``_lock``)."""
+        if self._block_used == _WORDS_PER_BLOCK:
+            self._block = self._backend.executor_memory(8 * _WORDS_PER_BLOCK)
+            self._block_used = 0
+
+    def _words(self) -> int:
+        """Two zeroed 32-bit words of pinned, device-mapped memory (under ``_lock``)."""
+        self._reserve()
+        words = self._block + 8 * self._block_used
+        self._block_used += 1
+        return words
+
+    def _graph_slot(self) -> GraphSlot:
+        """A disarmed graph slot for one node: a free one, or one on new words."""
+        if self._closed:
+            raise RuntimeError("the HostExecutor is closed; create a new one")
+        try:
+            slot, words = self._free_slots.pop()
+        except IndexError:
+            with self._lock:
+                words = self._words()
+                slot = self._native.exec_slot_new(self._pool, words)
+            if not slot:
+                raise MemoryError("HostExecutor could not allocate a graph slot") from None
+        return GraphSlot(self, slot, words)
+
+    def graph_nodes(self) -> int:
+        """How many of this executor's nodes are in graphs that are still alive.
+
+        While there are any, one of the pool's threads polls for their replays
+        every ``poll_us`` (docs/executor.md, "In graphs").
+        """
+        return self._native.exec_live_slots(self._pool)
 
     def close(self) -> None:
         """Run every task already enqueued, then stop the threads (GIL released).
@@ -158,6 +199,36 @@ class HostExecutor:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self._lanes)} streams"
         return f"<numba_hostfn.HostExecutor threads={self.threads} {state}>"
+
+
+class GraphSlot:
+    """One executor node in a graph: its pinned words, armed while the graph lives.
+
+    The node's launch record owns it (with the node's other owners), so it is
+    disarmed when the graph, all its instances and queued replays are gone and
+    the record is released on the main thread (LIFETIME.md, invariant 16); its
+    words then serve a later node.
+    """
+
+    __slots__ = ("_armed", "address", "executor", "words")
+
+    def __init__(self, executor: HostExecutor, address: int, words: int) -> None:
+        self.executor = executor
+        self.address = address
+        self.words = words
+        self._armed = False
+
+    def arm(self, fn: int, arg: int, copy: bool) -> None:
+        """From now on a replay that reaches the slot runs ``fn(arg)`` (or the copy)."""
+        self.executor._native.exec_slot_arm(self.address, fn, arg, int(copy))
+        self._armed = True
+
+    def __del__(self) -> None:
+        executor = self.executor
+        if self._armed:
+            self._armed = False
+            executor._native.exec_slot_disarm(self.address)
+        executor._free_slots.append((self.address, self.words))
 
 
 def check_executor(executor: Any) -> HostExecutor:

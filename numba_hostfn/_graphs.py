@@ -15,6 +15,15 @@ node is added with ``cuLaunchHostFunc`` on that stream, so the capture's
 dependencies are the driver's own; to an explicit graph with cuda.core's
 ``callback`` after the given node.  The simulator provides the same three
 steps for its own graphs.
+
+A node on a HostExecutor (``executor=``) is three stream memory operations on
+the words of a *graph slot*, replayed as they are: write reached := 1, wait
+until done >= 1, write done := 0.  The pool answers a reached slot with
+``fn(arg)`` and done := 1, so each replay re-arms the words itself.  The slot
+belongs to the node's record, which the graph owns as above: it stays armed
+(and the pool keeps polling for replays) until the graph is gone.  On a
+capturing stream the operations are captured; for an explicit graph they are
+captured into a child graph, embedded after the given node.
 """
 
 from __future__ import annotations
@@ -24,7 +33,12 @@ from typing import Any
 from ._decorator import CUhostFn
 from ._errors import SimulatorUnsupportedError
 
-__all__ = ["add_captured_node", "add_graph_node"]
+__all__ = [
+    "add_captured_executor_node",
+    "add_captured_node",
+    "add_executor_graph_node",
+    "add_graph_node",
+]
 
 
 def _graph_record(backend: Any, kind: str, fn: int, arg: int, owner: Any) -> tuple[int, int, int]:
@@ -84,4 +98,69 @@ def add_graph_node(backend: Any, after: Any, kind: str, fn: int, arg: int, owner
         return base.callback(after, CUhostFn(node_fn), user_data=node_arg)
     except BaseException:
         backend.disown(graph, token)
+        raise
+
+
+def _slot_record(
+    backend: Any, executor: Any, kind: str, fn: int, arg: int, owner: Any, copy: bool
+) -> tuple[int, Any]:
+    """Arm a graph slot of ``executor`` for the node; return the record that owns it, and it."""
+    slot = executor._graph_slot()
+    record = backend.records.take(fn, arg, (owner, slot))
+    if copy:  # the pool's own (parallel) copy of the MEMCPY_LAYOUT at arg
+        node_fn, node_arg = 0, arg
+    elif kind == "python":
+        node_fn, node_arg = backend.native.replay_python, record
+    else:
+        node_fn, node_arg = fn, arg
+    slot.arm(node_fn, node_arg, copy)
+    return record, slot
+
+
+def add_captured_executor_node(
+    backend: Any,
+    executor: Any,
+    handle: int,
+    kind: str,
+    fn: int,
+    arg: int,
+    owner: Any,
+    copy: bool,
+    builder: bool,
+) -> bool:
+    """Add an executor node for ``fn(arg)`` to the capture on stream ``handle``.
+
+    Returns False, having done nothing, if the stream is not capturing (and
+    ``builder`` is false); raises, with nothing added or kept, if it cannot.
+    """
+    graph = backend.capture_graph(handle, builder)
+    if graph is None:
+        return False
+    record, slot = _slot_record(backend, executor, kind, fn, arg, owner, copy)
+    token = backend.own_by_graph(graph, record)
+    try:
+        backend.add_slot_nodes(graph, handle, slot)
+    except BaseException:
+        backend.disown(graph, token)
+        raise
+    return True
+
+
+def add_executor_graph_node(
+    backend: Any, executor: Any, after: Any, kind: str, fn: int, arg: int, owner: Any, copy: bool
+) -> Any:
+    """Add an executor node to an explicit cuda.core graph after ``after``; return it."""
+    if backend.name != "cuda":
+        raise SimulatorUnsupportedError(
+            "the simulator does not model explicit graphs (cuda.core GraphDefinition and "
+            "GraphNode); capture a simulated stream or GraphBuilder instead, or run on a GPU"
+        )
+    base = next(c for c in type(after).__mro__ if c.__name__ in ("GraphDefinition", "GraphNode"))
+    definition = after if base.__name__ == "GraphDefinition" else after.graph
+    record, slot = _slot_record(backend, executor, kind, fn, arg, owner, copy)
+    token = backend.own_by_graph(int(definition.handle), record)
+    try:
+        return base.embed(after, backend.slot_graph(slot))
+    except BaseException:
+        backend.disown(int(definition.handle), token)
         raise

@@ -19,7 +19,12 @@ from numba.core.ccallback import CFunc
 from ._backend import get_backend
 from ._decorator import _SIGNATURE, HostFunction
 from ._executor import check_executor
-from ._graphs import add_captured_node, add_graph_node
+from ._graphs import (
+    add_captured_executor_node,
+    add_captured_node,
+    add_executor_graph_node,
+    add_graph_node,
+)
 from ._userdata import resolve_user_data
 
 __all__ = ["classify_function", "drain", "enqueue", "host_launch", "pending"]
@@ -225,13 +230,16 @@ def host_launch(stream: Any, fn: Any, *, user_data: Any = None, executor: Any = 
     executor : HostExecutor, optional
         Run ``fn`` on the executor's threads instead of the driver's
         host-function thread: the stream writes a word when it reaches this
-        point and waits for the executor to answer (docs/executor.md).  For a
-        stream only, not (yet) under graph capture.
+        point and waits for the executor to answer (docs/executor.md).  In a
+        graph (captured or explicit) the node is three stream memory
+        operations that every replay re-arms; the executor's pool polls for
+        replays while such a graph is alive.
 
     Returns
     -------
-    cuda.core.graph.HostCallbackNode or None
-        The new node for an explicit graph (so calls chain as in cuda.core),
+    cuda.core.graph.HostCallbackNode, ChildGraphNode or None
+        The new node for an explicit graph (so calls chain as in cuda.core;
+        a ``ChildGraphNode`` of three memory operations with ``executor=``),
         else None.
 
     Raises
@@ -244,7 +252,7 @@ def host_launch(stream: Any, fn: Any, *, user_data: Any = None, executor: Any = 
         HostFunction's declared ``dtype``.
     RuntimeError
         If a capture cannot take a node (it is invalidated), a GraphBuilder is
-        not building, the executor is closed or the stream captures, or a
+        not building, the executor is closed, or a
         driver call fails (:class:`CudaDriverError`).  Nothing was enqueued,
         and a capture is as it was.
     BackendUnavailableError
@@ -283,11 +291,6 @@ def enqueue(
     target_kind = _target_kind(target)
     if executor is not None:
         check_executor(executor)
-        if target_kind != "stream":
-            raise RuntimeError(
-                "executor= works on streams, not on a GraphBuilder or an explicit graph: "
-                "graph nodes on an executor are not supported yet; leave out executor="
-            )
     backend = get_backend()
     # The function alone when it is all the launch owns: no object per launch,
     # so a burst of launches does not feed the cyclic garbage collector.
@@ -298,16 +301,27 @@ def enqueue(
     else:
         owner = (fn_owner, data_owner, keep)
     if target_kind == "node":
+        if executor is not None:
+            return add_executor_graph_node(
+                backend, executor, target, kind, address, arg, owner, copy
+            )
         return add_graph_node(backend, target, kind, address, arg, owner)
     handle = _stream_handle(target)
     if backend.checks_streams:
         handle = backend.stream_handle(target, handle)
     native = backend.native
     trampoline = native.run_python if kind == "python" else native.run_compiled
-    if executor is not None:
-        _executor_enqueue(backend, executor, handle, trampoline, address, arg, owner, copy)
-        return None
     builder = target_kind == "builder"
+    if executor is not None:
+        while True:
+            if not builder and _executor_enqueue(
+                backend, executor, handle, trampoline, address, arg, owner, copy
+            ):
+                return None
+            if add_captured_executor_node(
+                backend, executor, handle, kind, address, arg, owner, copy, builder
+            ):
+                return None
     enqueue_fn = backend.device_enqueue_fn if device else 0
     while True:
         if not builder and backend.enqueue(handle, trampoline, address, arg, owner, enqueue_fn):
@@ -326,19 +340,14 @@ def _executor_enqueue(
     arg: int,
     owner: Any,
     copy: bool,
-) -> None:
+) -> bool:
+    """Enqueue on the executor's lane for stream ``handle``; False if it is capturing."""
     lane = executor._lane(handle)
     if copy:  # the executor's copy trampoline finds its pool in the record's fn
         trampoline, fn = backend.native.exec_copy, executor._pool
-    enqueued = backend.enqueue(
+    return backend.enqueue(
         lane, trampoline, fn, arg, owner, backend.executor_enqueue_fn, "cuStreamWriteValue32"
     )
-    if not enqueued:
-        raise RuntimeError(
-            "host_launch(executor=...) on a stream that is capturing a graph: graph nodes on "
-            "an executor are not supported yet; nothing was enqueued. Capture without "
-            "executor= (the node then runs on the driver's host-function thread)"
-        )
 
 
 def pending() -> int:

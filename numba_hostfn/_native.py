@@ -50,6 +50,7 @@ class Status:
 _LIBC = {
     "malloc": "declare ptr @malloc(i64)",
     "calloc": "declare ptr @calloc(i64, i64)",
+    "aligned_alloc": "declare ptr @aligned_alloc(i64, i64)",
     "free": "declare void @free(ptr)",
     "usleep": "declare i32 @usleep(i32)",
     "nanosleep": "declare i32 @nanosleep(ptr, ptr)",
@@ -263,6 +264,14 @@ class Native:
         self.exec_lane_new = c(_vp, _vp, _vp, _vp)(fn("nhf_exec_lane_new"))
         self.exec_outstanding = c(_i64, _vp)(fn("nhf_exec_outstanding"))
         self.exec_pool_close = c(None, _vp)(fn("nhf_exec_pool_close"))
+        # Graph slots: an executor's nodes in graphs (three per node).
+        self.exec_sim_set = fn("nhf_exec_sim_set")
+        self.exec_sim_await = fn("nhf_exec_sim_await")
+        self.exec_slot_new = c(_vp, _vp, _vp)(fn("nhf_exec_slot_new"))
+        self.exec_slot_op = c(_vp, _vp, ctypes.c_int32)(fn("nhf_exec_slot_op"))
+        self.exec_slot_arm = c(None, _vp, _vp, _vp, ctypes.c_int32)(fn("nhf_exec_slot_arm"))
+        self.exec_slot_disarm = c(None, _vp)(fn("nhf_exec_slot_disarm"))
+        self.exec_live_slots = c(_i64, _vp)(fn("nhf_exec_live_slots"))
 
     def _builtin(self, name: str, address: int) -> Any:
         """A METH_FASTCALL builtin function for machine code at ``address``."""

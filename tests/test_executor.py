@@ -6,6 +6,7 @@ work (a write of "reached", a wait on "done").
 
 import ctypes
 import gc
+import os
 import subprocess
 import sys
 import textwrap
@@ -15,7 +16,13 @@ import weakref
 
 import numpy as np
 import pytest
-from _device import child_env, thread_state_count
+from _device import (
+    Capture,
+    child_env,
+    released_eventually,
+    rerun_on_simulator,
+    thread_state_count,
+)
 from numba import carray
 
 import numba_hostfn as nh
@@ -238,19 +245,157 @@ def test_bad_arguments_are_refused_with_nothing_enqueued(stream):
     assert nh.pending() == 0 and sys.getrefcount(counter) == refs
 
 
-def test_capture_with_an_executor_is_refused_and_left_as_it_was(executor, stream):
-    builder = stream.create_graph_builder().begin_building()
+def test_a_refused_stream_operation_takes_the_task_back(request, device):
+    """The task is queued before its "reached" write; if the stream refuses the write,
+    the task is taken back: nothing outstanding, nothing kept, the lane still works.
+    (A closed simulated stream refuses; a CUDA stream cannot be made to on demand.)"""
+    if rerun_on_simulator(request):
+        return
     counter = np.zeros(1, np.int64)
-    with pytest.raises(RuntimeError, match="not supported yet"):
-        nh.host_launch(builder, increment, user_data=nh.by_ref(counter), executor=executor)
-    assert nh.pending() == 0
-    nh.host_launch(builder, increment, user_data=nh.by_ref(counter))  # the capture still works
-    graph = builder.end_building().complete()
-    graph.launch(stream)
+    refs = sys.getrefcount(counter)
+    with nh.HostExecutor(threads=2) as executor:
+        stream = device.create_stream()
+        nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=executor)
+        stream.sync()
+        lane_stream = stream
+        lane_stream.close()  # the lane stays; the stream refuses every later operation
+        for _ in range(3):
+            with pytest.raises(RuntimeError, match="closed"):
+                nh.host_launch(
+                    lane_stream, increment, user_data=nh.by_ref(counter), executor=executor
+                )
+        assert executor.outstanding() == 0
+        other = device.create_stream()
+        nh.host_launch(other, increment, user_data=nh.by_ref(counter), executor=executor)
+        other.sync()
+        other.close()
+    nh.drain()
+    assert counter[0] == 2 and nh.pending() == 0 and sys.getrefcount(counter) == refs
+
+
+class Token:
+    """Records whether the main thread released it."""
+
+    def __init__(self, released):
+        self._released = released
+
+    def __del__(self):
+        self._released.append(threading.current_thread() is threading.main_thread())
+
+
+def _os_threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.parametrize("how", ["builder", "capture"])
+def test_executor_nodes_in_a_graph_run_at_every_replay(executor, stream, device, how):
+    """Every kind, in a GraphBuilder or a capture begun by someone else; owned by the graph."""
+    counter = np.zeros(1, np.int64)
+    src, dst = np.arange(4096, dtype=np.int64), np.zeros(4096, np.int64)
+    calls, released = [], []
+    token = Token(released)
+    alive = weakref.ref(counter)
+
+    def work(target, counter, token):
+        nh.host_launch(target, increment, user_data=nh.by_ref(counter), executor=executor)
+        nh.host_launch(target, lambda c=counter: calls.append(c[0]), executor=executor)
+        nh.host_copy(target, dst, src, executor=executor)
+        nh.release_after(target, token, executor=executor)
+        nh.host_launch(target, increment, user_data=counter.ctypes.data, executor=executor)
+
+    if how == "builder":
+        builder = stream.create_graph_builder().begin_building()
+        work(builder, counter, token)
+        graph = builder.end_building().complete()
+        builder.close()
+        launch, close = (lambda: graph.launch(stream)), graph.close
+    else:
+        capture = Capture(stream, "relaxed")
+        work(stream, counter, token)
+        capture.end()
+        launch, close = capture.launch, capture.close
+    del token
+    assert executor.graph_nodes() == 5 and executor.outstanding() == 0
+    for _ in range(20):
+        launch()
     stream.sync()
-    assert counter[0] == 1
-    graph.close()
+    assert counter[0] == 40 and calls == list(range(1, 40, 2)) and (dst == src).all()
+    time.sleep(0.3)  # past the spin budget: the pool waits for replays as a poller
+    launch()
+    stream.sync()
+    assert counter[0] == 42
+    assert released == []
+    del counter
+    close()
+    assert released_eventually(alive, device)
+    assert released == [True]
+    assert executor.graph_nodes() == 0 and nh.pending() == 0
+
+
+def test_executor_graph_nodes_follow_stream_order(executor, stream, device):
+    """The node runs after the graph's earlier device work and before its later work."""
+    cell = device.host_array(3)
+    capture = Capture(stream, "relaxed")
+    device.store(stream, cell, 0, 1, delay=0.02)
+    nh.host_launch(stream, observe, user_data=nh.by_ref(cell), executor=executor)
+    device.store(stream, cell, 2, 7)
+    capture.end()
+    for _ in range(3):
+        cell[:] = 0
+        capture.launch()
+        stream.sync()
+        assert list(cell) == [1, 10, 7]
+    capture.close()
+
+
+def test_closed_executor_answers_its_graphs_until_they_are_gone(stream, device):
+    """close() stops new launches; the pool still serves replays of live graphs, then quits."""
+    threads = _os_threads()
+    counter = np.zeros(1, np.int64)
+    executor = nh.HostExecutor(threads=2)
+    builder = stream.create_graph_builder().begin_building()
+    nh.host_launch(builder, increment, user_data=nh.by_ref(counter), executor=executor)
+    graph = builder.end_building().complete()
     builder.close()
+    executor.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=executor)
+    for _ in range(3):
+        graph.launch(stream)
+    stream.sync()
+    assert counter[0] == 3
+    alive = weakref.ref(counter)
+    del counter, executor
+    graph.close()
+    assert released_eventually(alive, device)
+    for _ in range(200):  # the detached threads quit once the last slot is disarmed
+        if _os_threads() == threads:
+            break
+        time.sleep(0.01)
+    assert _os_threads() == threads
+
+
+def test_graph_slots_are_reused(executor, stream):
+    """A node's words serve a later node once its graph is gone: no growth per capture."""
+    counter = np.zeros(1, np.int64)
+    seen = set()
+    for _ in range(5):
+        builder = stream.create_graph_builder().begin_building()
+        nh.host_launch(builder, increment, user_data=nh.by_ref(counter), executor=executor)
+        graph = builder.end_building().complete()
+        builder.close()
+        graph.launch(stream)
+        stream.sync()
+        graph.close()
+        for _ in range(100):
+            nh.drain()
+            gc.collect()
+            if executor.graph_nodes() == 0:
+                break
+            time.sleep(0.01)
+        assert executor.graph_nodes() == 0
+        seen.update(words for _, words in executor._free_slots)
+    assert counter[0] == 5 and len(seen) == 1
 
 
 def test_pool_threads_give_their_thread_states_back_at_close(stream):
@@ -310,3 +455,56 @@ def test_exit_with_executor_work_outstanding_writes_every_done():
     assert words[:3] == ["synced", "at", "exit"]
     assert int(words[3]) == 200, "compiled tasks run at exit"
     assert int(words[4]) < 200, "Python callables are skipped once the interpreter exits"
+
+
+# ---- GPU: executor nodes in torch.cuda.graph and in explicit cuda.core graphs ----
+
+
+@pytest.mark.gpu
+def test_executor_nodes_in_torch_cuda_graph(executor, device):
+    import torch
+
+    counter = np.zeros(1, np.int64)
+    calls = []
+    alive = weakref.ref(counter)
+    x = torch.zeros(4, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=torch.cuda.Stream()):
+        x += 1
+        stream = torch.cuda.current_stream()
+        nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=executor)
+        nh.host_launch(stream, lambda: calls.append(1), executor=executor)
+        x += 1
+    for _ in range(100):
+        g.replay()
+    torch.cuda.synchronize()
+    assert counter[0] == 100 and len(calls) == 100 and float(x[0]) == 200
+    del counter
+    del g
+    assert released_eventually(alive, device)
+    assert executor.graph_nodes() == 0 and nh.pending() == 0
+
+
+@pytest.mark.gpu
+def test_executor_nodes_in_an_explicit_graph_chain(executor, device, stream):
+    from cuda.core.graph import GraphDefinition
+
+    counter = np.zeros(1, np.int64)
+    src, dst = np.arange(1 << 18, dtype=np.int64), np.zeros(1 << 18, np.int64)
+    alive = weakref.ref(counter)
+    definition = GraphDefinition()
+    first = nh.host_launch(definition, increment, user_data=nh.by_ref(counter), executor=executor)
+    second = nh.host_copy(first, dst, src, executor=executor)
+    third = nh.host_launch(second, increment, user_data=nh.by_ref(counter))  # driver's thread
+    assert type(first).__name__ == "ChildGraphNode"
+    assert set(definition.edges()) == {(first, second), (second, third)}
+    graph = definition.instantiate()
+    for _ in range(5):
+        graph.launch(stream)
+    stream.sync()
+    assert counter[0] == 10 and (dst == src).all()
+    del counter
+    graph.close()
+    del definition, first, second, third
+    assert released_eventually(alive, device)
+    assert executor.graph_nodes() == 0 and nh.pending() == 0

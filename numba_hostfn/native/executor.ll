@@ -30,13 +30,16 @@
   ptr,                 ; next lane of the pool (appended under the pool's mutex)
   ptr,                 ; stream: the handle the stream operations go to
   ptr,                 ; words: i32 reached, then i32 done
-  %nhf.pthread.mutex,  ; fifo_mutex: guards head, tail, claimed
+  ptr,                 ; pool
+  [32 x i8],           ; to 64 bytes: the fields above, which spinning threads
+                       ; read, do not share a cache line with those below,
+                       ; which the producer writes at each enqueue
+  %nhf.pthread.mutex,  ; fifo_mutex: guards head, tail
   ptr,                 ; head
   ptr,                 ; tail
-  i32,                 ; claimed: a thread runs the head task
+  i32,                 ; claimed: a thread runs the head task (set by compare-and-swap)
   i32,                 ; seq: the last number given (under enqueue_mutex)
-  %nhf.pthread.mutex,  ; enqueue_mutex: one producer at a time per lane
-  ptr                  ; pool
+  %nhf.pthread.mutex   ; enqueue_mutex: one producer at a time per lane
 }
 
 %nhf.exec.pool = type {
@@ -50,7 +53,30 @@
   i64,                 ; poll_ns
   ptr,                 ; threads: pthread_t[nthreads]
   i64,                 ; nthreads
-  ptr                  ; job: the parallel copy being shared out, or null
+  ptr,                 ; job: the parallel copy being shared out, or null
+  ptr,                 ; slots: graph slots (appended under mutex, never removed)
+  i64,                 ; live_slots: slots armed (their graphs are alive)
+  i32                  ; poller: a thread polls the slots for a replay (the others park)
+}
+
+; A simulated stream memory operation: its word and value.
+%nhf.exec.word_op = type { ptr, i64 }
+
+; A graph slot: the words of one executor node in a CUDA graph.  The graph
+; holds three stream memory operations on them, replayed as they are: write
+; reached := 1, wait until done >= 1, write done := 0.  A pool thread that
+; sees reached == 1 swaps it back to 0, runs fn(arg) and writes done := 1.
+; Armed while the graph lives (its record releases the slot: LIFETIME.md,
+; invariant 16); a disarmed slot is reused for a later node.
+%nhf.exec.slot = type {
+  ptr,                        ; next slot of the pool
+  ptr,                        ; words: i32 reached, then i32 done
+  ptr,                        ; fn
+  ptr,                        ; arg
+  i32,                        ; live: armed
+  i32,                        ; copy: run the pool's parallel copy of arg, not fn(arg)
+  ptr,                        ; pool
+  [3 x %nhf.exec.word_op]     ; the simulator's node arguments, in graph order
 }
 
 ; A large copy shared among the pool's threads, chunk by chunk.
@@ -70,6 +96,7 @@
 @nhf.exec.task.bytes = internal constant i64 ptrtoint (ptr getelementptr (%nhf.exec.task, ptr null, i32 1) to i64)
 @nhf.exec.lane.bytes = internal constant i64 ptrtoint (ptr getelementptr (%nhf.exec.lane, ptr null, i32 1) to i64)
 @nhf.exec.job.bytes = internal constant i64 ptrtoint (ptr getelementptr (%nhf.exec.job, ptr null, i32 1) to i64)
+@nhf.exec.slot.bytes = internal constant i64 ptrtoint (ptr getelementptr (%nhf.exec.slot, ptr null, i32 1) to i64)
 @nhf.exec.pool.bytes = internal constant i64 ptrtoint (ptr getelementptr (%nhf.exec.pool, ptr null, i32 1) to i64)
 @nhf.exec.parallel_copy_min = internal constant i64 1048576  ; below 1 MiB, one thread copies
 @nhf.cu.write_value32 = internal global ptr null
@@ -122,31 +149,31 @@ define internal ptr @nhf.exec.lane.done(ptr %l) alwaysinline {
   ret ptr %f
 }
 define internal ptr @nhf.exec.lane.fifo_mutex(ptr %l) alwaysinline {
-  %f = getelementptr inbounds %nhf.exec.lane, ptr %l, i32 0, i32 3
-  ret ptr %f
-}
-define internal ptr @nhf.exec.lane.head(ptr %l) alwaysinline {
-  %f = getelementptr inbounds %nhf.exec.lane, ptr %l, i32 0, i32 4
-  ret ptr %f
-}
-define internal ptr @nhf.exec.lane.tail(ptr %l) alwaysinline {
   %f = getelementptr inbounds %nhf.exec.lane, ptr %l, i32 0, i32 5
   ret ptr %f
 }
-define internal ptr @nhf.exec.lane.claimed(ptr %l) alwaysinline {
+define internal ptr @nhf.exec.lane.head(ptr %l) alwaysinline {
   %f = getelementptr inbounds %nhf.exec.lane, ptr %l, i32 0, i32 6
   ret ptr %f
 }
-define internal ptr @nhf.exec.lane.seq(ptr %l) alwaysinline {
+define internal ptr @nhf.exec.lane.tail(ptr %l) alwaysinline {
   %f = getelementptr inbounds %nhf.exec.lane, ptr %l, i32 0, i32 7
   ret ptr %f
 }
-define internal ptr @nhf.exec.lane.enqueue_mutex(ptr %l) alwaysinline {
+define internal ptr @nhf.exec.lane.claimed(ptr %l) alwaysinline {
   %f = getelementptr inbounds %nhf.exec.lane, ptr %l, i32 0, i32 8
   ret ptr %f
 }
-define internal ptr @nhf.exec.lane.pool(ptr %l) alwaysinline {
+define internal ptr @nhf.exec.lane.seq(ptr %l) alwaysinline {
   %f = getelementptr inbounds %nhf.exec.lane, ptr %l, i32 0, i32 9
+  ret ptr %f
+}
+define internal ptr @nhf.exec.lane.enqueue_mutex(ptr %l) alwaysinline {
+  %f = getelementptr inbounds %nhf.exec.lane, ptr %l, i32 0, i32 10
+  ret ptr %f
+}
+define internal ptr @nhf.exec.lane.pool(ptr %l) alwaysinline {
+  %f = getelementptr inbounds %nhf.exec.lane, ptr %l, i32 0, i32 3
   ret ptr %f
 }
 
@@ -192,6 +219,58 @@ define internal ptr @nhf.exec.pool.nthreads(ptr %p) alwaysinline {
 }
 define internal ptr @nhf.exec.pool.job(ptr %p) alwaysinline {
   %f = getelementptr inbounds %nhf.exec.pool, ptr %p, i32 0, i32 10
+  ret ptr %f
+}
+define internal ptr @nhf.exec.pool.slots(ptr %p) alwaysinline {
+  %f = getelementptr inbounds %nhf.exec.pool, ptr %p, i32 0, i32 11
+  ret ptr %f
+}
+define internal ptr @nhf.exec.pool.live_slots(ptr %p) alwaysinline {
+  %f = getelementptr inbounds %nhf.exec.pool, ptr %p, i32 0, i32 12
+  ret ptr %f
+}
+define internal ptr @nhf.exec.pool.poller(ptr %p) alwaysinline {
+  %f = getelementptr inbounds %nhf.exec.pool, ptr %p, i32 0, i32 13
+  ret ptr %f
+}
+
+define internal ptr @nhf.exec.slot.next(ptr %s) alwaysinline {
+  %f = getelementptr inbounds %nhf.exec.slot, ptr %s, i32 0, i32 0
+  ret ptr %f
+}
+define internal ptr @nhf.exec.slot.reached(ptr %s) alwaysinline {
+  %wordsp = getelementptr inbounds %nhf.exec.slot, ptr %s, i32 0, i32 1
+  %words = load ptr, ptr %wordsp
+  ret ptr %words
+}
+define internal ptr @nhf.exec.slot.done(ptr %s) alwaysinline {
+  %wordsp = getelementptr inbounds %nhf.exec.slot, ptr %s, i32 0, i32 1
+  %words = load ptr, ptr %wordsp
+  %f = getelementptr inbounds i32, ptr %words, i64 1
+  ret ptr %f
+}
+define internal ptr @nhf.exec.slot.fn(ptr %s) alwaysinline {
+  %f = getelementptr inbounds %nhf.exec.slot, ptr %s, i32 0, i32 2
+  ret ptr %f
+}
+define internal ptr @nhf.exec.slot.arg(ptr %s) alwaysinline {
+  %f = getelementptr inbounds %nhf.exec.slot, ptr %s, i32 0, i32 3
+  ret ptr %f
+}
+define internal ptr @nhf.exec.slot.live(ptr %s) alwaysinline {
+  %f = getelementptr inbounds %nhf.exec.slot, ptr %s, i32 0, i32 4
+  ret ptr %f
+}
+define internal ptr @nhf.exec.slot.copy(ptr %s) alwaysinline {
+  %f = getelementptr inbounds %nhf.exec.slot, ptr %s, i32 0, i32 5
+  ret ptr %f
+}
+define internal ptr @nhf.exec.slot.pool(ptr %s) alwaysinline {
+  %f = getelementptr inbounds %nhf.exec.slot, ptr %s, i32 0, i32 6
+  ret ptr %f
+}
+define internal ptr @nhf.exec.slot.op(ptr %s, i32 %i) alwaysinline {
+  %f = getelementptr inbounds %nhf.exec.slot, ptr %s, i32 0, i32 7, i32 %i
   ret ptr %f
 }
 
@@ -266,36 +345,37 @@ look:
   %idle = icmp eq i32 %reached, %done
   br i1 %idle, label %next_lane, label %busy_hint
 busy_hint:
-  ; Nor while another thread runs its task: spinners would only contend for the lock.
-  %claimed_hint_p = call ptr @nhf.exec.lane.claimed(ptr %lane)
-  %claimed_hint = load atomic i32, ptr %claimed_hint_p monotonic, align 4
+  ; One thread claims a lane, the others move on: a compare-and-swap of the
+  ; claimed flag, so that spinning threads do not all rush the lane's lock
+  ; (or the producer appending under it) when the stream reaches a task.
+  %claimedp = call ptr @nhf.exec.lane.claimed(ptr %lane)
+  %claimed_hint = load atomic i32, ptr %claimedp monotonic, align 4
   %running = icmp ne i32 %claimed_hint, 0
-  br i1 %running, label %next_lane, label %lock
+  br i1 %running, label %next_lane, label %try_claim
+try_claim:
+  %swap = cmpxchg ptr %claimedp, i32 0, i32 1 acquire monotonic
+  %won = extractvalue { i32, i1 } %swap, 1
+  br i1 %won, label %lock, label %next_lane
 lock:
   %mutex = call ptr @nhf.exec.lane.fifo_mutex(ptr %lane)
   %l = call i32 @pthread_mutex_lock(ptr %mutex)
   %headp = call ptr @nhf.exec.lane.head(ptr %lane)
   %head = load ptr, ptr %headp
   %empty = icmp eq ptr %head, null
-  br i1 %empty, label %unlock, label %check_claimed
-check_claimed:
-  %claimedp = call ptr @nhf.exec.lane.claimed(ptr %lane)
-  %claimed = load atomic i32, ptr %claimedp monotonic, align 4
-  %busy = icmp ne i32 %claimed, 0
-  br i1 %busy, label %unlock, label %check_reached
+  br i1 %empty, label %unclaim, label %check_reached
 check_reached:
   %seqp = call ptr @nhf.exec.task.seq(ptr %head)
   %seq = load i64, ptr %seqp
   %seq32 = trunc i64 %seq to i32
   %ahead = sub i32 %reached, %seq32
   %is_reached = icmp sge i32 %ahead, 0  ; cyclic: (int32)(reached - seq) >= 0
-  br i1 %is_reached, label %take, label %unlock
+  br i1 %is_reached, label %take, label %unclaim
 take:
-  store atomic i32 1, ptr %claimedp monotonic, align 4
   %u1 = call i32 @pthread_mutex_unlock(ptr %mutex)
   store ptr %lane, ptr %lane_out
   ret ptr %head
-unlock:
+unclaim:
+  store atomic i32 0, ptr %claimedp release, align 4
   %u2 = call i32 @pthread_mutex_unlock(ptr %mutex)
   br label %next_lane
 next_lane:
@@ -334,7 +414,7 @@ clear_tail:
   br label %unclaim
 unclaim:
   %claimedp = call ptr @nhf.exec.lane.claimed(ptr %lane)
-  store atomic i32 0, ptr %claimedp monotonic, align 4
+  store atomic i32 0, ptr %claimedp release, align 4
   %u = call i32 @pthread_mutex_unlock(ptr %mutex)
   call void @free(ptr %task)
   %outstandingp = call ptr @nhf.exec.pool.outstanding(ptr %pool)
@@ -404,13 +484,21 @@ no:
 }
 
 ; A copy task's trampoline: record.arg is MEMCPY_LAYOUT {dst, src, nbytes},
-; record.fn the pool.  Large copies are shared out to the pool's threads.
+; record.fn the pool.
 define void @nhf_exec_copy(ptr %record) {
-entry:
   %poolp = call ptr @nhf.record.fn(ptr %record)
   %pool = load ptr, ptr %poolp
   %argp = call ptr @nhf.record.arg(ptr %record)
   %desc = load ptr, ptr %argp
+  call void @nhf.exec.copy_run(ptr %pool, ptr %desc)
+  call void @nhf.complete(ptr %record)
+  ret void
+}
+
+; The copy of MEMCPY_LAYOUT %desc {dst, src, nbytes}: a large one is shared
+; out to the pool's threads.
+define internal void @nhf.exec.copy_run(ptr %pool, ptr %desc) {
+entry:
   %dst = load ptr, ptr %desc
   %srcf = getelementptr inbounds i64, ptr %desc, i64 1
   %src = load ptr, ptr %srcf
@@ -479,17 +567,86 @@ copy_alone:
   %r = call ptr @memcpy(ptr %dst, ptr %src, i64 %nbytes)
   br label %finish
 finish:
-  call void @nhf.complete(ptr %record)
   ret void
 }
 
 declare void @llvm.memset.p0.i64(ptr, i8, i64, i1)
 
-; A pool thread: claim and run reached tasks; spin, poll or park in between.
+; A graph slot whose replay has reached it (reached swapped back to 0); null if none.
+define internal ptr @nhf.exec.claim_slot(ptr %pool) {
+entry:
+  %slotsp = call ptr @nhf.exec.pool.slots(ptr %pool)
+  %first = load atomic ptr, ptr %slotsp seq_cst, align 8
+  br label %scan
+scan:
+  %slot = phi ptr [ %first, %entry ], [ %following, %next_slot ]
+  %end = icmp eq ptr %slot, null
+  br i1 %end, label %none, label %look
+look:
+  %livep = call ptr @nhf.exec.slot.live(ptr %slot)
+  %live = load atomic i32, ptr %livep acquire, align 4
+  %armed = icmp ne i32 %live, 0
+  br i1 %armed, label %check, label %next_slot
+check:
+  %reachedp = call ptr @nhf.exec.slot.reached(ptr %slot)
+  %reached = load atomic volatile i32, ptr %reachedp seq_cst, align 4
+  %is_reached = icmp eq i32 %reached, 1
+  br i1 %is_reached, label %try_claim, label %next_slot
+try_claim:
+  %swap = cmpxchg volatile ptr %reachedp, i32 1, i32 0 seq_cst seq_cst
+  %won = extractvalue { i32, i1 } %swap, 1
+  br i1 %won, label %found, label %next_slot
+found:
+  ret ptr %slot
+next_slot:
+  %nextp = call ptr @nhf.exec.slot.next(ptr %slot)
+  %following = load atomic ptr, ptr %nextp seq_cst, align 8
+  br label %scan
+none:
+  ret ptr null
+}
+
+; Run a claimed slot's work, then write its "done" (the graph's wait goes on).
+define internal void @nhf.exec.run_slot(ptr %pool, ptr %slot) {
+entry:
+  %copyp = call ptr @nhf.exec.slot.copy(ptr %slot)
+  %copy = load i32, ptr %copyp
+  %argp = call ptr @nhf.exec.slot.arg(ptr %slot)
+  %arg = load ptr, ptr %argp
+  %is_copy = icmp ne i32 %copy, 0
+  br i1 %is_copy, label %copy_run, label %call
+copy_run:
+  call void @nhf.exec.copy_run(ptr %pool, ptr %arg)
+  br label %answer
+call:
+  %fnp = call ptr @nhf.exec.slot.fn(ptr %slot)
+  %fn = load ptr, ptr %fnp
+  call void %fn(ptr %arg)
+  br label %answer
+answer:
+  %donep = call ptr @nhf.exec.slot.done(ptr %slot)
+  fence seq_cst  ; the work's writes before "done"
+  store atomic volatile i32 1, ptr %donep seq_cst, align 4
+  ret void
+}
+
+; A pool thread: claim and run reached tasks and slots; spin, poll or park in
+; between.  It spins for spin_ns after its last work (or wake-up); then, with
+; tasks outstanding, it polls every poll_ns.  With none outstanding but graph slots armed, a
+; replay may reach a slot at any time and no enqueue announces it: one thread,
+; the poller, polls every poll_ns (spinning first for spin_ns after work) and
+; the others park; when the poller finds work it hands the role on and wakes
+; the others, which spin for a while, so the rest of the replay finds them
+; awake.  With neither, every thread parks until an enqueue or an armed slot
+; wakes it.
 define internal ptr @nhf.exec.thread_main(ptr %pool) {
 entry:
   %lane_out = alloca ptr, align 8
+  %me_poller = alloca i32, align 4
+  store i32 0, ptr %me_poller
   %outstandingp = call ptr @nhf.exec.pool.outstanding(ptr %pool)
+  %live_slotsp = call ptr @nhf.exec.pool.live_slots(ptr %pool)
+  %pollerp = call ptr @nhf.exec.pool.poller(ptr %pool)
   %stoppingp = call ptr @nhf.exec.pool.stopping(ptr %pool)
   %spinp = call ptr @nhf.exec.pool.spin_ns(ptr %pool)
   %pollp = call ptr @nhf.exec.pool.poll_ns(ptr %pool)
@@ -509,23 +666,49 @@ helped:
 claim:
   %task = call ptr @nhf.exec.claim(ptr %pool, ptr %lane_out)
   %found = icmp ne ptr %task, null
-  br i1 %found, label %run, label %idle
+  br i1 %found, label %run, label %claim_slot
 run:
+  call void @nhf.exec.hand_on(ptr %pool, ptr %me_poller)
   %lane = load ptr, ptr %lane_out
   call void @nhf.exec.run(ptr %pool, ptr %lane, ptr %task)
+  br label %ran
+claim_slot:
+  %slot = call ptr @nhf.exec.claim_slot(ptr %pool)
+  %found_slot = icmp ne ptr %slot, null
+  br i1 %found_slot, label %run_slot, label %idle
+run_slot:
+  call void @nhf.exec.hand_on(ptr %pool, ptr %me_poller)
+  call void @nhf.exec.run_slot(ptr %pool, ptr %slot)
   br label %ran
 ran:
   %t_ran = call i64 @nhf.now_ns()
   br label %loop
 idle:
-  %outstanding = load atomic i64, ptr %outstandingp seq_cst, align 8
-  %waiting = icmp sgt i64 %outstanding, 0
-  br i1 %waiting, label %spin_or_poll, label %nothing
-spin_or_poll:
+  ; Spinning reads nothing that the producer writes (not even the count of
+  ; outstanding tasks): only the words and the lanes' read-mostly fields.
   %now = call i64 @nhf.now_ns()
   %since = sub i64 %now, %last_work
   %spinning = icmp slt i64 %since, %spin_ns
-  br i1 %spinning, label %relax, label %poll
+  br i1 %spinning, label %relax, label %after_spin
+after_spin:
+  %outstanding = load atomic i64, ptr %outstandingp seq_cst, align 8
+  %waiting = icmp sgt i64 %outstanding, 0
+  br i1 %waiting, label %poll, label %graphs
+graphs:
+  %live = load atomic i64, ptr %live_slotsp seq_cst, align 8
+  %armed = icmp sgt i64 %live, 0
+  br i1 %armed, label %poll_or_park, label %nothing
+poll_or_park:
+  %am_poller = load i32, ptr %me_poller
+  %is_poller = icmp ne i32 %am_poller, 0
+  br i1 %is_poller, label %poll, label %become_poller
+become_poller:
+  %swap = cmpxchg ptr %pollerp, i32 0, i32 1 seq_cst seq_cst
+  %won = extractvalue { i32, i1 } %swap, 1
+  br i1 %won, label %now_poller, label %park
+now_poller:
+  store i32 1, ptr %me_poller
+  br label %poll
 relax:
   call void @nhf.cpu_relax()
   br label %relaxed
@@ -537,6 +720,7 @@ poll:
 slept:
   br label %loop
 nothing:
+  call void @nhf.exec.hand_on(ptr %pool, ptr %me_poller)
   %stopping = load atomic i32, ptr %stoppingp seq_cst, align 4
   %stop = icmp ne i32 %stopping, 0
   br i1 %stop, label %quit, label %park
@@ -551,13 +735,33 @@ quit:
   ret ptr null
 }
 
-; Wait on the pool's condition variable while nothing is outstanding.
+; If this thread is the poller, give the role up and wake the parked threads
+; (one of them becomes the poller; all of them spin for a while first).
+define internal void @nhf.exec.hand_on(ptr %pool, ptr %me_poller) {
+entry:
+  %am_poller = load i32, ptr %me_poller
+  %is_poller = icmp ne i32 %am_poller, 0
+  br i1 %is_poller, label %hand, label %done
+hand:
+  store i32 0, ptr %me_poller
+  %pollerp = call ptr @nhf.exec.pool.poller(ptr %pool)
+  store atomic i32 0, ptr %pollerp seq_cst, align 4
+  call void @nhf.exec.wake(ptr %pool)
+  br label %done
+done:
+  ret void
+}
+
+; Wait on the pool's condition variable while there is nothing to do: no task
+; outstanding, and no armed slot without a poller (when stopping: no slot armed).
 define internal void @nhf.exec.park(ptr %pool) {
 entry:
   %mutex = call ptr @nhf.exec.pool.mutex(ptr %pool)
   %wakep = call ptr @nhf.exec.pool.wake(ptr %pool)
   %parkedp = call ptr @nhf.exec.pool.parked(ptr %pool)
   %outstandingp = call ptr @nhf.exec.pool.outstanding(ptr %pool)
+  %live_slotsp = call ptr @nhf.exec.pool.live_slots(ptr %pool)
+  %pollerp = call ptr @nhf.exec.pool.poller(ptr %pool)
   %stoppingp = call ptr @nhf.exec.pool.stopping(ptr %pool)
   %l = call i32 @pthread_mutex_lock(ptr %mutex)
   %p0 = atomicrmw add ptr %parkedp, i32 1 seq_cst
@@ -565,9 +769,17 @@ entry:
 check:
   %outstanding = load atomic i64, ptr %outstandingp seq_cst, align 8
   %work = icmp sgt i64 %outstanding, 0
+  %live = load atomic i64, ptr %live_slotsp seq_cst, align 8
+  %armed = icmp sgt i64 %live, 0
+  %poller = load atomic i32, ptr %pollerp seq_cst, align 4
+  %unpolled = icmp eq i32 %poller, 0
+  %need_poller = and i1 %armed, %unpolled
   %stopping = load atomic i32, ptr %stoppingp seq_cst, align 4
   %stop = icmp ne i32 %stopping, 0
-  %leave = or i1 %work, %stop
+  %disarmed = xor i1 %armed, true
+  %may_quit = and i1 %stop, %disarmed
+  %either = or i1 %work, %need_poller
+  %leave = or i1 %either, %may_quit
   br i1 %leave, label %done, label %wait
 wait:
   %w = call i32 @pthread_cond_wait(ptr %wakep, ptr %mutex)
@@ -588,16 +800,18 @@ define internal i32 @nhf.exec.next_seq(ptr %lane) {
   ret i32 %next
 }
 
-; Append a task numbered %seq (its "reached" write is already on the stream).
-; Returns false if there was no memory for it.
-define internal i1 @nhf.exec.append(ptr %lane, i32 %seq, ptr %trampoline, ptr %record) {
+; Append a task numbered %seq, before its "reached" write goes on the stream:
+; a thread that sees the write then finds the task in place, rather than
+; retrying the lane's lock against the producer.  Returns the task, or null
+; if there was no memory for it.
+define internal ptr @nhf.exec.append(ptr %lane, i32 %seq, ptr %trampoline, ptr %record) {
 entry:
   %size = load i64, ptr @nhf.exec.task.bytes
   %task = call ptr @malloc(i64 %size)
   %nomem = icmp eq ptr %task, null
   br i1 %nomem, label %fail, label %fill
 fail:
-  ret i1 false
+  ret ptr null
 fill:
   %nextp = call ptr @nhf.exec.task.next(ptr %task)
   store ptr null, ptr %nextp
@@ -632,12 +846,57 @@ linked:
   %outstandingp = call ptr @nhf.exec.pool.outstanding(ptr %pool)
   %before = atomicrmw add ptr %outstandingp, i64 1 seq_cst
   call void @nhf.exec.wake(ptr %pool)
-  ret i1 true
+  ret ptr %task
 }
 
-; On a CUDA stream: refuse a capturing stream, write "reached", append the
-; task, wait for "done".  If the wait cannot be enqueued after the write was,
-; the task still runs (the stream reaches the write): status kept | CUresult.
+; Take back the task just appended, whose "reached" write could not be
+; enqueued (the caller holds the enqueue mutex, so it is the lane's last task;
+; no thread claims it, since the stream never reaches it).
+define internal void @nhf.exec.unlink(ptr %lane, ptr %task) {
+entry:
+  %mutex = call ptr @nhf.exec.lane.fifo_mutex(ptr %lane)
+  %l = call i32 @pthread_mutex_lock(ptr %mutex)
+  %headp = call ptr @nhf.exec.lane.head(ptr %lane)
+  %tailp = call ptr @nhf.exec.lane.tail(ptr %lane)
+  %head = load ptr, ptr %headp
+  %alone = icmp eq ptr %head, %task
+  br i1 %alone, label %empty, label %find
+empty:
+  store ptr null, ptr %headp
+  store ptr null, ptr %tailp
+  br label %unlinked
+find:
+  %before = phi ptr [ %head, %entry ], [ %after, %step ]
+  %nextp = call ptr @nhf.exec.task.next(ptr %before)
+  %after = load ptr, ptr %nextp
+  %is_pred = icmp eq ptr %after, %task
+  br i1 %is_pred, label %cut, label %step
+step:
+  br label %find
+cut:
+  store ptr null, ptr %nextp
+  store ptr %before, ptr %tailp
+  br label %unlinked
+unlinked:
+  %u = call i32 @pthread_mutex_unlock(ptr %mutex)
+  %seqp = call ptr @nhf.exec.task.seq(ptr %task)
+  %seq = load i64, ptr %seqp
+  %seq32 = trunc i64 %seq to i32
+  %previous = sub i32 %seq32, 1
+  %lane_seqp = call ptr @nhf.exec.lane.seq(ptr %lane)
+  store i32 %previous, ptr %lane_seqp
+  call void @free(ptr %task)
+  %poolp = call ptr @nhf.exec.lane.pool(ptr %lane)
+  %pool = load ptr, ptr %poolp
+  %outstandingp = call ptr @nhf.exec.pool.outstanding(ptr %pool)
+  %o = atomicrmw sub ptr %outstandingp, i64 1 seq_cst
+  ret void
+}
+
+; On a CUDA stream: refuse a capturing stream, append the task, write
+; "reached", wait for "done".  If the write fails the task is taken back; if
+; the wait fails after the write was enqueued, the task still runs (the
+; stream reaches the write): status kept | CUresult.
 define i64 @nhf_exec_cuda_enqueue(ptr %lane, ptr %trampoline, ptr %record) {
 entry:
   %streamp = call ptr @nhf.exec.lane.stream(ptr %lane)
@@ -664,29 +923,25 @@ lock:
   %emutex = call ptr @nhf.exec.lane.enqueue_mutex(ptr %lane)
   %l = call i32 @pthread_mutex_lock(ptr %emutex)
   %seq = call i32 @nhf.exec.next_seq(ptr %lane)
+  %task = call ptr @nhf.exec.append(ptr %lane, i32 %seq, ptr %trampoline, ptr %record)
+  %nomem = icmp eq ptr %task, null
+  br i1 %nomem, label %out_of_memory, label %write
+out_of_memory:
+  %u0 = call i32 @pthread_mutex_unlock(ptr %emutex)
+  %oom = load i64, ptr @nhf.status.out_of_memory
+  ret i64 %oom
+write:
   %reached = call ptr @nhf.exec.lane.reached(ptr %lane)
-  %write = load atomic ptr, ptr @nhf.cu.write_value32 seq_cst, align 8
+  %writef = load atomic ptr, ptr @nhf.cu.write_value32 seq_cst, align 8
   %write_flags = load i32, ptr @nhf.cu.write_default
-  %rc1 = call i32 %write(ptr %stream, ptr %reached, i32 %seq, i32 %write_flags)
+  %rc1 = call i32 %writef(ptr %stream, ptr %reached, i32 %seq, i32 %write_flags)
   %write_failed = icmp ne i32 %rc1, 0
-  br i1 %write_failed, label %fail_write, label %append
+  br i1 %write_failed, label %fail_write, label %wait
 fail_write:
+  call void @nhf.exec.unlink(ptr %lane, ptr %task)
   %u1 = call i32 @pthread_mutex_unlock(ptr %emutex)
   %code1 = zext i32 %rc1 to i64
   ret i64 %code1
-append:
-  %appended = call i1 @nhf.exec.append(ptr %lane, i32 %seq, ptr %trampoline, ptr %record)
-  br i1 %appended, label %wait, label %lost
-lost:
-  ; The write is on the stream but no task: nothing would ever write "done".
-  ; Write it here so the stream cannot wait for ever; the record was not run.
-  %donep0 = call ptr @nhf.exec.lane.done(ptr %lane)
-  store atomic volatile i32 %seq, ptr %donep0 seq_cst, align 4
-  %seqp0 = call ptr @nhf.exec.lane.seq(ptr %lane)
-  store i32 %seq, ptr %seqp0
-  %u2 = call i32 @pthread_mutex_unlock(ptr %emutex)
-  %oom = load i64, ptr @nhf.status.out_of_memory
-  ret i64 %oom
 wait:
   %done = call ptr @nhf.exec.lane.done(ptr %lane)
   %waitf = load atomic ptr, ptr @nhf.cu.wait_value32 seq_cst, align 8
@@ -705,21 +960,21 @@ ok:
 }
 
 ; The simulator's stream operations: device items that write a word, or wait
-; for one to reach a value (cyclic >=), polling.
-%nhf.exec.word_op = type { ptr, i64 }  ; word, value
+; for one to reach a value (cyclic >=), polling (%nhf.exec.word_op).
 
-define internal void @nhf.exec.sim_write(ptr %op) {
+; Write op.word := op.value (a graph node's argument: kept for the next replay).
+define void @nhf_exec_sim_set(ptr %op) {
   %wordp = getelementptr inbounds %nhf.exec.word_op, ptr %op, i32 0, i32 0
   %valuep = getelementptr inbounds %nhf.exec.word_op, ptr %op, i32 0, i32 1
   %word = load ptr, ptr %wordp
   %value = load i64, ptr %valuep
   %v32 = trunc i64 %value to i32
   store atomic volatile i32 %v32, ptr %word seq_cst, align 4
-  call void @free(ptr %op)
   ret void
 }
 
-define internal void @nhf.exec.sim_wait(ptr %op) {
+; Wait until op.word >= op.value (cyclic), polling.
+define void @nhf_exec_sim_await(ptr %op) {
 entry:
   %wordp = getelementptr inbounds %nhf.exec.word_op, ptr %op, i32 0, i32 0
   %valuep = getelementptr inbounds %nhf.exec.word_op, ptr %op, i32 0, i32 1
@@ -736,6 +991,18 @@ nap:
   %r = call i32 @usleep(i32 20)
   br label %check
 done:
+  ret void
+}
+
+; A stream's own operations: the same, then free the op.
+define internal void @nhf.exec.sim_write(ptr %op) {
+  call void @nhf_exec_sim_set(ptr %op)
+  call void @free(ptr %op)
+  ret void
+}
+
+define internal void @nhf.exec.sim_wait(ptr %op) {
+  call void @nhf_exec_sim_await(ptr %op)
   call void @free(ptr %op)
   ret void
 }
@@ -762,34 +1029,32 @@ entry:
   %streamp = call ptr @nhf.exec.lane.stream(ptr %lane)
   %stream = load ptr, ptr %streamp
   %emutex = call ptr @nhf.exec.lane.enqueue_mutex(ptr %lane)
+  %oom = load i64, ptr @nhf.status.out_of_memory
   %l = call i32 @pthread_mutex_lock(ptr %emutex)
   %seq = call i32 @nhf.exec.next_seq(ptr %lane)
   %reached = call ptr @nhf.exec.lane.reached(ptr %lane)
   %write_op = call ptr @nhf.exec.word_op(ptr %reached, i32 %seq)
   %no_write_op = icmp eq ptr %write_op, null
-  br i1 %no_write_op, label %out_of_memory, label %write
+  br i1 %no_write_op, label %out_of_memory, label %append
 out_of_memory:
   %u0 = call i32 @pthread_mutex_unlock(ptr %emutex)
-  %oom = load i64, ptr @nhf.status.out_of_memory
   ret i64 %oom
+append:
+  %task = call ptr @nhf.exec.append(ptr %lane, i32 %seq, ptr %trampoline, ptr %record)
+  %no_task = icmp eq ptr %task, null
+  br i1 %no_task, label %no_memory_for_task, label %write
+no_memory_for_task:
+  call void @free(ptr %write_op)
+  br label %out_of_memory
 write:
   %s1 = call i64 @nhf_sim_enqueue_device(ptr %stream, ptr @nhf.exec.sim_write, ptr %write_op)
   %write_failed = icmp ne i64 %s1, 0
-  br i1 %write_failed, label %fail_write, label %append
+  br i1 %write_failed, label %fail_write, label %wait
 fail_write:
+  call void @nhf.exec.unlink(ptr %lane, ptr %task)
   call void @free(ptr %write_op)
   %u1 = call i32 @pthread_mutex_unlock(ptr %emutex)
   ret i64 %s1
-append:
-  %appended = call i1 @nhf.exec.append(ptr %lane, i32 %seq, ptr %trampoline, ptr %record)
-  br i1 %appended, label %wait, label %lost
-lost:
-  %donep0 = call ptr @nhf.exec.lane.done(ptr %lane)
-  store atomic volatile i32 %seq, ptr %donep0 seq_cst, align 4
-  %seqp0 = call ptr @nhf.exec.lane.seq(ptr %lane)
-  store i32 %seq, ptr %seqp0
-  %u2 = call i32 @pthread_mutex_unlock(ptr %emutex)
-  ret i64 %oom
 wait:
   %done = call ptr @nhf.exec.lane.done(ptr %lane)
   %wait_op = call ptr @nhf.exec.word_op(ptr %done, i32 %seq)
@@ -808,8 +1073,7 @@ fail_wait_enqueued:
 fail_wait:
   %u4 = call i32 @pthread_mutex_unlock(ptr %emutex)
   %kept2 = load i64, ptr @nhf.status.kept
-  %oom2 = load i64, ptr @nhf.status.out_of_memory
-  %status2 = or i64 %oom2, %kept2
+  %status2 = or i64 %oom, %kept2
   ret i64 %status2
 ok:
   ret i64 0
@@ -868,11 +1132,15 @@ done:
 ; A lane for %stream, its words at %words (two zeroed i32); added to the pool.
 define ptr @nhf_exec_lane_new(ptr %pool, ptr %stream, ptr %words) {
 entry:
+  ; On a cache line of its own (see the lane's layout), zeroed.
   %size = load i64, ptr @nhf.exec.lane.bytes
-  %lane = call ptr @calloc(i64 1, i64 %size)
+  %size63 = add i64 %size, 63
+  %lines = and i64 %size63, -64
+  %lane = call ptr @aligned_alloc(i64 64, i64 %lines)
   %nomem = icmp eq ptr %lane, null
   br i1 %nomem, label %done, label %init
 init:
+  call void @llvm.memset.p0.i64(ptr %lane, i8 0, i64 %lines, i1 false)
   %streamp = call ptr @nhf.exec.lane.stream(ptr %lane)
   store ptr %stream, ptr %streamp
   %wordsp = getelementptr inbounds %nhf.exec.lane, ptr %lane, i32 0, i32 2
@@ -902,35 +1170,143 @@ define i64 @nhf_exec_outstanding(ptr %pool) {
   ret i64 %n
 }
 
-; Finish the outstanding tasks (the threads keep running them), then stop and
-; join the threads.  The pool's memory and lanes are kept: a stream may still
-; have to execute a wait on a lane's words.
+; Finish the outstanding tasks (the threads keep running them), then stop the
+; threads: joined if no graph slot is armed, else detached, to quit on their
+; own once the last graph holding a slot is gone (its replays still need
+; them).  The pool's memory, lanes and slots are kept: a stream may still have
+; to execute a wait on their words.
 define void @nhf_exec_pool_close(ptr %pool) {
 entry:
   %mutex = call ptr @nhf.exec.pool.mutex(ptr %pool)
   %wakep = call ptr @nhf.exec.pool.wake(ptr %pool)
   %stoppingp = call ptr @nhf.exec.pool.stopping(ptr %pool)
+  %outstandingp = call ptr @nhf.exec.pool.outstanding(ptr %pool)
+  %live_slotsp = call ptr @nhf.exec.pool.live_slots(ptr %pool)
   %l = call i32 @pthread_mutex_lock(ptr %mutex)
   store atomic i32 1, ptr %stoppingp seq_cst, align 4
   %b = call i32 @pthread_cond_broadcast(ptr %wakep)
   %u = call i32 @pthread_mutex_unlock(ptr %mutex)
+  br label %drain
+drain:
+  %outstanding = load atomic i64, ptr %outstandingp seq_cst, align 8
+  %busy = icmp sgt i64 %outstanding, 0
+  br i1 %busy, label %nap, label %drained
+nap:
+  call void @nhf.sleep_ns(i64 20000)
+  br label %drain
+drained:
   %threadsp = call ptr @nhf.exec.pool.threads(ptr %pool)
   %threads = load ptr, ptr %threadsp
   %nthreadsp = call ptr @nhf.exec.pool.nthreads(ptr %pool)
   %nthreads = load i64, ptr %nthreadsp
-  br label %join
-join:
-  %i = phi i64 [ 0, %entry ], [ %i1, %joined ]
+  %live = load atomic i64, ptr %live_slotsp seq_cst, align 8
+  %armed = icmp sgt i64 %live, 0
+  br label %each
+each:
+  %i = phi i64 [ 0, %drained ], [ %i1, %next ]
   %more = icmp ult i64 %i, %nthreads
   br i1 %more, label %one, label %done
 one:
   %tidp = getelementptr inbounds i64, ptr %threads, i64 %i
   %tid = load i64, ptr %tidp
+  br i1 %armed, label %detach, label %join
+detach:
+  %d = call i32 @pthread_detach(i64 %tid)
+  br label %next
+join:
   %r = call i32 @pthread_join(i64 %tid, ptr null)
-  br label %joined
-joined:
+  br label %next
+next:
   %i1 = add i64 %i, 1
-  br label %join
+  br label %each
 done:
   ret void
+}
+
+; ---- graph slots, from Python through ctypes (without the GIL) ----
+
+; A disarmed slot of %pool on %words (two i32), or null; never freed.
+define ptr @nhf_exec_slot_new(ptr %pool, ptr %words) {
+entry:
+  %size = load i64, ptr @nhf.exec.slot.bytes
+  %slot = call ptr @calloc(i64 1, i64 %size)
+  %nomem = icmp eq ptr %slot, null
+  br i1 %nomem, label %done, label %init
+init:
+  %wordsp = getelementptr inbounds %nhf.exec.slot, ptr %slot, i32 0, i32 1
+  store ptr %words, ptr %wordsp
+  %poolp = call ptr @nhf.exec.slot.pool(ptr %slot)
+  store ptr %pool, ptr %poolp
+  %reached = call ptr @nhf.exec.slot.reached(ptr %slot)
+  %done_word = call ptr @nhf.exec.slot.done(ptr %slot)
+  call void @nhf.exec.set_op(ptr %slot, i32 0, ptr %reached, i64 1)
+  call void @nhf.exec.set_op(ptr %slot, i32 1, ptr %done_word, i64 1)
+  call void @nhf.exec.set_op(ptr %slot, i32 2, ptr %done_word, i64 0)
+  %mutex = call ptr @nhf.exec.pool.mutex(ptr %pool)
+  %l = call i32 @pthread_mutex_lock(ptr %mutex)
+  %slotsp = call ptr @nhf.exec.pool.slots(ptr %pool)
+  %first = load ptr, ptr %slotsp
+  %nextp = call ptr @nhf.exec.slot.next(ptr %slot)
+  store ptr %first, ptr %nextp
+  store atomic ptr %slot, ptr %slotsp seq_cst, align 8
+  %u = call i32 @pthread_mutex_unlock(ptr %mutex)
+  br label %done
+done:
+  ret ptr %slot
+}
+
+define internal void @nhf.exec.set_op(ptr %slot, i32 %i, ptr %word, i64 %value) {
+  %op = call ptr @nhf.exec.slot.op(ptr %slot, i32 %i)
+  %wordp = getelementptr inbounds %nhf.exec.word_op, ptr %op, i32 0, i32 0
+  store ptr %word, ptr %wordp
+  %valuep = getelementptr inbounds %nhf.exec.word_op, ptr %op, i32 0, i32 1
+  store i64 %value, ptr %valuep
+  ret void
+}
+
+; The simulator's argument for the slot's %i-th graph node (0, 1, 2).
+define ptr @nhf_exec_slot_op(ptr %slot, i32 %i) {
+  %op = call ptr @nhf.exec.slot.op(ptr %slot, i32 %i)
+  ret ptr %op
+}
+
+; Arm %slot for fn(arg) (copy: the pool's copy of MEMCPY_LAYOUT arg) and wake
+; the pool: from now on a replay that reaches the slot is answered.
+define void @nhf_exec_slot_arm(ptr %slot, ptr %fn, ptr %arg, i32 %copy) {
+  %reached = call ptr @nhf.exec.slot.reached(ptr %slot)
+  store atomic volatile i32 0, ptr %reached seq_cst, align 4
+  %done = call ptr @nhf.exec.slot.done(ptr %slot)
+  store atomic volatile i32 0, ptr %done seq_cst, align 4
+  %fnp = call ptr @nhf.exec.slot.fn(ptr %slot)
+  store ptr %fn, ptr %fnp
+  %argp = call ptr @nhf.exec.slot.arg(ptr %slot)
+  store ptr %arg, ptr %argp
+  %copyp = call ptr @nhf.exec.slot.copy(ptr %slot)
+  store i32 %copy, ptr %copyp
+  %livep = call ptr @nhf.exec.slot.live(ptr %slot)
+  store atomic i32 1, ptr %livep seq_cst, align 4
+  %poolp = call ptr @nhf.exec.slot.pool(ptr %slot)
+  %pool = load ptr, ptr %poolp
+  %live_slotsp = call ptr @nhf.exec.pool.live_slots(ptr %pool)
+  %before = atomicrmw add ptr %live_slotsp, i64 1 seq_cst
+  call void @nhf.exec.wake(ptr %pool)
+  ret void
+}
+
+; Disarm %slot: its graph and every replay of it are gone.
+define void @nhf_exec_slot_disarm(ptr %slot) {
+  %livep = call ptr @nhf.exec.slot.live(ptr %slot)
+  store atomic i32 0, ptr %livep seq_cst, align 4
+  %poolp = call ptr @nhf.exec.slot.pool(ptr %slot)
+  %pool = load ptr, ptr %poolp
+  %live_slotsp = call ptr @nhf.exec.pool.live_slots(ptr %pool)
+  %before = atomicrmw sub ptr %live_slotsp, i64 1 seq_cst
+  call void @nhf.exec.wake(ptr %pool)  ; a closing pool's parked threads may now quit
+  ret void
+}
+
+define i64 @nhf_exec_live_slots(ptr %pool) {
+  %live_slotsp = call ptr @nhf.exec.pool.live_slots(ptr %pool)
+  %n = load atomic i64, ptr %live_slotsp seq_cst, align 8
+  ret i64 %n
 }
