@@ -514,12 +514,40 @@ def get_backend() -> Backend:
     global _backend
     backend = _backend
     if backend is not None:
+        if _forked:
+            raise RuntimeError(
+                "numba_hostfn was used in this process's parent before fork(); a forked "
+                "child cannot use it (CUDA does not survive fork, and the parent's driver "
+                "and pool threads do not exist here). Start worker processes with the "
+                "'spawn' or 'forkserver' method: multiprocessing.set_start_method('spawn')"
+            )
         return backend
     with _lock:
         if _backend is None:
             cls = SimulatorBackend if simulator_requested() else CudaBackend
             _backend = cls(native())
         return _backend
+
+
+_forked = False
+
+
+def forked() -> bool:
+    """True in a child forked from a process that had used numba_hostfn."""
+    return _forked
+
+
+def _after_fork_in_child() -> None:
+    # The child has the parent's memory but none of its threads: no driver
+    # thread or pool thread will ever run a copied launch.  Refuse every later
+    # use, and let the child exit without waiting for them (LIFETIME.md, Scope).
+    global _forked
+    if _backend is not None:
+        _forked = True
+        _backend.records.abandon()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def use_simulator() -> None:

@@ -17,7 +17,7 @@ import numbers
 import threading
 from typing import Any
 
-from ._backend import get_backend
+from ._backend import forked, get_backend
 from ._errors import SIMULATOR_ENV, CudaDriverError
 
 __all__ = ["HostExecutor"]
@@ -182,6 +182,8 @@ class HostExecutor:
         if self._closed:
             return
         self._closed = True
+        if forked():  # a forked child has none of the pool's threads to wait for
+            return
         self._native.exec_pool_close(self._pool)
 
     def __enter__(self) -> HostExecutor:
@@ -225,7 +227,7 @@ class GraphSlot:
 
     def __del__(self) -> None:
         executor = self.executor
-        if self._armed:
+        if self._armed and not forked():
             self._armed = False
             executor._native.exec_slot_disarm(self.address)
         executor._free_slots.append((self.address, self.words))

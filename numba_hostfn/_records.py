@@ -43,6 +43,10 @@ class LaunchRecords:
             pass
         atexit.register(self._at_exit)
 
+    def abandon(self) -> None:
+        """In a forked child: nothing copied will run, so exit waits for nothing."""
+        self._closed = True
+
     def grow(self) -> None:
         """Add a slab of free records.
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._backend import SimulatorBackend, get_backend
+from ._backend import SimulatorBackend, forked, get_backend
 from ._errors import SIMULATOR_ENV, SimulatorUnsupportedError
 from ._native import Status
 
@@ -201,6 +201,9 @@ class Stream:
         """
         if self._closed:
             return
+        if forked():  # a forked child has none of the stream's threads
+            self._closed = True
+            return
         if self.is_capturing:
             _Keeper(self._native, self._end_capture()).release()
         self._closed = True
@@ -214,7 +217,7 @@ class Stream:
         self.close()
 
     def __del__(self) -> None:
-        if not getattr(self, "_closed", True):
+        if not getattr(self, "_closed", True) and not forked():
             self._closed = True
             capture = self._backend.captures.pop(self._handle, None)
             if capture is not None:

@@ -5,6 +5,7 @@ thread, pytest's own timeout included, so only a parent can see the hang.
 """
 
 import ctypes
+import gc
 import signal
 import subprocess
 import sys
@@ -181,3 +182,187 @@ def test_a_refused_drain_is_retried_by_the_next_completion(device, stream):
     finally:
         other.sync()
         device.close_stream(other)
+
+
+# ---- faults with defined outcomes (docs/errors.md) ----
+
+
+class _Custom(BaseException):
+    pass
+
+
+@pytest.mark.parametrize("exc", [SystemExit(3), KeyboardInterrupt(), _Custom("x")])
+def test_base_exceptions_in_a_callable_are_reported_not_raised(stream, unraisables, exc):
+    """SystemExit, KeyboardInterrupt or any BaseException from a callable on the driver's
+    thread is reported like any exception: it neither exits nor interrupts the program."""
+
+    def fail():
+        raise exc
+
+    counter = np.zeros(1, np.int64)
+    nh.host_launch(stream, fail)
+    nh.host_launch(stream, _increment, user_data=nh.by_ref(counter))
+    stream.sync()
+    nh.drain()
+    assert counter[0] == 1
+    assert [type(u.exc_value) for u in unraisables if u.object is fail] == [type(exc)]
+
+
+def test_stream_closed_with_launches_pending_runs_them(device):
+    """Closing (destroying) a stream with launches queued: they still run and are released."""
+    stream = device.create_stream()
+    counter = np.zeros(1, np.int64)
+    alive = weakref.ref(counter)
+    calls = []
+    device.delay(stream, 0.2)
+    for _ in range(100):
+        nh.host_launch(stream, _increment, user_data=nh.by_ref(counter))
+        nh.host_launch(stream, lambda: calls.append(1))
+    device.close_stream(stream)  # CUDA: returns at once; the simulator runs the queue first
+    for _ in range(300):
+        device.synchronize()
+        nh.drain()
+        if nh.pending() == 0:
+            break
+        time.sleep(0.01)
+    assert counter[0] == 100 and len(calls) == 100 and nh.pending() == 0
+    del counter
+    gc.collect()
+    assert alive() is None
+
+
+FORK_SCRIPT = textwrap.dedent("""
+    import os, sys, time, warnings
+    import numpy as np
+    from numba import carray
+    import numba_hostfn as nh
+    from _device import Device
+
+    warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads: the point
+
+    @nh.host_callback
+    def increment(p):
+        carray(p, (1,), np.int64)[0] += 1
+
+    device = Device()
+    stream = device.create_stream()
+    executor = nh.HostExecutor(threads=2)
+    counter = np.zeros(1, np.int64)
+    device.delay(stream, 0.3)
+    for _ in range(100):
+        nh.host_launch(stream, increment, user_data=nh.by_ref(counter))
+        nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=executor)
+    pid = os.fork()
+    if pid == 0:
+        for call in (lambda: nh.host_launch(stream, increment, user_data=nh.by_ref(counter)),
+                     nh.drain, lambda: nh.HostExecutor(threads=1)):
+            try:
+                call()
+                print("child: accepted", flush=True)
+            except RuntimeError as exc:
+                print("child refused:", str(exc)[:60], flush=True)
+        sys.exit(0)  # a normal exit: finalizers of the copied stream and executor run
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        print("parent: the child hung", flush=True)
+        sys.exit(1)
+    stream.sync()
+    nh.drain()
+    executor.close()
+    print("parent:", os.waitstatus_to_exitcode(status), int(counter[0]), nh.pending(), flush=True)
+""")
+
+
+def test_a_forked_child_is_refused_clearly_and_exits():
+    """fork() after launches: the child gets RuntimeError naming 'spawn', and exits at once;
+    the parent's launches all run."""
+    run = subprocess.run(
+        [sys.executable, "-c", FORK_SCRIPT],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=120,
+    )
+    out = run.stdout
+    assert run.returncode == 0, out + run.stderr
+    assert out.count("child refused: numba_hostfn was used in this process's parent") == 3, out
+    assert "parent: 0 200 0" in out, out + run.stderr
+
+
+@pytest.mark.gpu
+def test_a_cuda_call_from_a_compiled_body_gets_an_error_code(device, stream):
+    """The driver forbids CUDA calls in a host function: what a compiled body sees is the
+    call's error code (CUDA_ERROR_NOT_PERMITTED on the H200), and the stream goes on."""
+    query = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(
+        ("cuStreamQuery", ctypes.CDLL("libcuda.so.1"))
+    )
+
+    @nh.host_callback
+    def call_cuda(p):
+        cell = carray(p, (2,), np.int64)
+        cell[1] = query(nh.as_voidptr(cell[0]))
+
+    cell = np.array([int(stream.handle), -1], np.int64)
+    counter = np.zeros(1, np.int64)
+    nh.host_launch(stream, call_cuda, user_data=nh.by_ref(cell))
+    nh.host_launch(stream, _increment, user_data=nh.by_ref(counter))
+    stream.sync()
+    assert counter[0] == 1
+    assert cell[1] == 800, f"cuStreamQuery from a host function returned {cell[1]}"
+
+
+CONTEXT_RESET = textwrap.dedent("""
+    import time
+    import numpy as np
+    from cuda.bindings import driver
+    from numba import carray
+    import numba_hostfn as nh
+    from _device import Device
+
+    @nh.host_callback
+    def increment(p):
+        carray(p, (1,), np.int64)[0] += 1
+
+    device = Device()
+    stream = device.create_stream()
+    counter = np.zeros(1, np.int64)
+    calls = []
+    device.delay(stream, 0.5)
+    for _ in range(1000):
+        nh.host_launch(stream, increment, user_data=nh.by_ref(counter))
+        nh.host_launch(stream, lambda: calls.append(1))
+    before = nh.pending()
+    err, dev = driver.cuDeviceGet(0)
+    (rc,) = driver.cuDevicePrimaryCtxReset(dev)
+    time.sleep(1.0)
+    nh.drain()
+    print("reset", int(rc), "pending", before, nh.pending(), "ran", int(counter[0]), len(calls),
+          flush=True)
+""")
+
+
+@pytest.mark.gpu
+def test_primary_context_reset_with_launches_pending_neither_hangs_nor_crashes():
+    """Resetting the primary context under pending launches: the driver drops the work
+    that had not run; their records are never completed, so their owners stay (leaked,
+    never freed under a thread that might run them); the process goes on and exits."""
+    run = subprocess.run(
+        [sys.executable, "-c", CONTEXT_RESET],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    words = run.stdout.split()
+    assert words[0] == "reset" and words[1] == "0", run.stdout + run.stderr
+    before, after, ran_compiled, ran_python = map(int, words[3:])
+    assert before == 2000 and ran_compiled == ran_python
+    assert after == 2000 - ran_compiled - ran_python, run.stdout
+    print(run.stdout)  # what the driver did, for docs/errors.md (pytest -s shows it)

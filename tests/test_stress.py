@@ -1,0 +1,248 @@
+"""Load: a million launches, thousands of failures, many exits, threads for seconds.
+
+Marked ``stress``.  With a GPU the sizes are the full ones (1,000,000 launches,
+10,000 failures, 100 exits of 10,000 pending launches, 10 s of threads); on the
+simulator (CI) they are reduced, the same tests otherwise.  No timing is
+asserted, except the bound on an exit (a hang is what it guards against).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from _device import child_env
+from numba import carray, cfunc
+
+import numba_hostfn as nh
+
+pytestmark = pytest.mark.stress
+FULL = os.environ.get("NUMBA_HOSTFN_STRESS", "") == "full" or (
+    os.environ.get("NUMBA_HOSTFN_STRESS", "") != "reduced" and nh.backend_name() == "cuda"
+)
+LAUNCHES = 1_000_000 if FULL else 30_000
+FAILURES = 10_000 if FULL else 1_000
+EXITS, EXIT_PENDING = (100, 10_000) if FULL else (4, 1_000)
+THREAD_SECONDS = 10.0 if FULL else 2.0
+ADD = np.dtype([("out", np.uint64), ("value", np.int64)])
+MiB = 1 << 20
+
+
+@nh.host_callback
+def increment(p):
+    carray(p, (1,), np.int64)[0] += 1
+
+
+@nh.host_callback(dtype=ADD)
+def add_value(d):
+    carray(nh.as_voidptr(d.out), (1,), np.int64)[0] += d.value
+
+
+@cfunc("void(voidptr)")
+def plain_cfunc(p):
+    carray(p, (1,), np.int64)[0] += 1
+
+
+@nh.host_callback
+def raise_index_error(p):
+    a = carray(p, (1,), np.int64)
+    if a[0] >= 0:
+        raise IndexError("index out of bounds (on purpose)")
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _settle(streams) -> int:
+    for s in streams:
+        s.sync()
+    for _ in range(3):
+        nh.drain()
+        import gc
+
+        gc.collect()
+    return _rss()
+
+
+def test_a_million_mixed_launches_from_two_threads_on_four_streams(device):
+    """Six kinds of launch, counts exact; memory flat from the second round to the third."""
+    streams = [device.create_stream() for _ in range(4)]
+    counters = np.zeros(6, np.int64)
+    py_calls = [0]
+
+    def bump():
+        py_calls[0] += 1
+
+    record = np.array([(counters[2:3].ctypes.data, 1)], ADD)
+    by_ref = nh.by_ref(counters[1:2])
+    addresses = [counters[k : k + 1].ctypes.data for k in range(6)]
+    per_thread = LAUNCHES // 6 // 2 // 3 * 6  # a multiple of the six kinds
+
+    def launch(thread: int) -> None:
+        for i in range(per_thread):
+            s = streams[2 * thread + (i & 1)]
+            k = i % 6
+            if k == 0:
+                nh.host_launch(s, increment, user_data=addresses[0])
+            elif k == 1:
+                nh.host_launch(s, increment, user_data=by_ref)
+            elif k == 2:
+                nh.host_launch(s, add_value, user_data=record)  # copied each time
+            elif k == 3:
+                nh.host_launch(s, increment.ctypes, user_data=addresses[3])
+            elif k == 4:
+                nh.host_launch(s, plain_cfunc, user_data=addresses[4])
+            else:
+                nh.host_launch(s, bump)
+
+    rss = []
+    for _ in range(3):
+        threads = [threading.Thread(target=launch, args=(t,)) for t in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        rss.append(_settle(streams))
+    rounds = 3 * 2 * per_thread // 6
+    assert list(counters[[0, 1, 2, 3, 4]]) == [rounds] * 5 and py_calls[0] == rounds
+    assert nh.pending() == 0
+    grown = rss[2] - rss[1]
+    assert grown <= 16 * MiB, f"RSS grew {grown / MiB:.1f} MiB from round 2 to 3 ({rss})"
+    for s in streams:
+        device.close_stream(s)
+
+
+def test_thousands_of_failures_are_all_reported_and_the_stream_goes_on(stream, unraisables):
+    def fail():
+        raise RuntimeError("a callable that raises (on purpose)")
+
+    cell = np.zeros(1, np.int64)
+    for _ in range(FAILURES):
+        nh.host_launch(stream, fail)
+        nh.host_launch(stream, raise_index_error, user_data=nh.by_ref(cell))
+    counter = np.zeros(1, np.int64)
+    nh.host_launch(stream, increment, user_data=nh.by_ref(counter))
+    stream.sync()
+    nh.drain()
+    assert counter[0] == 1  # the stream went on
+    python = [u for u in unraisables if u.object is fail]
+    compiled = [u for u in unraisables if "raise_index_error" in str(u.object)]
+    assert len(python) == FAILURES and len(compiled) == FAILURES, len(unraisables)
+    assert all(isinstance(u.exc_value, RuntimeError) for u in python)
+    assert all(isinstance(u.exc_value, IndexError) for u in compiled)
+
+
+STALLED_EXIT = textwrap.dedent("""
+    import ctypes, numpy as np
+    from numba import carray
+    import numba_hostfn as nh
+    from _device import Device
+
+    _sleep = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint)(("usleep", ctypes.CDLL(None)))
+
+    @nh.host_callback
+    def stall(p):
+        for _ in range(600):  # 60 s: longer than the exit may take
+            _sleep(100_000)
+
+    @nh.host_callback
+    def increment(p):
+        carray(p, (1,), np.int64)[0] += 1
+
+    device = Device()
+    stream = device.create_stream()
+    counter = np.zeros(1, np.int64)
+    nh.host_launch(stream, stall)
+    for i in range({n}):
+        if i % 2:
+            nh.host_launch(stream, increment, user_data=nh.by_ref(counter))
+        else:
+            nh.host_launch(stream, lambda: None)
+    print("pending", nh.pending(), flush=True)
+""")
+
+
+def test_many_exits_with_launches_pending_behind_a_stalled_host_function():
+    def one(_) -> tuple[int, float, str]:
+        start = time.monotonic()
+        run = subprocess.run(
+            [sys.executable, "-c", STALLED_EXIT.format(n=EXIT_PENDING)],
+            capture_output=True,
+            text=True,
+            env=child_env(),
+            timeout=120,
+        )
+        return run.returncode, time.monotonic() - start, run.stdout + run.stderr
+
+    # The child's own exit is bounded; its start (importing numba) is not ours to
+    # bound, so each run's time is compared with a run that exits with nothing pending.
+    baseline = subprocess.run(
+        [sys.executable, "-c", "import numba_hostfn, _device; _device.Device()"],
+        capture_output=True,
+        env=child_env(),
+        timeout=120,
+    )
+    assert baseline.returncode == 0
+    start = time.monotonic()
+    subprocess.run(
+        [sys.executable, "-c", "import numba_hostfn, _device; _device.Device()"],
+        env=child_env(),
+        timeout=120,
+        check=True,
+    )
+    startup = time.monotonic() - start
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 2)) as pool:
+        results = list(pool.map(one, range(EXITS)))
+    for rc, seconds, output in results:
+        assert rc == 0, output
+        assert f"pending {EXIT_PENDING + 1}" in output, output
+        assert seconds - startup < 5.0, f"an exit took {seconds - startup:.1f} s more: {output}"
+
+
+def test_threads_launching_and_synchronizing_for_seconds_do_not_deadlock(device):
+    """Three threads launch Python callables and compiled functions and synchronize."""
+    streams = [device.create_stream() for _ in range(3)]
+    counts = [0, 0, 0]
+    cells = np.zeros(3, np.int64)
+    stop = time.monotonic() + THREAD_SECONDS
+    errors = []
+
+    def work(t: int) -> None:
+        try:
+            s, cell = streams[t], nh.by_ref(cells[t : t + 1])
+            i = 0
+            while time.monotonic() < stop:
+                nh.host_launch(s, lambda t=t: counts.__setitem__(t, counts[t] + 1))
+                nh.host_launch(s, increment, user_data=cell)
+                i += 1
+                if i % 50 == 0:
+                    s.sync()
+            s.sync()
+        except BaseException as exc:  # reported below, with the thread
+            errors.append((t, exc))
+
+    threads = [threading.Thread(target=work, args=(t,), daemon=True) for t in range(3)]
+    # A deadlock fails the test with every thread's stack instead of hanging the run.
+    faulthandler.dump_traceback_later(THREAD_SECONDS + 60, exit=True)
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+    assert not errors, errors
+    nh.drain()
+    assert list(cells) == counts and min(counts) > 0
+    for s in streams:
+        device.close_stream(s)
