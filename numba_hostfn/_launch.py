@@ -192,6 +192,11 @@ def _stream_handle(stream: Any) -> int:
             f"{type(stream).__name__}.__cuda_stream__ returned {value!r}; expected "
             "(0, handle) as in version 0 of the protocol"
         )
+    if not 0 <= value[1] < 1 << 64:
+        raise ValueError(
+            f"{type(stream).__name__}.__cuda_stream__ returned the handle {value[1]}; a "
+            "stream handle is an address, 0 to 2**64 - 1"
+        )
     return value[1]
 
 

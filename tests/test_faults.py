@@ -297,8 +297,11 @@ def test_a_forked_child_is_refused_clearly_and_exits():
 
 @pytest.mark.gpu
 def test_a_cuda_call_from_a_compiled_body_gets_an_error_code(device, stream):
-    """The driver forbids CUDA calls in a host function: what a compiled body sees is the
-    call's error code (CUDA_ERROR_NOT_PERMITTED on the H200), and the stream goes on."""
+    """CUDA calls are not allowed in a host function; the driver may, but need not, refuse
+    them with CUDA_ERROR_NOT_PERMITTED.  What a compiled body sees is the call's error
+    code: on the H200, cuStreamQuery of its own stream answers CUDA_ERROR_NOT_READY
+    (600), since the stream is inside this very host function.  Nothing hangs, and the
+    stream goes on."""
     query = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(
         ("cuStreamQuery", ctypes.CDLL("libcuda.so.1"))
     )
@@ -314,7 +317,7 @@ def test_a_cuda_call_from_a_compiled_body_gets_an_error_code(device, stream):
     nh.host_launch(stream, _increment, user_data=nh.by_ref(counter))
     stream.sync()
     assert counter[0] == 1
-    assert cell[1] == 800, f"cuStreamQuery from a host function returned {cell[1]}"
+    assert cell[1] in (600, 800), f"cuStreamQuery from a host function returned {cell[1]}"
 
 
 CONTEXT_RESET = textwrap.dedent("""
@@ -349,9 +352,10 @@ CONTEXT_RESET = textwrap.dedent("""
 
 @pytest.mark.gpu
 def test_primary_context_reset_with_launches_pending_neither_hangs_nor_crashes():
-    """Resetting the primary context under pending launches: the driver drops the work
-    that had not run; their records are never completed, so their owners stay (leaked,
-    never freed under a thread that might run them); the process goes on and exits."""
+    """Resetting the primary context under pending launches neither hangs nor crashes.
+    On the H200 the reset first ran every pending host function (2,000 of 2,000, all
+    released); launches the driver dropped instead would keep their owners (leaked,
+    never freed under a thread that might still run them)."""
     run = subprocess.run(
         [sys.executable, "-c", CONTEXT_RESET],
         capture_output=True,
@@ -362,7 +366,7 @@ def test_primary_context_reset_with_launches_pending_neither_hangs_nor_crashes()
     assert run.returncode == 0, run.stdout + run.stderr
     words = run.stdout.split()
     assert words[0] == "reset" and words[1] == "0", run.stdout + run.stderr
-    before, after, ran_compiled, ran_python = map(int, words[3:])
+    before, after, ran_compiled, ran_python = map(int, words[3:5] + words[6:8])
     assert before == 2000 and ran_compiled == ran_python
     assert after == 2000 - ran_compiled - ran_python, run.stdout
     print(run.stdout)  # what the driver did, for docs/errors.md (pytest -s shows it)

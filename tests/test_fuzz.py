@@ -115,7 +115,7 @@ BAD_INPUTS: dict[str, Callable] = {
     ),
     "__cuda_stream__ returns a bad value": lambda d, s: Call(
         (lambda v: lambda: nh.host_launch(_BadProtocol(v), increment))(
-            d(st.sampled_from([None, 5, (0,), (1, 2, 3), ("0", 1), (0, "h"), (0, -1)]))
+            d(st.sampled_from([None, 5, (0,), (1, 2, 3), ("0", 1), (0, "h"), (0, -1), (0, 2**64)]))
         ),
         (TypeError, ValueError),
         "__cuda_stream__|stream",
