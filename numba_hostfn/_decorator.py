@@ -27,12 +27,17 @@ from typing import Any
 import numba
 import numpy as np
 from numba import carray, types
-from numba.core import compiler
-from numba.core.ccallback import CFunc, _CFuncCompiler
-from numba.core.compiler_lock import global_compiler_lock
-from numba.core.cpu import CPUContext
-from numba.core.registry import cpu_target
 
+from ._compat import (
+    CFunc,
+    CFuncCompiler,
+    CPUContext,
+    compiler,
+    cpu_target,
+    flag_value,
+    global_compiler_lock,
+    set_flag_value,
+)
 from ._errors import HostCallbackCompileError
 from ._userdata import resolve_user_data
 
@@ -90,12 +95,11 @@ class _HostFunctionFlags(compiler.Flags):
 
 
 def _no_compile(flags: compiler.Flags) -> bool:
-    values = flags._values
-    return bool(values.get("no_compile", False)) and not values.get("force_pyobject", False)
+    return bool(flag_value(flags, "no_compile")) and not flag_value(flags, "force_pyobject")
 
 
 def _set_no_compile(flags: compiler.Flags, value: bool) -> None:
-    flags._values["no_compile"] = bool(value)
+    set_flag_value(flags, "no_compile", bool(value))
 
 
 # Set after the class is made: numba's TargetConfig metaclass makes a plain
@@ -103,7 +107,7 @@ def _set_no_compile(flags: compiler.Flags, value: bool) -> None:
 _HostFunctionFlags.no_compile = property(_no_compile, _set_no_compile)
 
 
-class _HostFunctionCompiler(_CFuncCompiler):
+class _HostFunctionCompiler(CFuncCompiler):
     def _customize_flags(self, flags: compiler.Flags) -> compiler.Flags:
         return _HostFunctionFlags(super()._customize_flags(flags))
 

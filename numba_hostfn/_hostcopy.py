@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 from numba import types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ._compat import cgutils
 from ._decorator import HostFunction, host_callback
 from ._executor import check_executor
 from ._intrinsics import as_voidptr

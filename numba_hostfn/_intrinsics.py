@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from numba import types
-from numba.core import cgutils
 from numba.extending import intrinsic
+
+from ._compat import cgutils
 
 __all__ = ["as_voidptr"]
 

@@ -14,9 +14,8 @@ import types
 import weakref
 from typing import Any
 
-from numba.core.ccallback import CFunc
-
 from ._backend import get_backend
+from ._compat import FUNCFLAG_CDECL, FUNCFLAG_PYTHONAPI, CFunc, CFuncPtr, cfunc_signature
 from ._decorator import _SIGNATURE, HostFunction
 from ._executor import check_executor
 from ._graphs import (
@@ -29,8 +28,7 @@ from ._userdata import resolve_user_data
 
 __all__ = ["classify_function", "drain", "enqueue", "host_launch", "pending"]
 
-_CFuncPtr = ctypes._CFuncPtr  # the base of every ctypes function pointer type
-_CDECL = ctypes._FUNCFLAG_CDECL
+_CDECL = FUNCFLAG_CDECL
 _c_void_p = ctypes.c_void_p
 
 
@@ -89,10 +87,10 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
     if isinstance(fn, HostFunction):
         _FN_KINDS.remember(type(fn), "compiled")
         return "compiled", fn.address, fn
-    if isinstance(fn, _CFuncPtr):
+    if isinstance(fn, CFuncPtr):
         flags = type(fn)._flags_
         if flags != _CDECL:
-            kind = "PYFUNCTYPE" if flags & ctypes._FUNCFLAG_PYTHONAPI else f"flags {flags:#x}"
+            kind = "PYFUNCTYPE" if flags & FUNCFLAG_PYTHONAPI else f"flags {flags:#x}"
             raise _prototype_error(f"declared with {kind}")
         if fn.restype is not None or tuple(fn.argtypes or ()) != (ctypes.c_void_p,):
             raise _prototype_error(f"with restype={fn.restype!r}, argtypes={fn.argtypes!r}")
@@ -101,9 +99,9 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
             raise ValueError("host_launch() got a NULL ctypes function pointer")
         return "pointer", address, fn
     if isinstance(fn, CFunc):
-        if fn._sig != _SIGNATURE:
+        if cfunc_signature(fn) != _SIGNATURE:
             raise TypeError(
-                f"host_launch() got a numba cfunc with signature {fn._sig}; a CUhostFn "
+                f"host_launch() got a numba cfunc with signature {cfunc_signature(fn)}; a CUhostFn "
                 "needs void(voidptr): use @host_callback, or numba.cfunc('void(voidptr)')"
             )
         return "pointer", fn.address, fn

@@ -30,6 +30,8 @@ from typing import Any
 
 import llvmlite.binding as llvm
 
+from ._compat import PYTHON_ALIASES
+
 __all__ = ["Native", "Status", "calloc", "native"]
 
 _PARTS = ("interpreter", "records", "trampolines", "enqueue", "simulator", "executor")
@@ -88,7 +90,6 @@ _PYTHON = {
     "_Py_NoneStruct": "@_Py_NoneStruct = external global i8",
 }
 # Public from 3.13 as PyThreadState_GetUnchecked; the same function was private before.
-_PYTHON_ALIASES = {"PyThreadState_GetUnchecked": ("_PyThreadState_UncheckedGet",)}
 _GILSTATE_LOCKED, _GILSTATE_UNLOCKED = 0, 1  # PyGILState_STATE
 # A spin-wait hint for the CPU, by architecture (nothing elsewhere): an LLVM
 # intrinsic, since numba's JIT parses no inline assembly.
@@ -160,7 +161,7 @@ def _bind_symbols() -> None:
         llvm.add_symbol(name, _address_in(libc, (name,)))
     python = [ctypes.pythonapi]
     for name in _PYTHON:
-        names = (name, *_PYTHON_ALIASES.get(name, ()))
+        names = (name, *PYTHON_ALIASES.get(name, ()))
         llvm.add_symbol(name, _address_in(python, names))
 
 
@@ -182,8 +183,7 @@ class Native:
                 "numba_hostfn needs a CPython build with the GIL (the GIL guards its "
                 "launch records); this is a free-threaded build"
             )
-        from numba.core.compiler_lock import global_compiler_lock
-        from numba.core.registry import cpu_target
+        from ._compat import cpu_target, global_compiler_lock
 
         _bind_symbols()
         codegen = cpu_target.target_context.codegen()

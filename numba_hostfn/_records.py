@@ -16,9 +16,9 @@ LIFETIME.md states the invariants.
 from __future__ import annotations
 
 import atexit
-import threading
 from typing import Any
 
+from ._compat import register_early_atexit
 from ._native import Native, calloc
 
 __all__ = ["LaunchRecords"]
@@ -37,10 +37,7 @@ class LaunchRecords:
         # block in a driver call with the GIL held (releasing a context, say),
         # while the driver's thread waits for the GIL in a Python trampoline.
         # threading's exit hooks run first, right after non-daemon threads end.
-        try:
-            threading._register_atexit(self._at_exit)
-        except (AttributeError, RuntimeError):  # no such hook, or already shutting down
-            pass
+        register_early_atexit(self._at_exit)
         atexit.register(self._at_exit)
 
     def abandon(self) -> None:

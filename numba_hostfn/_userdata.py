@@ -17,16 +17,18 @@ from typing import Any
 
 import numpy as np
 
+from ._compat import CFuncPtr, PointerBase
+
 __all__ = ["ByRef", "by_ref", "resolve_user_data"]
 
 _MAX_ADDRESS = 2**64
 # ctypes objects whose bytes are an address: copying them is never what was meant.
 _POINTER_TYPES = (
-    ctypes._Pointer,
+    PointerBase,
     ctypes.c_void_p,
     ctypes.c_char_p,
     ctypes.c_wchar_p,
-    ctypes._CFuncPtr,
+    CFuncPtr,
 )
 
 
