@@ -78,18 +78,23 @@ def add_captured_node(
     return True
 
 
-def add_graph_node(backend: Any, after: Any, kind: str, fn: int, arg: int, owner: Any) -> Any:
-    """Add ``fn(arg)`` to an explicit cuda.core graph after ``after``; return the new node."""
+def _explicit_graph(backend: Any, after: Any) -> tuple[type, int]:
+    """cuda.core's class whose builder methods to call on ``after``, and its CUgraph."""
     if backend.name != "cuda":
         raise SimulatorUnsupportedError(
             "the simulator does not model explicit graphs (cuda.core GraphDefinition and "
             "GraphNode); capture a simulated stream or GraphBuilder instead, or run on a GPU"
         )
-    # cuda.core's own builder method, from the base class: HostCallbackNode
-    # shadows ``callback`` with a property (the Python callable of that node).
+    # The base class's builder methods: HostCallbackNode shadows ``callback``
+    # with a property (the Python callable of that node).
     base = next(c for c in type(after).__mro__ if c.__name__ in ("GraphDefinition", "GraphNode"))
     definition = after if base.__name__ == "GraphDefinition" else after.graph
-    graph = int(definition.handle)
+    return base, int(definition.handle)
+
+
+def add_graph_node(backend: Any, after: Any, kind: str, fn: int, arg: int, owner: Any) -> Any:
+    """Add ``fn(arg)`` to an explicit cuda.core graph after ``after``; return the new node."""
+    base, graph = _explicit_graph(backend, after)
     node_fn, node_arg, record = _graph_record(backend, kind, fn, arg, owner)
     token = backend.own_by_graph(graph, record)
     try:
@@ -150,17 +155,11 @@ def add_executor_graph_node(
     backend: Any, executor: Any, after: Any, kind: str, fn: int, arg: int, owner: Any, copy: bool
 ) -> Any:
     """Add an executor node to an explicit cuda.core graph after ``after``; return it."""
-    if backend.name != "cuda":
-        raise SimulatorUnsupportedError(
-            "the simulator does not model explicit graphs (cuda.core GraphDefinition and "
-            "GraphNode); capture a simulated stream or GraphBuilder instead, or run on a GPU"
-        )
-    base = next(c for c in type(after).__mro__ if c.__name__ in ("GraphDefinition", "GraphNode"))
-    definition = after if base.__name__ == "GraphDefinition" else after.graph
+    base, graph = _explicit_graph(backend, after)
     record, slot = _slot_record(backend, executor, kind, fn, arg, owner, copy)
-    token = backend.own_by_graph(int(definition.handle), record)
+    token = backend.own_by_graph(graph, record)
     try:
         return base.embed(after, backend.slot_graph(slot))
     except BaseException:
-        backend.disown(int(definition.handle), token)
+        backend.disown(graph, token)
         raise

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import textwrap
 
 from numba_hostfn._devicework import Device
 
 __all__ = [
+    "CHILD_PREAMBLE",
     "Capture",
     "Device",
     "child_env",
@@ -14,6 +16,25 @@ __all__ = [
     "rerun_on_simulator",
     "thread_state_count",
 ]
+
+
+#: The start of a child test script (run with :func:`child_env`): imports, an
+#: ``increment`` host function, and ``device`` and ``stream`` on this backend.
+CHILD_PREAMBLE = textwrap.dedent("""
+    import faulthandler
+    faulthandler.enable()  # SIGABRT from the test prints every thread's stack
+    import numpy as np
+    from numba import carray
+    import numba_hostfn as nh
+    from _device import Device
+
+    @nh.host_callback
+    def increment(p):
+        carray(p, (1,), np.int64)[0] += 1
+
+    device = Device()
+    stream = device.create_stream()
+""")
 
 
 def child_env(**extra: str) -> dict:

@@ -17,6 +17,7 @@ import weakref
 import numpy as np
 import pytest
 from _device import (
+    CHILD_PREAMBLE,
     Capture,
     child_env,
     released_eventually,
@@ -409,19 +410,8 @@ def test_pool_threads_give_their_thread_states_back_at_close(stream):
     assert thread_state_count() == before
 
 
-EXIT_SCRIPT = textwrap.dedent("""
+EXIT_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     import atexit
-    import numpy as np
-    from numba import carray
-    import numba_hostfn as nh
-    from _device import Device
-
-    @nh.host_callback
-    def increment(p):
-        carray(p, (1,), np.int64)[0] += 1
-
-    device = Device()
-    stream = device.create_stream()
     counter = np.zeros(1, np.int64)
     calls = []
     executor = nh.HostExecutor(threads=2)

@@ -6,22 +6,9 @@ import sys
 import textwrap
 
 import pytest
-from _device import child_env
+from _device import CHILD_PREAMBLE, child_env
 
-EXIT_SCRIPT = textwrap.dedent("""
-    import faulthandler
-    faulthandler.enable()  # SIGABRT from the test prints every thread's stack
-    import numpy as np
-    from numba import carray
-    import numba_hostfn as nh
-    from _device import Device
-
-    @nh.host_callback
-    def increment(p):
-        carray(p, (1,), np.int64)[0] += 1
-
-    device = Device()
-    stream = device.create_stream()
+EXIT_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     counter = np.zeros(1, np.int64)
     calls = []
     device.delay(stream, {delay})

@@ -16,7 +16,7 @@ import weakref
 import numba
 import numpy as np
 import pytest
-from _device import child_env
+from _device import CHILD_PREAMBLE, child_env
 from numba import carray
 
 import numba_hostfn as nh
@@ -231,21 +231,10 @@ def test_stream_closed_with_launches_pending_runs_them(device):
     assert alive() is None
 
 
-FORK_SCRIPT = textwrap.dedent("""
+FORK_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     import os, sys, time, warnings
-    import numpy as np
-    from numba import carray
-    import numba_hostfn as nh
-    from _device import Device
 
     warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads: the point
-
-    @nh.host_callback
-    def increment(p):
-        carray(p, (1,), np.int64)[0] += 1
-
-    device = Device()
-    stream = device.create_stream()
     executor = nh.HostExecutor(threads=2)
     counter = np.zeros(1, np.int64)
     device.delay(stream, 0.3)
@@ -320,20 +309,10 @@ def test_a_cuda_call_from_a_compiled_body_gets_an_error_code(device, stream):
     assert cell[1] in (600, 800), f"cuStreamQuery from a host function returned {cell[1]}"
 
 
-CONTEXT_RESET = textwrap.dedent("""
+CONTEXT_RESET = CHILD_PREAMBLE + textwrap.dedent("""
     import time
-    import numpy as np
     from cuda.bindings import driver
-    from numba import carray
-    import numba_hostfn as nh
-    from _device import Device
 
-    @nh.host_callback
-    def increment(p):
-        carray(p, (1,), np.int64)[0] += 1
-
-    device = Device()
-    stream = device.create_stream()
     counter = np.zeros(1, np.int64)
     calls = []
     device.delay(stream, 0.5)

@@ -14,7 +14,7 @@ import weakref
 
 import numpy as np
 import pytest
-from _device import Capture, child_env, released_eventually, rerun_on_simulator
+from _device import CHILD_PREAMBLE, Capture, child_env, released_eventually, rerun_on_simulator
 from numba import carray
 
 import numba_hostfn as nh
@@ -267,20 +267,7 @@ def test_simulated_capture_rules(request):
     assert nh.pending() == 0, "closing a stream abandons its capture and releases it"
 
 
-EXIT_SCRIPT = textwrap.dedent("""
-    import faulthandler
-    faulthandler.enable()
-    import numpy as np
-    from numba import carray
-    import numba_hostfn as nh
-    from _device import Device
-
-    @nh.host_callback
-    def increment(p):
-        carray(p, (1,), np.int64)[0] += 1
-
-    device = Device()
-    stream = device.create_stream()
+EXIT_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     counter = np.zeros(1, np.int64)
     calls = []
     builder = stream.create_graph_builder().begin_building()

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from _device import child_env
+from _device import CHILD_PREAMBLE, child_env
 from numba import carray, cfunc
 
 import numba_hostfn as nh
@@ -142,11 +142,8 @@ def test_thousands_of_failures_are_all_reported_and_the_stream_goes_on(stream, u
     assert all(isinstance(u.exc_value, IndexError) for u in compiled)
 
 
-STALLED_EXIT = textwrap.dedent("""
-    import ctypes, numpy as np
-    from numba import carray
-    import numba_hostfn as nh
-    from _device import Device
+STALLED_EXIT = CHILD_PREAMBLE + textwrap.dedent("""
+    import ctypes
 
     _sleep = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint)(("usleep", ctypes.CDLL(None)))
 
@@ -155,12 +152,6 @@ STALLED_EXIT = textwrap.dedent("""
         for _ in range(600):  # 60 s: longer than the exit may take
             _sleep(100_000)
 
-    @nh.host_callback
-    def increment(p):
-        carray(p, (1,), np.int64)[0] += 1
-
-    device = Device()
-    stream = device.create_stream()
     counter = np.zeros(1, np.int64)
     nh.host_launch(stream, stall)
     for i in range({n}):
