@@ -351,6 +351,7 @@ def test_executor_graph_nodes_follow_stream_order(executor, stream, device):
 
 def test_closed_executor_answers_its_graphs_until_they_are_gone(stream, device):
     """close() stops new launches; the pool still serves replays of live graphs, then quits."""
+    gc.collect()  # pools and streams of earlier tests end their threads now, not during this one
     threads = _os_threads()
     counter = np.zeros(1, np.int64)
     executor = nh.HostExecutor(threads=2)
@@ -370,10 +371,10 @@ def test_closed_executor_answers_its_graphs_until_they_are_gone(stream, device):
     graph.close()
     assert released_eventually(alive, device)
     for _ in range(200):  # the detached threads quit once the last slot is disarmed
-        if _os_threads() == threads:
+        if _os_threads() <= threads:
             break
         time.sleep(0.01)
-    assert _os_threads() == threads
+    assert _os_threads() <= threads
 
 
 def test_graph_slots_are_reused(executor, stream):

@@ -175,24 +175,23 @@ def test_many_exits_with_launches_pending_behind_a_stalled_host_function():
         )
         return run.returncode, time.monotonic() - start, run.stdout + run.stderr
 
-    # The child's own exit is bounded; its start (importing numba) is not ours to
-    # bound, so each run's time is compared with a run that exits with nothing pending.
-    baseline = subprocess.run(
-        [sys.executable, "-c", "import numba_hostfn, _device; _device.Device()"],
-        capture_output=True,
-        env=child_env(),
-        timeout=120,
-    )
-    assert baseline.returncode == 0
-    start = time.monotonic()
-    subprocess.run(
-        [sys.executable, "-c", "import numba_hostfn, _device; _device.Device()"],
-        env=child_env(),
-        timeout=120,
-        check=True,
-    )
-    startup = time.monotonic() - start
-    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 2)) as pool:
+    # The child's own exit is bounded; its start (importing numba, on a machine
+    # that runs as many of them at once) is not ours to bound: each run's time
+    # is compared with the slowest of as many children that exit with nothing
+    # pending, started the same way.
+    def plain(_) -> float:
+        start = time.monotonic()
+        subprocess.run(
+            [sys.executable, "-c", "import numba_hostfn, _device; _device.Device()"],
+            env=child_env(),
+            timeout=120,
+            check=True,
+        )
+        return time.monotonic() - start
+
+    workers = min(8, os.cpu_count() or 2)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        startup = max(pool.map(plain, range(workers)))
         results = list(pool.map(one, range(EXITS)))
     for rc, seconds, output in results:
         assert rc == 0, output
