@@ -149,6 +149,19 @@ class _NamedCFunc(CFunc):
         self._library.codegen.set_env(cres.fndesc.env_name, cres.environment)
 
 
+def _direct_caller(target: Callable, options: dict) -> Callable[[int], None]:
+    """``target(p)`` as a jitted function of an address that raises in its caller."""
+    from ._intrinsics import as_voidptr
+
+    body = numba.njit(target, nogil=True, **options)
+
+    @numba.njit(nogil=True, **options)
+    def direct(address):
+        body(as_voidptr(address))
+
+    return direct
+
+
 def _record_view(p):
     body(carray(p, (1,), layout)[0])  # noqa: F821 - globals supplied by _view_wrapper
 
@@ -214,7 +227,15 @@ class HostFunction:
     """
 
     def __init__(
-        self, py_func: Callable, *, dtype: Any = None, cache: bool = False, fastmath: bool = False
+        self,
+        py_func: Callable,
+        *,
+        dtype: Any = None,
+        cache: bool = False,
+        fastmath: bool = False,
+        boundscheck: bool | None = None,
+        debug: bool = False,
+        error_model: str = "numpy",
     ) -> None:
         if not inspect.isfunction(py_func):
             raise TypeError(
@@ -235,7 +256,7 @@ class HostFunction:
         self.__doc__ = py_func.__doc__
         self.__wrapped__ = py_func
         label = f"host function {py_func.__module__}.{py_func.__qualname__}"
-        options = {"error_model": "numpy", "fastmath": bool(fastmath)}
+        options = _numba_options(fastmath, boundscheck, debug, error_model)
         try:
             if self.dtype is None:
                 target = py_func
@@ -255,6 +276,7 @@ class HostFunction:
         self._cfunc = cfunc
         self.address: int = cfunc.address
         self._ctypes = None
+        self._target, self._options, self._direct = target, options, None
 
     @property
     def ctypes(self) -> Any:
@@ -279,18 +301,56 @@ class HostFunction:
         return self._cfunc.inspect_llvm()
 
     def __call__(self, user_data: Any = None) -> None:
-        """Run the compiled function now, on the calling thread (GIL released).
+        """Run the body now, on the calling thread (GIL released), and raise what it raises.
 
         ``user_data`` takes the forms :func:`host_launch` accepts and is checked
-        against the declared ``dtype`` the same way.
+        against the declared ``dtype`` the same way.  The body is the same
+        numba code with the same options, compiled once more (on the first
+        direct call) as a jitted function, so that an exception propagates to
+        the caller: a host function can be unit-tested with ``pytest.raises``.
+        On a stream, where nobody can catch it, the exception is reported to
+        ``sys.unraisablehook`` instead.
         """
         address, owner = resolve_user_data(user_data, self.dtype, self)
-        self.ctypes(address)
-        del owner
+        if self._direct is None:
+            self._direct = _direct_caller(self._target, self._options)
+        try:
+            self._direct(address)
+        finally:
+            del owner
 
     def __repr__(self) -> str:
         layout = "" if self.dtype is None else f", dtype={self.dtype}"
         return f"<HostFunction {self.__module__}.{self.__qualname__} at {self.address:#x}{layout}>"
+
+
+#: numba options that make no sense for a host function, and why.
+_REFUSED_OPTIONS = {
+    "nopython": "a host function is always compiled in nopython mode",
+    "forceobj": "a host function is always compiled in nopython mode",
+    "looplift": "a host function is always compiled in nopython mode",
+    "nogil": "a host function never holds the GIL",
+    "parallel": "a host function runs on one thread; for parallel host work use a HostExecutor",
+    "target": "a host function is CPU code, called by the CUDA driver",
+    "device": "a host function is CPU code, called by the CUDA driver",
+    "signature": "a host function's signature is always void(void*)",
+}
+
+
+def _numba_options(fastmath: Any, boundscheck: Any, debug: Any, error_model: Any) -> dict:
+    """The numba options of a host function, checked."""
+    if error_model not in ("numpy", "python"):
+        raise ValueError(
+            f"host_callback(error_model=...) expected 'numpy' or 'python', got {error_model!r}"
+        )
+    if boundscheck is not None and not isinstance(boundscheck, bool):
+        raise TypeError(
+            f"host_callback(boundscheck=...) expected True, False or None, got {boundscheck!r}"
+        )
+    options = {"error_model": error_model, "fastmath": fastmath, "debug": bool(debug)}
+    if boundscheck is not None:  # None: numba's default (NUMBA_BOUNDSCHECK)
+        options["boundscheck"] = boundscheck
+    return options
 
 
 def host_callback(
@@ -300,6 +360,10 @@ def host_callback(
     dtype: Any = None,
     cache: bool = False,
     fastmath: bool = False,
+    boundscheck: bool | None = None,
+    debug: bool = False,
+    error_model: str = "numpy",
+    **options: Any,
 ) -> HostFunction | Callable[[Callable], HostFunction]:
     """Compile ``func(user_data)`` into a :class:`HostFunction` that runs without the GIL.
 
@@ -323,8 +387,18 @@ def host_callback(
     cache : bool, optional
         Cache the machine code on disk (numba's cache), so a later process
         loads it instead of compiling.
-    fastmath : bool, optional
-        Passed to numba.
+    fastmath : bool or set of str, optional
+        Passed to numba: allow floating-point reassociation and the like.
+    boundscheck : bool, optional
+        Check array indices (an out-of-bounds index raises ``IndexError``,
+        reported like any failure in a host function).  ``None``: numba's
+        default, the ``NUMBA_BOUNDSCHECK`` environment variable (off).
+    debug : bool, optional
+        Passed to numba: debug information in the machine code.
+    error_model : {'numpy', 'python'}, optional
+        ``'numpy'`` (the default): a division by zero gives inf or nan for
+        floats and 0 for integers, and raises nothing.  ``'python'``: it
+        raises ``ZeroDivisionError``, which takes the GIL to report it.
 
     Returns
     -------
@@ -351,6 +425,21 @@ def host_callback(
     >>> double(by_ref(x)); x
     array([0., 2., 4., 6.])
     """
+    for name in options:
+        why = _REFUSED_OPTIONS.get(name, "numba_hostfn does not pass it to numba")
+        raise TypeError(
+            f"host_callback() does not take the option {name!r}: {why}. It takes dtype, "
+            "cache, fastmath, boundscheck, debug and error_model"
+        )
+    _numba_options(fastmath, boundscheck, debug, error_model)  # refuse bad values early
+    settings = {
+        "dtype": dtype,
+        "cache": cache,
+        "fastmath": fastmath,
+        "boundscheck": boundscheck,
+        "debug": debug,
+        "error_model": error_model,
+    }
     if func is None:
-        return lambda f: HostFunction(f, dtype=dtype, cache=cache, fastmath=fastmath)
-    return HostFunction(func, dtype=dtype, cache=cache, fastmath=fastmath)
+        return lambda f: HostFunction(f, **settings)
+    return HostFunction(func, **settings)

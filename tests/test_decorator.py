@@ -111,13 +111,67 @@ def test_error_model_numpy_gives_inf_not_exception(unraisables):
 
 
 def test_exception_in_body_is_reported_naming_the_host_function(unraisables):
-    raises()
+    raises.ctypes(None)  # the machine code the driver calls: nobody to raise to
     assert len(unraisables) == 1
     report = unraisables[0]
     assert report.exc_type is ValueError
     assert "raised inside a host function" in str(report.exc_value)
     assert "CPUContext" not in str(report.object)
     assert "host function" in str(report.object) and "raises" in str(report.object)
+
+
+def test_a_direct_call_raises_what_the_body_raises(unraisables):
+    """Called directly, on the caller's thread, a host function raises like a function."""
+    with pytest.raises(ValueError, match="raised inside a host function"):
+        raises()
+
+    @nh.host_callback(boundscheck=True)
+    def out_of_bounds(p):
+        carray(p, (2,), np.int64)[2] = 1
+
+    with pytest.raises(IndexError):
+        out_of_bounds(nh.by_ref(np.zeros(2, np.int64)))
+    assert unraisables == []
+
+
+@pytest.mark.parametrize(
+    "options, call, result",
+    [
+        ({}, "int_div", 0),  # error_model='numpy' (the default): integer // 0 gives 0
+        ({"error_model": "python"}, "int_div", ZeroDivisionError),
+        ({"boundscheck": True}, "oob", IndexError),
+        ({"boundscheck": False}, "oob", None),
+    ],
+)
+def test_numba_options_pass_through(options, call, result):
+    def int_div(p):
+        a = carray(p, (2,), np.int64)
+        a[0] = a[0] // a[1]
+
+    def oob(p):
+        a = carray(p, (4,), np.int64)[:2]
+        a[3] = 7  # inside the buffer, outside the view
+
+    fn = nh.host_callback(int_div if call == "int_div" else oob, **options)
+    data = np.array([5, 0, 0, 0], np.int64)
+    if isinstance(result, type):
+        with pytest.raises(result):
+            fn(nh.by_ref(data))
+    else:
+        fn(nh.by_ref(data))
+        if result is not None:
+            assert data[0] == result
+
+
+@pytest.mark.parametrize(
+    "option, why",
+    [("parallel", "HostExecutor"), ("nopython", "always"), ("nogil", "never holds"), ("x", "")],
+)
+def test_numba_options_that_make_no_sense_are_refused_by_name(option, why):
+    with pytest.raises(TypeError, match=f"option '{option}'.*{why}"):
+        nh.host_callback(**{option: True})
+    with pytest.raises(ValueError, match="error_model"):
+        nh.host_callback(error_model="c")
 
 
 def test_compile_error_raises_at_decoration_naming_the_function():
