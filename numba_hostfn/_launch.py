@@ -14,6 +14,8 @@ import types
 import weakref
 from typing import Any
 
+from numba.extending import is_jitted
+
 from ._backend import get_backend
 from ._compat import FUNCFLAG_CDECL, FUNCFLAG_PYTHONAPI, CFunc, CFuncPtr, cfunc_signature
 from ._decorator import _SIGNATURE, HostFunction
@@ -81,6 +83,7 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
         return kind, 0, fn
     if type(fn) in _PER_INSTANCE:  # a plain function: not async (checked each time)
         _refuse_coroutine_function(fn)
+        _refuse_required_arguments(fn)
         return "python", 0, fn
     if kind == "compiled":
         return kind, fn.address, fn
@@ -105,12 +108,19 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
                 "needs void(voidptr): use @host_callback, or numba.cfunc('void(voidptr)')"
             )
         return "pointer", fn.address, fn
+    if is_jitted(fn):
+        raise TypeError(
+            f"host_launch() got a numba.njit function ({fn.py_func.__qualname__!r}), which "
+            "the driver cannot call: decorate the Python function with "
+            "@numba_hostfn.host_callback instead (or pass host_callback(fn.py_func))"
+        )
     if fn is None or not callable(fn):
         raise TypeError(
             "host_launch() expected a HostFunction, a CUhostFn ctypes pointer or a "
             f"Python callable, got {type(fn).__name__}"
         )
     _refuse_coroutine_function(fn)
+    _refuse_required_arguments(fn)
     if type(fn) not in _PER_INSTANCE:
         _FN_KINDS.remember(type(fn), "python")
     return "python", 0, fn
@@ -130,6 +140,25 @@ def _refuse_coroutine_function(fn: Any) -> None:
             "a host function is called, not awaited, so it would only make a coroutine that "
             "never runs. Pass a plain function; to resume a coroutine when the stream gets "
             "here, signal it from a plain callable (loop.call_soon_threadsafe)"
+        )
+
+
+def _refuse_required_arguments(fn: Any) -> None:
+    """A plain function or bound method that cannot be called with no arguments."""
+    function = getattr(fn, "__func__", fn)
+    code = getattr(function, "__code__", None)
+    if code is None or type(fn) is functools.partial:
+        return
+    required = code.co_argcount - len(function.__defaults__ or ())
+    if type(fn) is types.MethodType:
+        required -= 1
+    if required > 0:
+        raise TypeError(
+            f"host_launch() got {function.__qualname__!r}, which takes {required} "
+            "argument(s), but a Python callable is called with none. To run it as "
+            "fn(user_data), compiled and without the GIL, decorate it with "
+            "@numba_hostfn.host_callback; to call Python with data, bind the data: "
+            "functools.partial(fn, data)"
         )
 
 
@@ -284,8 +313,10 @@ def enqueue(
         if user_data is not None:
             raise ValueError(
                 "user_data is only supported with compiled host functions and ctypes "
-                "function pointers; a Python callable carries its state itself (a "
-                "closure or functools.partial)"
+                f"function pointers; {getattr(fn, '__qualname__', type(fn).__name__)!r} is a "
+                "Python callable, called with no arguments. Decorate it with "
+                "@numba_hostfn.host_callback to run fn(user_data) compiled and without the "
+                "GIL, or bind the data: functools.partial(fn, data)"
             )
         arg, data_owner = id(fn), None  # the PyObject*, kept alive by fn_owner
     else:

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numba
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -58,6 +59,19 @@ async def _coroutine():
 
 async def _async_generator():
     yield 1
+
+
+@numba.njit
+def _jitted(p):
+    pass
+
+
+def _one_argument(user_data):
+    pass
+
+
+def _two_arguments(a, b=1, *, c):
+    pass
 
 
 class _BadProtocol:
@@ -153,6 +167,14 @@ BAD_INPUTS: dict[str, Callable] = {
         _launch(s, d(st.sampled_from([_coroutine, functools.partial(_coroutine)]))),
         (TypeError,),
         "coroutine",
+    ),
+    "fn is a numba.njit function": lambda d, s: Call(
+        _launch(s, _jitted), (TypeError,), "njit.*host_callback"
+    ),
+    "fn is a Python function that needs arguments": lambda d, s: Call(
+        _launch(s, d(st.sampled_from([_one_argument, _two_arguments]))),
+        (TypeError,),
+        "argument.*host_callback",
     ),
     "fn is an async generator function": lambda d, s: Call(
         _launch(s, _async_generator), (TypeError,), "coroutine|async"

@@ -144,7 +144,7 @@ def test_user_data_with_python_callable_rejected(stream):
     cb = Callable()
     data = bytearray(b"abc")
     _rejects(stream, ValueError, "only supported with compiled", cb, user_data=data)
-    with pytest.raises(ValueError, match="closure or functools.partial"):
+    with pytest.raises(ValueError, match="host_callback.*functools.partial"):
         nh.host_launch(stream, cb, user_data=0)
 
 
@@ -266,3 +266,32 @@ def test_rejected_arguments_are_not_kept_alive(stream):
     del cb
     gc.collect()
     assert alive() is None
+
+
+def test_functions_meant_for_host_callback_are_recognised(stream):
+    """An njit function, or a plain def that takes user_data, gets told to use host_callback."""
+    import numba
+
+    @numba.njit
+    def jitted(p):
+        pass
+
+    def takes_data(p):
+        pass
+
+    _rejects(stream, TypeError, "numba.njit function.*host_callback", jitted)
+    _rejects(stream, TypeError, "takes 1 argument.*host_callback", takes_data)
+    _rejects(stream, TypeError, "takes 1 argument.*host_callback", takes_data, user_data=b"x")
+
+    class Box:
+        def method(self):
+            calls.append("method")
+
+    def optional(p=None):
+        calls.append("optional")
+
+    calls = []
+    nh.host_launch(stream, Box().method)  # self is bound: callable with no arguments
+    nh.host_launch(stream, optional)
+    stream.sync()
+    assert calls == ["method", "optional"]
