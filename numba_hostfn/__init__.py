@@ -10,6 +10,7 @@ docs/threading.md.
 
 from . import simulator
 from ._backend import get_backend as _get_backend
+from ._backend import simulator_unless_driver as _simulator_unless_driver
 from ._decorator import CUhostFn, HostFunction, host_callback
 from ._errors import (
     SIMULATOR_ENV,
@@ -48,6 +49,7 @@ __all__ = [
     "as_voidptr",
     "backend_name",
     "by_ref",
+    "create_stream",
     "drain",
     "host_callback",
     "host_copy",
@@ -56,6 +58,7 @@ __all__ = [
     "host_memcpy_2d",
     "pending",
     "release_after",
+    "simulate_without_gpu",
     "simulator",
 ]
 
@@ -73,3 +76,58 @@ def backend_name() -> str:
         If there is no usable CUDA driver and the simulator is not selected.
     """
     return _get_backend().name
+
+
+def simulate_without_gpu() -> bool:
+    """Run on the simulator if this machine has no usable CUDA driver; say which.
+
+    numba_hostfn never falls back to the simulator on its own: without a GPU
+    and without ``NUMBA_HOSTFN_SIMULATOR=1``, the first launch raises
+    :class:`BackendUnavailableError`.  Call this first in a script that should
+    run anywhere (with :func:`create_stream` for its streams).
+
+    Returns
+    -------
+    bool
+        True if the simulator is in use (requested, or no driver was found).
+
+    Raises
+    ------
+    RuntimeError
+        If this process already uses the CUDA backend and has no driver now
+        (it cannot change backends).
+    """
+    return _simulator_unless_driver()
+
+
+def create_stream():
+    """A new stream of the backend in use: CUDA (cuda.core) or the simulator.
+
+    On a GPU, a cuda.core ``Stream`` of the current device (device 0, made
+    current, if none is); on the simulator, a :class:`simulator.Stream`.  Both
+    have ``sync()`` and ``close()``, and any other stream with
+    ``__cuda_stream__`` works with :func:`host_launch` as well.
+
+    Returns
+    -------
+    cuda.core.Stream or numba_hostfn.simulator.Stream
+
+    Raises
+    ------
+    BackendUnavailableError
+        If there is no usable CUDA driver and the simulator is not selected
+        (see :func:`simulate_without_gpu`).
+
+    Examples
+    --------
+    >>> import numba_hostfn as nh
+    >>> nh.simulate_without_gpu()  # doctest: +SKIP
+    >>> stream = nh.create_stream()  # doctest: +SKIP
+    """
+    if _get_backend().name == "simulator":
+        return simulator.Stream()
+    from cuda.core import Device
+
+    device = Device()
+    device.set_current()
+    return device.create_stream()

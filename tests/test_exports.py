@@ -16,6 +16,7 @@ PUBLIC = {
     "as_voidptr",
     "backend_name",
     "by_ref",
+    "create_stream",
     "drain",
     "host_copy",
     "host_memcpy",
@@ -24,6 +25,7 @@ PUBLIC = {
     "host_callback",
     "host_launch",
     "pending",
+    "simulate_without_gpu",
     "simulator",
 }
 
@@ -57,3 +59,45 @@ def test_py_typed_ships():
     import pathlib
 
     assert (pathlib.Path(numba_hostfn.__file__).parent / "py.typed").exists()
+
+
+SCRIPT_THAT_RUNS_ANYWHERE = """
+import numpy as np
+from numba import carray
+import numba_hostfn as nh
+from numba_hostfn._backend import cuda_driver_usable
+
+simulated = nh.simulate_without_gpu()
+stream = nh.create_stream()
+
+@nh.host_callback
+def add_one(p):
+    carray(p, (1,), np.int64)[0] += 1
+
+data = np.zeros(1, np.int64)
+nh.host_launch(stream, add_one, user_data=nh.by_ref(data))
+stream.sync()
+print(simulated, not cuda_driver_usable(), type(stream).__module__, int(data[0]))
+"""
+
+
+def test_one_script_runs_on_a_gpu_or_the_simulator():
+    """With NUMBA_HOSTFN_SIMULATOR unset: the simulator exactly when there is no driver."""
+    import subprocess
+    import sys
+
+    from _device import child_env
+
+    env = child_env()
+    env.pop("NUMBA_HOSTFN_SIMULATOR", None)
+    run = subprocess.run(
+        [sys.executable, "-c", SCRIPT_THAT_RUNS_ANYWHERE],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    simulated, no_driver, module, value = run.stdout.split()
+    assert simulated == no_driver and value == "1"
+    assert module.startswith("numba_hostfn" if simulated == "True" else "cuda.core")
