@@ -268,11 +268,13 @@ class HostFunction:
                 cfunc.enable_caching()
             cfunc.compile()
         except Exception as exc:  # numba raises more than NumbaError (TypeError, ...)
-            raise HostCallbackCompileError(
+            error = HostCallbackCompileError(
                 f"cannot compile host function {py_func.__qualname__!r} "
                 f"({py_func.__code__.co_filename}:{py_func.__code__.co_firstlineno}) "
                 f"with numba:\n{exc}"
-            ) from exc
+            )
+            error.numba_error = exc
+            raise error from None
         self._cfunc = cfunc
         self.address: int = cfunc.address
         self._ctypes = None

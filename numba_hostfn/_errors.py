@@ -23,9 +23,12 @@ SIMULATOR_ENV = "NUMBA_HOSTFN_SIMULATOR"
 class HostCallbackCompileError(TypeError):
     """Raised by :func:`~numba_hostfn.host_callback` if numba cannot compile the body.
 
-    The message names the host function and carries numba's own message; the
-    numba exception is chained as ``__cause__``.
+    The message names the host function and where it is defined first, then
+    numba's own message, once.  numba's exception is kept as ``numba_error``
+    (not chained, so that a traceback does not print the message twice).
     """
+
+    numba_error: BaseException | None = None
 
 
 class CudaDriverError(RuntimeError):

@@ -181,7 +181,12 @@ def test_compile_error_raises_at_decoration_naming_the_function():
     with pytest.raises(nh.HostCallbackCompileError, match="uses_python_objects") as info:
         nh.host_callback(uses_python_objects)
     assert isinstance(info.value, TypeError)
-    assert info.value.__cause__ is not None  # numba's own error, chained
+    assert info.value.numba_error is not None  # numba's own error, kept
+    assert info.value.__cause__ is None and info.value.__suppress_context__  # said once
+    import traceback
+
+    printed = "".join(traceback.format_exception(info.value))
+    assert printed.count(str(info.value.numba_error).splitlines()[0]) == 1
     assert "object" in str(info.value)
 
 
