@@ -30,13 +30,14 @@ from ._hostcopy import (
 )
 from ._intrinsics import as_voidptr
 from ._launch import drain, host_launch, pending
-from ._userdata import ByRef, by_ref
+from ._userdata import ByRef, Record, by_ref, record
 
 __version__ = "0.1.0"
 
 __all__ = [
     "MEMCPY_2D_LAYOUT",
     "MEMCPY_LAYOUT",
+    "Record",
     "SIMULATOR_ENV",
     "BackendUnavailableError",
     "ByRef",
@@ -57,6 +58,7 @@ __all__ = [
     "host_memcpy",
     "host_memcpy_2d",
     "pending",
+    "record",
     "release_after",
     "simulate_without_gpu",
     "simulator",

@@ -19,7 +19,7 @@ import numpy as np
 
 from ._compat import CFuncPtr, PointerBase
 
-__all__ = ["ByRef", "by_ref", "resolve_user_data"]
+__all__ = ["ByRef", "Record", "by_ref", "record", "resolve_user_data"]
 
 _MAX_ADDRESS = 2**64
 # ctypes objects whose bytes are an address: copying them is never what was meant.
@@ -103,6 +103,119 @@ def by_ref(obj: Any) -> ByRef:
     return ByRef(obj)
 
 
+class Record:
+    """User data of a structured dtype whose address fields point at buffers it owns.
+
+    Made by :func:`record`.  Passed as ``user_data``, the record is copied like
+    any bytes-like object, and the launch also keeps every buffer a field
+    points to alive until the host function has run.
+    """
+
+    __slots__ = ("data", "keep")
+
+    def __init__(self, data: np.ndarray, keep: tuple) -> None:
+        self.data = data
+        self.keep = keep
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.data.dtype
+
+    def __repr__(self) -> str:
+        return f"record({self.data[0]!r}, keeps {len(self.keep)} buffer(s))"
+
+
+def record(dtype: Any, **fields: Any) -> Record:
+    """A record of ``dtype`` whose address fields point at buffers the launch keeps alive.
+
+    A host function that reads an array through an address field
+    (``carray(as_voidptr(d.data), ...)``) needs that array to outlive the
+    launch; a record copied from ``np.array([(a.ctypes.data, ...)], dtype)``
+    holds only the number.  Give the buffer itself for such a field: its
+    address goes into the record, and a launch with this record as
+    ``user_data`` owns the buffer until the host function has run (in a
+    graph: as long as the graph).
+
+    Parameters
+    ----------
+    dtype : numpy dtype
+        A structured dtype; address fields are 8-byte integers (``np.uint64``).
+    **fields
+        A value per field: a number, or, for an 8-byte integer field, a
+        C-contiguous buffer (numpy array, ``bytearray``, ``memoryview``,
+        ctypes array) or ``by_ref(buffer)``, whose address is stored.
+
+    Returns
+    -------
+    Record
+
+    Raises
+    ------
+    TypeError
+        If ``dtype`` is not structured, or a buffer is given for a field that
+        cannot hold an address.
+    ValueError
+        If a field is unknown or missing, or a buffer is not C-contiguous or is
+        empty.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from numba import carray
+    >>> import numba_hostfn as nh
+    >>> SUM = np.dtype([("values", np.uint64), ("n", np.int64), ("out", np.uint64)])
+    >>> @nh.host_callback(dtype=SUM)
+    ... def total(d):
+    ...     values = carray(nh.as_voidptr(d.values), (d.n,), np.float64)
+    ...     carray(nh.as_voidptr(d.out), (1,), np.float64)[0] = values.sum()
+    >>> out = np.zeros(1)
+    >>> total(nh.record(SUM, values=np.arange(4.0), n=4, out=out)); out
+    array([6.])
+    """
+    layout = np.dtype(dtype)
+    if layout.names is None:
+        raise TypeError(f"record() needs a structured dtype, got {layout}")
+    unknown = set(fields) - set(layout.names)
+    missing = set(layout.names) - set(fields)
+    if unknown or missing:
+        raise ValueError(
+            f"record() got fields {sorted(unknown)} that {layout} does not have"
+            if unknown
+            else f"record() is missing fields {sorted(missing)} of {layout}"
+        )
+    data = np.zeros(1, layout)
+    keep = []
+    for name, value in fields.items():
+        if isinstance(value, (ByRef, np.ndarray, bytearray, memoryview)) or (
+            isinstance(value, ctypes.Array)
+        ):
+            field = layout.fields[name][0]
+            if field.kind not in "iu" or field.itemsize != 8:
+                raise TypeError(
+                    f"record() field {name!r} is {field}: only an 8-byte integer field can "
+                    "hold a buffer's address"
+                )
+            ref = value if isinstance(value, ByRef) else _Pointed(value, name)
+            data[name] = ref.address
+            keep.append(ref.obj)
+        else:
+            data[name] = value
+    return Record(data, tuple(keep))
+
+
+class _Pointed:
+    """A buffer a record field points to: its address (any contiguous buffer, even read-only)."""
+
+    def __init__(self, obj: Any, name: str) -> None:
+        view = memoryview(obj)
+        if not view.c_contiguous or view.nbytes == 0:
+            raise ValueError(
+                f"record() field {name!r} needs a C-contiguous buffer of at least one byte"
+            )
+        self.obj = obj
+        self.address = np.asarray(view).__array_interface__["data"][0]
+
+
 def _describe(layout: np.dtype) -> str:
     return f"dtype {layout} ({layout.itemsize} bytes)"
 
@@ -139,6 +252,9 @@ def resolve_user_data(user_data: Any, layout: np.dtype | None, fn: Any) -> tuple
     if isinstance(user_data, ByRef):
         _check_layout(user_data.nbytes, user_data.dtype, layout, "by_ref(...)", fn)
         return user_data.address, user_data
+    if isinstance(user_data, Record):
+        address, copy = resolve_user_data(user_data.data, layout, fn)
+        return address, (copy, user_data.keep)  # the copy, and what its fields point to
     if isinstance(user_data, bool):
         raise TypeError(
             "user_data must be None, an int address, bytes-like or by_ref(...); got a bool"

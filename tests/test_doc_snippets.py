@@ -53,3 +53,10 @@ def test_docstring_examples_of_the_simulator(request):
         return
     result = doctest.testmod(numba_hostfn._simulator, extraglobs=vars(numba_hostfn))
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_docstring_examples_of_user_data():
+    import numba_hostfn._userdata
+
+    result = doctest.testmod(numba_hostfn._userdata, extraglobs=vars(numba_hostfn))
+    assert result.attempted > 0 and result.failed == 0

@@ -7,6 +7,7 @@ PUBLIC = {
     "SIMULATOR_ENV",
     "BackendUnavailableError",
     "ByRef",
+    "Record",
     "CUhostFn",
     "CudaDriverError",
     "HostCallbackCompileError",
@@ -25,6 +26,7 @@ PUBLIC = {
     "host_callback",
     "host_launch",
     "pending",
+    "record",
     "simulate_without_gpu",
     "simulator",
 }

@@ -500,3 +500,37 @@ def test_types_seen_by_host_launch_are_not_kept_alive(stream):
             nh.host_launch(stream, kind())
         del kind
         gc.collect()
+
+
+SUM = np.dtype([("values", np.uint64), ("n", np.int64), ("out", np.uint64)])
+
+
+def test_a_record_owns_the_buffers_its_fields_point_to(stream, device):
+    """nh.record(): the launch keeps the arrays behind its address fields until it ran."""
+    from numba import carray
+
+    @nh.host_callback(dtype=SUM)
+    def total(d):
+        values = carray(nh.as_voidptr(d.values), (d.n,), np.float64)
+        carray(nh.as_voidptr(d.out), (1,), np.float64)[0] = values.sum()
+
+    out = np.zeros(1)
+    values = np.arange(1000.0)
+    alive = weakref.ref(values)
+    device.delay(stream, 0.1)
+    nh.host_launch(stream, total, user_data=nh.record(SUM, values=values, n=1000, out=out))
+    del values
+    gc.collect()
+    assert alive() is not None  # the launch owns it
+    stream.sync()
+    nh.drain()
+    gc.collect()
+    assert alive() is None and out[0] == sum(range(1000))
+    with pytest.raises(TypeError, match="8-byte integer"):
+        nh.record(np.dtype([("a", np.float64)]), a=np.zeros(2))
+    with pytest.raises(ValueError, match="missing fields"):
+        nh.record(SUM, values=out, n=1)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        nh.record(SUM, values=np.zeros((4, 4))[:, 0], n=4, out=out)
+    with pytest.raises(ValueError, match="has dtype"):
+        nh.host_launch(stream, total, user_data=nh.record(np.dtype([("x", np.uint64)]), x=out))
