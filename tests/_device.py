@@ -10,6 +10,7 @@ from numba_hostfn._devicework import Device
 __all__ = [
     "CHILD_PREAMBLE",
     "Capture",
+    "Hold",
     "Device",
     "child_env",
     "released_eventually",
@@ -180,3 +181,54 @@ def thread_state_count() -> int:
     while state:
         count, state = count + 1, following(state)
     return count
+
+
+class Hold:
+    """Hold a stream at this point until the test says so: no race with the clock.
+
+    A host function that waits for a flag (``with Hold(stream):`` releases it on
+    exit, even when the test fails).  Use it where a test must look at the state
+    *before* the stream goes on: a delay races with whatever the test does in
+    between (a ``gc.collect()`` with large libraries loaded can take longer).
+    """
+
+    def __init__(self, stream) -> None:
+        import numpy as np
+
+        import numba_hostfn
+
+        self.flag = np.zeros(1, np.int64)
+        numba_hostfn.host_launch(stream, _wait_for_flag(), user_data=numba_hostfn.by_ref(self.flag))
+
+    def release(self) -> None:
+        self.flag[0] = 1
+
+    def __enter__(self) -> Hold:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+_WAIT_FOR_FLAG = []
+
+
+def _wait_for_flag():
+    if not _WAIT_FOR_FLAG:
+        import ctypes
+
+        import numpy as np
+        from numba import carray
+
+        import numba_hostfn
+
+        usleep = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint)(("usleep", ctypes.CDLL(None)))
+
+        @numba_hostfn.host_callback
+        def wait_for_flag(p):
+            flag = carray(p, (1,), np.int64)
+            while flag[0] == 0:
+                usleep(100)  # an opaque call: the flag is read again each time
+
+        _WAIT_FOR_FLAG.append(wait_for_flag)
+    return _WAIT_FOR_FLAG[0]

@@ -19,6 +19,7 @@ import pytest
 from _device import (
     CHILD_PREAMBLE,
     Capture,
+    Hold,
     child_env,
     released_eventually,
     rerun_on_simulator,
@@ -187,11 +188,11 @@ def test_owners_kept_until_run_then_released_on_the_main_thread(executor, stream
     alive = weakref.ref(counter)
     released = []
     weakref.finalize(counter, lambda: released.append(threading.current_thread().name))
-    device.delay(stream, 0.1)
-    nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=executor)
-    del counter
-    gc.collect()
-    assert alive() is not None
+    with Hold(stream):
+        nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=executor)
+        del counter
+        gc.collect()
+        assert alive() is not None
     stream.sync()
     for _ in range(200):
         nh.drain()

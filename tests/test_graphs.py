@@ -14,7 +14,14 @@ import weakref
 
 import numpy as np
 import pytest
-from _device import CHILD_PREAMBLE, Capture, child_env, released_eventually, rerun_on_simulator
+from _device import (
+    CHILD_PREAMBLE,
+    Capture,
+    Hold,
+    child_env,
+    released_eventually,
+    rerun_on_simulator,
+)
 from numba import carray
 
 import numba_hostfn as nh
@@ -170,15 +177,15 @@ def test_graph_destroyed_while_replays_are_queued(device, stream):
     builder, graph = _build(
         stream, lambda b, c=counter: nh.host_launch(b, increment, user_data=nh.by_ref(c))
     )
-    device.delay(stream, 0.3)  # the replays wait behind this
-    for _ in range(50):
-        graph.launch(stream)
-    graph.close()
-    builder.close()
-    del counter
-    gc.collect()
-    nh.drain()
-    assert alive() is not None, "queued replays still need the user data"
+    with Hold(stream):  # the replays wait behind this
+        for _ in range(50):
+            graph.launch(stream)
+        graph.close()
+        builder.close()
+        del counter
+        gc.collect()
+        nh.drain()
+        assert alive() is not None, "queued replays still need the user data"
     stream.sync()
     assert alive() is None or alive()[0] == 50
     assert released_eventually(alive, device)

@@ -11,7 +11,7 @@ import weakref
 
 import numpy as np
 import pytest
-from _device import child_env, rerun_on_simulator, thread_state_count
+from _device import Hold, child_env, rerun_on_simulator, thread_state_count
 from numba import carray
 
 import numba_hostfn as nh
@@ -517,11 +517,11 @@ def test_a_record_owns_the_buffers_its_fields_point_to(stream, device):
     out = np.zeros(1)
     values = np.arange(1000.0)
     alive = weakref.ref(values)
-    device.delay(stream, 0.1)
-    nh.host_launch(stream, total, user_data=nh.record(SUM, values=values, n=1000, out=out))
-    del values
-    gc.collect()
-    assert alive() is not None  # the launch owns it
+    with Hold(stream):
+        nh.host_launch(stream, total, user_data=nh.record(SUM, values=values, n=1000, out=out))
+        del values
+        gc.collect()
+        assert alive() is not None  # the launch owns it
     stream.sync()
     nh.drain()
     gc.collect()
