@@ -68,7 +68,7 @@ FAULTS_SCRIPT = textwrap.dedent("""
     device = Device()
     stream = device.create_stream()
     x = np.array([41], np.int64)
-    show(nh.by_ref(x))  # a direct call, on this thread
+    show.ctypes(x.ctypes.data)  # the machine code the driver calls, on this thread
     nh.host_launch(stream, show, user_data=nh.by_ref(x))
     ident = np.zeros(1, np.int64)
     nh.host_launch(stream, thread_of_objmode, user_data=nh.by_ref(ident))
@@ -171,7 +171,9 @@ def test_a_refused_drain_is_retried_by_the_next_completion(device, stream):
         nh.host_launch(other, _increment, user_data=nh.by_ref(second))
         del first, second
         io = np.array([0, 1_200_000], np.int64)
-        _fill_pending_calls_then_wait(nh.by_ref(io))  # through ctypes: the GIL is released
+        # The machine code itself, through ctypes (the GIL is released): a direct
+        # call would first compile the body once more, while the delay runs out.
+        _fill_pending_calls_then_wait.ctypes(io.ctypes.data)
         assert io[0] > 0, "the pending-call queue was already full"
         assert failures.value > before, "the first completion's drain was not refused"
         for _ in range(600):  # no drain() and no host_launch: only the retry can release
