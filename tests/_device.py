@@ -11,6 +11,7 @@ __all__ = [
     "CHILD_PREAMBLE",
     "Capture",
     "Hold",
+    "run_child",
     "Device",
     "child_env",
     "released_eventually",
@@ -48,6 +49,36 @@ def child_env(**extra: str) -> dict:
     )
     env.update(extra)
     return env
+
+
+def run_child(script: str, *, env: dict | None = None, timeout: float = 120) -> str:
+    """Run ``script`` in a child Python (:func:`child_env`); return its stdout.
+
+    A child that hangs is sent SIGABRT, so that faulthandler prints its
+    threads' stacks (the preamble enables it), and the test fails with them; a
+    child that fails fails the test with its output.
+    """
+    import signal
+    import subprocess
+    import sys
+
+    import pytest
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env() if env is None else env,
+    )
+    try:
+        out, err = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        child.send_signal(signal.SIGABRT)
+        out, err = child.communicate()
+        pytest.fail(f"the child hung; stacks:\n{err}\nstdout:\n{out}")
+    assert child.returncode == 0, err + out
+    return out
 
 
 def rerun_on_simulator(request) -> bool:

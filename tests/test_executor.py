@@ -7,7 +7,6 @@ work (a write of "reached", a wait on "done").
 import ctypes
 import gc
 import os
-import subprocess
 import sys
 import textwrap
 import threading
@@ -20,9 +19,9 @@ from _device import (
     CHILD_PREAMBLE,
     Capture,
     Hold,
-    child_env,
     released_eventually,
     rerun_on_simulator,
+    run_child,
     thread_state_count,
 )
 from numba import carray
@@ -433,15 +432,7 @@ EXIT_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
 
 def test_exit_with_executor_work_outstanding_writes_every_done():
     """At exit, Python callables are skipped but their "done" is still written."""
-    run = subprocess.run(
-        [sys.executable, "-c", EXIT_SCRIPT],
-        capture_output=True,
-        text=True,
-        env=child_env(),
-        timeout=120,
-    )
-    assert run.returncode == 0, run.stderr
-    lines = run.stdout.splitlines()
+    lines = run_child(EXIT_SCRIPT).splitlines()
     assert lines[0] == "exiting"
     words = lines[1].split()
     assert words[:3] == ["synced", "at", "exit"]

@@ -1,12 +1,9 @@
 """Interpreter exit with launches pending neither crashes nor hangs."""
 
-import signal
-import subprocess
-import sys
 import textwrap
 
 import pytest
-from _device import CHILD_PREAMBLE, child_env
+from _device import CHILD_PREAMBLE, run_child
 
 EXIT_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     counter = np.zeros(1, np.int64)
@@ -27,20 +24,7 @@ EXIT_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
 )
 def test_exit_with_thousands_of_launches_pending(delay, blocked):
     n = 3000
-    child = subprocess.Popen(
-        [sys.executable, "-c", EXIT_SCRIPT.format(n=n, delay=delay)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=child_env(),
-    )
-    try:
-        out, err = child.communicate(timeout=90)
-    except subprocess.TimeoutExpired:
-        child.send_signal(signal.SIGABRT)
-        out, err = child.communicate()
-        pytest.fail(f"exit hung with launches pending; stacks:\n{err}\nstdout:\n{out}")
-    assert child.returncode == 0, err
+    out = run_child(EXIT_SCRIPT.format(n=n, delay=delay), timeout=90)
     assert "pending" in out
     pending = int(out.split()[1])
     assert 0 <= pending <= 3 * n

@@ -85,21 +85,10 @@ print(simulated, not cuda_driver_usable(), type(stream).__module__, int(data[0])
 
 def test_one_script_runs_on_a_gpu_or_the_simulator():
     """With NUMBA_HOSTFN_SIMULATOR unset: the simulator exactly when there is no driver."""
-    import subprocess
-    import sys
-
-    from _device import child_env
+    from _device import child_env, run_child
 
     env = child_env()
     env.pop("NUMBA_HOSTFN_SIMULATOR", None)
-    run = subprocess.run(
-        [sys.executable, "-c", SCRIPT_THAT_RUNS_ANYWHERE],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert run.returncode == 0, run.stdout + run.stderr
-    simulated, no_driver, module, value = run.stdout.split()
+    simulated, no_driver, module, value = run_child(SCRIPT_THAT_RUNS_ANYWHERE, env=env).split()
     assert simulated == no_driver and value == "1"
     assert module.startswith("numba_hostfn" if simulated == "True" else "cuda.core")

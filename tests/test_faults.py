@@ -6,9 +6,6 @@ thread, pytest's own timeout included, so only a parent can see the hang.
 
 import ctypes
 import gc
-import signal
-import subprocess
-import sys
 import textwrap
 import time
 import weakref
@@ -16,7 +13,7 @@ import weakref
 import numba
 import numpy as np
 import pytest
-from _device import CHILD_PREAMBLE, child_env
+from _device import CHILD_PREAMBLE, run_child
 from numba import carray
 
 import numba_hostfn as nh
@@ -87,26 +84,8 @@ FAULTS_SCRIPT = textwrap.dedent("""
 """)
 
 
-def _run(script: str) -> str:
-    child = subprocess.Popen(
-        [sys.executable, "-c", script],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=child_env(),
-    )
-    try:
-        out, err = child.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        child.send_signal(signal.SIGABRT)
-        out, err = child.communicate()
-        pytest.fail(f"the child hung; stacks:\n{err}\nstdout:\n{out}")
-    assert child.returncode == 0, err + out
-    return out
-
-
 def test_print_objmode_and_a_kept_gil_on_the_host_function_thread():
-    out = _run(FAULTS_SCRIPT)
+    out = run_child(FAULTS_SCRIPT)
     lines = out.splitlines()
     # print of values, from the calling thread and from the host-function thread
     assert lines[:2] == ["value 41 2.5", "value 41 2.5"], out
@@ -273,17 +252,9 @@ FORK_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
 def test_a_forked_child_is_refused_clearly_and_exits():
     """fork() after launches: the child gets RuntimeError naming 'spawn', and exits at once;
     the parent's launches all run."""
-    run = subprocess.run(
-        [sys.executable, "-c", FORK_SCRIPT],
-        capture_output=True,
-        text=True,
-        env=child_env(),
-        timeout=120,
-    )
-    out = run.stdout
-    assert run.returncode == 0, out + run.stderr
+    out = run_child(FORK_SCRIPT)
     assert out.count("child refused: numba_hostfn was used in this process's parent") == 3, out
-    assert "parent: 0 200 0" in out, out + run.stderr
+    assert "parent: 0 200 0" in out, out
 
 
 @pytest.mark.gpu
@@ -337,17 +308,10 @@ def test_primary_context_reset_with_launches_pending_neither_hangs_nor_crashes()
     On the H200 the reset first ran every pending host function (2,000 of 2,000, all
     released); launches the driver dropped instead would keep their owners (leaked,
     never freed under a thread that might still run them)."""
-    run = subprocess.run(
-        [sys.executable, "-c", CONTEXT_RESET],
-        capture_output=True,
-        text=True,
-        env=child_env(),
-        timeout=120,
-    )
-    assert run.returncode == 0, run.stdout + run.stderr
-    words = run.stdout.split()
-    assert words[0] == "reset" and words[1] == "0", run.stdout + run.stderr
+    out = run_child(CONTEXT_RESET)
+    words = out.split()
+    assert words[0] == "reset" and words[1] == "0", out
     before, after, ran_compiled, ran_python = map(int, words[3:5] + words[6:8])
     assert before == 2000 and ran_compiled == ran_python
-    assert after == 2000 - ran_compiled - ran_python, run.stdout
-    print(run.stdout)  # what the driver did, for docs/errors.md (pytest -s shows it)
+    assert after == 2000 - ran_compiled - ran_python, out
+    print(out)  # what the driver did, for docs/errors.md (pytest -s shows it)

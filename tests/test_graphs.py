@@ -5,7 +5,6 @@ Tests without the ``gpu`` mark run on the simulator too, which models graphs
 """
 
 import gc
-import subprocess
 import sys
 import textwrap
 import threading
@@ -18,9 +17,9 @@ from _device import (
     CHILD_PREAMBLE,
     Capture,
     Hold,
-    child_env,
     released_eventually,
     rerun_on_simulator,
+    run_child,
 )
 from numba import carray
 
@@ -289,15 +288,7 @@ EXIT_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
 
 
 def test_exit_with_a_live_graph_and_queued_replays():
-    child = subprocess.run(
-        [sys.executable, "-c", EXIT_SCRIPT],
-        capture_output=True,
-        text=True,
-        env=child_env(),
-        timeout=120,
-    )
-    assert child.returncode == 0, child.stderr
-    assert "pending 2" in child.stdout
+    assert "pending 2" in run_child(EXIT_SCRIPT)
 
 
 # ---- GPU: captures begun by other libraries, explicit graphs, broken captures ----

@@ -7,14 +7,12 @@ Marked ``multigpu``: skipped with fewer than two CUDA devices (and on the simula
 from __future__ import annotations
 
 import ctypes
-import subprocess
-import sys
 import textwrap
 import threading
 
 import numpy as np
 import pytest
-from _device import child_env
+from _device import run_child
 from numba import carray
 
 import numba_hostfn as nh
@@ -156,12 +154,5 @@ EXIT_BOTH = textwrap.dedent("""
 
 
 def test_exit_with_launches_pending_on_both_devices(devices):
-    run = subprocess.run(
-        [sys.executable, "-c", EXIT_BOTH],
-        capture_output=True,
-        text=True,
-        env=child_env(),
-        timeout=120,
-    )
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.startswith("pending"), run.stdout + run.stderr
+    out = run_child(EXIT_BOTH)
+    assert out.startswith("pending"), out
