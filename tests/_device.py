@@ -176,12 +176,14 @@ class Capture:
         self._check(self._d.cuGraphDestroy(self._graph))
 
 
-def released_eventually(alive, device, rounds: int = 300) -> bool:
-    """Wait until the weak reference ``alive`` is dead; True if it died.
+def released_eventually(alive, device, rounds: int = 300, *, pending: int | None = None) -> bool:
+    """Wait until the weak reference ``alive`` is dead (and, if ``pending`` is
+    given, until ``numba_hostfn.pending()`` equals it); True if that happened.
 
     CUDA runs a graph's user-object destructors asynchronously once the graph
-    and its instances are gone; a device synchronize flushes them.  Each round
-    synchronizes, drains and collects.
+    and its instances are gone, one object at a time: one launch's owner can be
+    gone while another launch of the same graph is not yet released (seen on
+    the H200).  Each round synchronizes, drains and collects.
     """
     import gc
     import time
@@ -192,7 +194,7 @@ def released_eventually(alive, device, rounds: int = 300) -> bool:
         device.synchronize()
         numba_hostfn.drain()
         gc.collect()
-        if alive() is None:
+        if alive() is None and (pending is None or numba_hostfn.pending() == pending):
             return True
         time.sleep(0.01)
     return False

@@ -328,7 +328,7 @@ def test_executor_nodes_in_a_graph_run_at_every_replay(executor, stream, device,
     assert released == []
     del counter
     close()
-    assert released_eventually(alive, device)
+    assert released_eventually(alive, device, pending=0)
     assert released == [True]
     assert executor.graph_nodes() == 0 and nh.pending() == 0
 
@@ -464,7 +464,7 @@ def test_executor_nodes_in_torch_cuda_graph(executor, device):
     assert counter[0] == 100 and len(calls) == 100 and float(x[0]) == 200
     del counter
     del g
-    assert released_eventually(alive, device)
+    assert released_eventually(alive, device, pending=0)
     assert executor.graph_nodes() == 0 and nh.pending() == 0
 
 
@@ -489,5 +489,5 @@ def test_executor_nodes_in_an_explicit_graph_chain(executor, device, stream):
     del counter
     graph.close()
     del definition, first, second, third
-    assert released_eventually(alive, device)
+    assert released_eventually(alive, device, pending=0)
     assert executor.graph_nodes() == 0 and nh.pending() == 0

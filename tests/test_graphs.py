@@ -80,7 +80,8 @@ def test_graph_builder_host_nodes_run_at_every_replay(device, stream):
     graph.close()
     builder.close()
     del graph, builder
-    assert released_eventually(alive, device), "destroying the graph must release what it owned"
+    released_all = released_eventually(alive, device, pending=0)
+    assert released_all, "destroying the graph must release what it owned"
     assert released == ["MainThread"]
     assert nh.pending() == 0
 
@@ -124,7 +125,7 @@ def test_any_capture_of_a_plain_stream_owns_every_kind(device, stream, mode):
     alive = weakref.ref(counter)
     del counter
     capture.close()
-    assert released_eventually(alive, device)
+    assert released_eventually(alive, device, pending=0)
     assert nh.pending() == 0
 
 
@@ -325,7 +326,7 @@ def test_torch_cuda_graph_owns_every_kind(device):
     gc.collect()
     assert alive() is not None
     del g
-    assert released_eventually(alive, device)
+    assert released_eventually(alive, device, pending=0)
     assert released == ["MainThread"]
     assert nh.pending() == 0
 
@@ -367,7 +368,7 @@ def test_exception_inside_torch_cuda_graph_leaks_nothing(device):
             nh.host_launch(torch.cuda.current_stream(), lambda: None)
             raise ValueError("inside the capture")
     del counter, g
-    assert released_eventually(alive, device)
+    assert released_eventually(alive, device, pending=before)
     assert nh.pending() == before
 
 
@@ -414,7 +415,7 @@ def test_invalidated_capture_is_refused_and_left_as_it_was(device, stream):
     alive = weakref.ref(counter)
     del counter
     # The driver destroyed the partial graph: what the first launch owned is released.
-    assert released_eventually(alive, device)
+    assert released_eventually(alive, device, pending=0)
     assert nh.pending() == 0
 
 
@@ -447,7 +448,7 @@ def test_explicit_graph_nodes_chain_and_are_owned(device, stream):
     del counter
     graph.close()
     del definition, first, second, third, last, edges  # nodes keep their graph alive
-    assert released_eventually(alive, device)
+    assert released_eventually(alive, device, pending=0)
     assert released == [True]
     assert nh.pending() == 0
 
