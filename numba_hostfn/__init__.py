@@ -30,6 +30,7 @@ from ._hostcopy import (
 )
 from ._intrinsics import as_voidptr
 from ._launch import drain, host_launch, pending
+from ._notify import add_callback, async_done, done_future
 from ._userdata import ByRef, Record, by_ref, record
 
 __version__ = "0.1.0"
@@ -47,10 +48,13 @@ __all__ = [
     "HostExecutor",
     "HostFunction",
     "SimulatorUnsupportedError",
+    "add_callback",
     "as_voidptr",
+    "async_done",
     "backend_name",
     "by_ref",
     "create_stream",
+    "done_future",
     "drain",
     "host_callback",
     "host_copy",

@@ -40,12 +40,17 @@ numba ``_CFuncCompiler``          its ``_customize_flags``: compile a lifted ``o
                                   ctypes ``PyMethodDef`` (CPython's stable C API, reached
                                   through ctypes)
 ``_PyThreadState_UncheckedGet``   the pre-3.13 name of ``PyThreadState_GetUnchecked``
+``_PyEval_AddPendingCall``        3.12 only: a pending call that any thread runs, with the
+                                  eval breaker set at once; 3.12's ``Py_AddPendingCall``
+                                  from a thread foreign to Python is seen only at the next
+                                  GIL switch (non-blocking callbacks, ``native/notify.ll``)
 ================================  ==========================================================
 """
 
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -65,6 +70,7 @@ __all__ = [
     "FUNCFLAG_PYTHONAPI",
     "PYTHON_ALIASES",
     "PointerBase",
+    "any_thread_pending_call",
     "cfunc_signature",
     "cgutils",
     "compiler",
@@ -112,6 +118,19 @@ def set_flag_value(flags: compiler.Flags, name: str, value: Any) -> None:
     flags._values[name] = value
 
 
+def any_thread_pending_call() -> tuple[int, int] | None:
+    """On Python 3.12: ``(address of _PyEval_AddPendingCall, main interpreter)``.
+
+    Elsewhere None: 3.13 fixed ``Py_AddPendingCall`` (it wakes the main thread
+    from any thread); 3.10 and 3.11 have no call that does.
+    """
+    if sys.version_info[:2] != (3, 12):
+        return None
+    api = ctypes.pythonapi
+    main = ctypes.CFUNCTYPE(ctypes.c_void_p)(("PyInterpreterState_Main", api))
+    return ctypes.cast(api._PyEval_AddPendingCall, ctypes.c_void_p).value, main()
+
+
 def hooks() -> dict[str, bool]:
     """Each private hook, and whether this process has it (``tests/test_compat.py``)."""
     context = cpu_target.target_context
@@ -133,6 +152,8 @@ def hooks() -> dict[str, bool]:
         "numba BaseContext.subtarget": hasattr(context, "subtarget"),
         "numba codegen.set_env": hasattr(context.codegen(), "set_env"),
         "PyCFunction_NewEx": hasattr(ctypes.pythonapi, "PyCFunction_NewEx"),
+        "_PyEval_AddPendingCall (3.12)": sys.version_info[:2] != (3, 12)
+        or hasattr(ctypes.pythonapi, "_PyEval_AddPendingCall"),
         "PyThreadState_GetUnchecked or its old name": any(
             hasattr(ctypes.pythonapi, n)
             for n in ("PyThreadState_GetUnchecked", *PYTHON_ALIASES["PyThreadState_GetUnchecked"])

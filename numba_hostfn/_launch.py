@@ -28,7 +28,15 @@ from ._graphs import (
 )
 from ._userdata import resolve_user_data
 
-__all__ = ["classify_function", "drain", "enqueue", "host_launch", "pending"]
+__all__ = [
+    "classify_function",
+    "drain",
+    "enqueue",
+    "enqueue_signal",
+    "host_launch",
+    "pending",
+    "refuse_coroutine_function",
+]
 
 _CDECL = FUNCFLAG_CDECL
 _c_void_p = ctypes.c_void_p
@@ -82,7 +90,7 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
     if kind == "python":
         return kind, 0, fn
     if type(fn) in _PER_INSTANCE:  # a plain function: not async (checked each time)
-        _refuse_coroutine_function(fn)
+        refuse_coroutine_function(fn)
         _refuse_required_arguments(fn)
         return "python", 0, fn
     if kind == "compiled":
@@ -119,7 +127,7 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
             "host_launch() expected a HostFunction, a CUhostFn ctypes pointer or a "
             f"Python callable, got {type(fn).__name__}"
         )
-    _refuse_coroutine_function(fn)
+    refuse_coroutine_function(fn)
     _refuse_required_arguments(fn)
     if type(fn) not in _PER_INSTANCE:
         _FN_KINDS.remember(type(fn), "python")
@@ -131,15 +139,15 @@ _ASYNC_FLAGS = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 _PER_INSTANCE = (types.FunctionType, types.MethodType, functools.partial)
 
 
-def _refuse_coroutine_function(fn: Any) -> None:
+def refuse_coroutine_function(fn: Any, caller: str = "host_launch") -> None:
     code = getattr(fn, "__code__", None)
     is_async = code is not None and code.co_flags & _ASYNC_FLAGS
     if is_async or (type(fn) is functools.partial and inspect.iscoroutinefunction(fn)):
         raise TypeError(
-            f"host_launch() got a coroutine function ({getattr(fn, '__qualname__', fn)!r}): "
+            f"{caller}() got a coroutine function ({getattr(fn, '__qualname__', fn)!r}): "
             "a host function is called, not awaited, so it would only make a coroutine that "
-            "never runs. Pass a plain function; to resume a coroutine when the stream gets "
-            "here, signal it from a plain callable (loop.call_soon_threadsafe)"
+            "never runs. To resume a coroutine when the stream gets here, await "
+            "numba_hostfn.async_done(stream) in it; to call Python there, pass a plain function"
         )
 
 
@@ -227,7 +235,9 @@ def _stream_handle(stream: Any) -> int:
     return value[1]
 
 
-def host_launch(stream: Any, fn: Any, *, user_data: Any = None, executor: Any = None) -> Any:
+def host_launch(
+    stream: Any, fn: Any, *, user_data: Any = None, executor: Any = None, blocking: bool = True
+) -> Any:
     """Enqueue ``fn`` on ``stream``: it runs on the host when the stream reaches this point.
 
     A :class:`HostFunction` or ctypes ``CUhostFn`` runs on the driver's thread
@@ -266,6 +276,14 @@ def host_launch(stream: Any, fn: Any, *, user_data: Any = None, executor: Any = 
         graph (captured or explicit) the node is three stream memory
         operations that every replay re-arms; the executor's pool polls for
         replays while such a graph is alive.
+    blocking : bool, optional
+        For a Python callable only.  True (the default): the stream waits
+        while the callable runs, on the thread that reaches the point, which
+        takes the GIL.  False: the stream only signals that it got here, with
+        no GIL, and goes on; Python runs the callable soon after, in stream
+        order among that stream's non-blocking callbacks, on the main thread
+        (a pending call) or on numba_hostfn's helper thread, whichever comes
+        first (docs/asyncio.md).  Not in a graph.
 
     Returns
     -------
@@ -281,16 +299,60 @@ def host_launch(stream: Any, fn: Any, *, user_data: Any = None, executor: Any = 
         int stream, a ctypes prototype other than CUhostFn, ...).
     ValueError
         If user_data is given with a Python callable, or does not match the
-        HostFunction's declared ``dtype``.
+        HostFunction's declared ``dtype``, or ``blocking=False`` is given
+        with compiled code (it never takes the GIL: it needs no such option).
     RuntimeError
         If a capture cannot take a node (it is invalidated), a GraphBuilder is
-        not building, the executor is closed, or a
+        not building, the executor is closed, ``blocking=False`` is used in a
+        graph or capture, or a
         driver call fails (:class:`CudaDriverError`).  Nothing was enqueued,
         and a capture is as it was.
     BackendUnavailableError
         If there is no CUDA driver and the simulator is not selected.
     """
+    if blocking is not True:
+        if blocking is not False:
+            raise TypeError(f"host_launch(blocking=...) expected True or False, got {blocking!r}")
+        kind, _, callable_ = classify_function(fn)
+        if kind != "python":
+            raise ValueError(
+                "host_launch(blocking=False) is for Python callables; "
+                f"{getattr(fn, '__qualname__', type(fn).__name__)!r} is compiled code, which "
+                "never takes the GIL and needs no such option: leave blocking=True"
+            )
+        if user_data is not None:
+            raise _user_data_with_callable(fn)
+        from ._notify import launch_nonblocking
+
+        launch_nonblocking(stream, callable_, executor)
+        return None
     return enqueue(stream, fn, user_data, None, executor=executor)
+
+
+def enqueue_signal(target: Any, signal: int, executor: Any, refusal: str) -> None:
+    """Enqueue ``nhf_signal(signal)`` on a stream (``native/notify.ll``).
+
+    A signal says "the stream got here" once, so it is only for streams:
+    a graph target or a capturing stream raises ``RuntimeError(refusal)``,
+    having enqueued nothing.  The caller discards the signal if this raises.
+    """
+    if _target_kind(target) != "stream":
+        raise RuntimeError(refusal)
+    if executor is not None:
+        check_executor(executor)
+    backend = get_backend()
+    handle = _stream_handle(target)
+    if backend.checks_streams:
+        handle = backend.stream_handle(target, handle)
+    native = backend.native
+    if executor is not None:
+        enqueued = _executor_enqueue(
+            backend, executor, handle, native.run_compiled, native.signal, signal, executor, False
+        )
+    else:
+        enqueued = backend.enqueue(handle, native.run_compiled, native.signal, signal, None)
+    if not enqueued:
+        raise RuntimeError(refusal)
 
 
 def enqueue(
@@ -311,13 +373,7 @@ def enqueue(
     kind, address, fn_owner = classify_function(fn)
     if kind == "python":
         if user_data is not None:
-            raise ValueError(
-                "user_data is only supported with compiled host functions and ctypes "
-                f"function pointers; {getattr(fn, '__qualname__', type(fn).__name__)!r} is a "
-                "Python callable, called with no arguments. Decorate it with "
-                "@numba_hostfn.host_callback to run fn(user_data) compiled and without the "
-                "GIL, or bind the data: functools.partial(fn, data)"
-            )
+            raise _user_data_with_callable(fn)
         arg, data_owner = id(fn), None  # the PyObject*, kept alive by fn_owner
     else:
         layout = fn.dtype if kind == "compiled" else None
@@ -365,6 +421,16 @@ def enqueue(
         # The capture ended between the two checks: enqueue on the stream.
 
 
+def _user_data_with_callable(fn: Any) -> ValueError:
+    return ValueError(
+        "user_data is only supported with compiled host functions and ctypes "
+        f"function pointers; {getattr(fn, '__qualname__', type(fn).__name__)!r} is a "
+        "Python callable, called with no arguments. Decorate it with "
+        "@numba_hostfn.host_callback to run fn(user_data) compiled and without the "
+        "GIL, or bind the data: functools.partial(fn, data)"
+    )
+
+
 def _executor_enqueue(
     backend: Any,
     executor: Any,
@@ -399,11 +465,16 @@ def drain() -> int:
 
     The main thread does this on its own shortly after each host function
     (through ``Py_AddPendingCall``); call it to release at a known point, e.g.
-    after synchronizing a stream and before checking a weak reference.
+    after synchronizing a stream and before checking a weak reference.  It
+    also runs the non-blocking callbacks (``host_launch(..., blocking=False)``)
+    whose streams got there and that have not run yet, in stream order.
 
     Returns
     -------
     int
         How many launches were released.
     """
+    from ._notify import run_callbacks
+
+    run_callbacks()
     return get_backend().records.drain()

@@ -9,6 +9,7 @@ Its source is LLVM IR in ``native/``, one file per concern:
 ``enqueue.ll``         ``host_launch``'s native part, and the CUDA enqueue function
 ``simulator.ll``       simulated streams, their host-function thread, graph keepers
 ``executor.ll``        the HostExecutor: lanes of stream memory operations, its pool
+``notify.ll``          signals to Python through an eventfd: awaitables, non-blocking callbacks
 =====================  ===============================================================
 
 This module compiles them once per process with numba's own JIT (the engine
@@ -34,7 +35,7 @@ from ._compat import PYTHON_ALIASES
 
 __all__ = ["Native", "Status", "calloc", "native"]
 
-_PARTS = ("interpreter", "records", "trampolines", "enqueue", "simulator", "executor")
+_PARTS = ("interpreter", "records", "trampolines", "enqueue", "simulator", "executor", "notify")
 
 
 class Status:
@@ -58,6 +59,8 @@ _LIBC = {
     "nanosleep": "declare i32 @nanosleep(ptr, ptr)",
     "clock_gettime": "declare i32 @clock_gettime(i32, ptr)",
     "memcpy": "declare ptr @memcpy(ptr, ptr, i64)",
+    "write": "declare i64 @write(i32, ptr, i64)",
+    "close": "declare i32 @close(i32)",
     "prctl": "declare i32 @prctl(i32, ...)",
     "pthread_mutex_init": "declare i32 @pthread_mutex_init(ptr, ptr)",
     "pthread_mutex_lock": "declare i32 @pthread_mutex_lock(ptr)",
@@ -272,6 +275,17 @@ class Native:
         self.exec_slot_arm = c(None, _vp, _vp, _vp, ctypes.c_int32)(fn("nhf_exec_slot_arm"))
         self.exec_slot_disarm = c(None, _vp)(fn("nhf_exec_slot_disarm"))
         self.exec_live_slots = c(_i64, _vp)(fn("nhf_exec_live_slots"))
+
+        # Signals to Python (notify.ll): the CUhostFn, and the reader's calls.
+        self.signal = fn("nhf_signal")
+        self.channel_new = c(_vp, ctypes.c_int32, ctypes.c_int32)(fn("nhf_channel_new"))
+        self.channel_release = c(None, _vp)(fn("nhf_channel_release"))
+        self.channel_take = c(_i64, _vp, _vp, _i64)(fn("nhf_channel_take"))
+        self.signal_new = c(_vp, _vp, _u64)(fn("nhf_signal_new"))
+        self.signal_discard = c(None, _vp)(fn("nhf_signal_discard"))
+        self.set_notify_callable = py(None, ctypes.py_object)(fn("nhf_py_set_notify_callable"))
+        self.call_reporting = py(None, ctypes.py_object)(fn("nhf_py_call_reporting"))
+        self.set_any_thread_pending = c(None, _vp, _vp)(fn("nhf_set_any_thread_pending"))
 
     def _builtin(self, name: str, address: int) -> Any:
         """A METH_FASTCALL builtin function for machine code at ``address``."""

@@ -1,0 +1,366 @@
+"""Signal Python from a stream without the GIL: awaitables, futures, non-blocking callbacks.
+
+Each of these enqueues a *signal* (``native/notify.ll``): a CUhostFn that
+runs on the driver's thread (or an executor's), pushes a key on a *channel*
+and writes the channel's eventfd.  It never takes the GIL, so it never waits
+for the main thread and never holds up another stream's host functions.
+Python reacts to the descriptor:
+
+- :func:`async_done`: one channel per asyncio loop, watched with
+  ``loop.add_reader``; the loop resolves the futures whose keys it reads, in
+  the order their streams got there.  One descriptor per loop, no thread.
+- ``host_launch(stream, callable, blocking=False)`` and :func:`done_future`:
+  one channel for the process.  The signal also asks the main thread, with
+  ``Py_AddPendingCall``, to run the callables; a helper thread blocked on the
+  descriptor runs them when the main thread is blocked in C (``sync()``).
+  Whichever comes first runs the batch, under one lock, oldest first.
+
+A channel's descriptor is closed by the last of its references: Python's
+and each signal not yet run (LIFETIME.md, invariant 17).  Launch records are
+those of every launch: ``pending()`` counts a signal until it has run and
+been drained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import ctypes
+import functools
+import itertools
+import os
+import threading
+import weakref
+from typing import Any
+
+from ._backend import get_backend
+from ._compat import CFunc, CFuncPtr, any_thread_pending_call
+from ._decorator import HostFunction
+from ._launch import enqueue, enqueue_signal, refuse_coroutine_function
+
+__all__ = ["add_callback", "async_done", "done_future", "launch_nonblocking", "run_callbacks"]
+
+_TAKE = 1024  # keys per native take
+
+
+class _Channel:
+    """A native channel over a new eventfd; its reference is dropped when this dies."""
+
+    def __init__(self, *, wake_main: bool, nonblocking: bool) -> None:
+        native = get_backend().native
+        flags = os.EFD_CLOEXEC | (os.EFD_NONBLOCK if nonblocking else 0)
+        self.fd = os.eventfd(0, flags)
+        self.address = native.channel_new(self.fd, int(wake_main))
+        if not self.address:  # pragma: no cover - calloc of 32 bytes
+            os.close(self.fd)
+            raise MemoryError("numba_hostfn could not allocate a notification channel")
+        # From here the native channel owns the descriptor: it is closed by the
+        # last release, after the last signal has written it (invariant 17).
+        self._native = native
+        self._keys = itertools.count(1)
+        self._buffer = (ctypes.c_uint64 * _TAKE)()
+        weakref.finalize(self, native.channel_release, self.address)
+
+    def new_key(self) -> int:
+        return next(self._keys)
+
+    def launch(self, key: int, target: Any, executor: Any, refusal: str) -> None:
+        """Enqueue a signal saying ``key`` on ``target``."""
+        signal = self._native.signal_new(self.address, key)
+        if not signal:  # pragma: no cover - malloc of 24 bytes
+            raise MemoryError("numba_hostfn could not allocate a signal")
+        try:
+            enqueue_signal(target, signal, executor, refusal)
+        except BaseException:
+            self._native.signal_discard(signal)
+            raise
+
+    def take(self) -> list[int]:
+        """The keys of the signals that have run since the last take, oldest first."""
+        keys: list[int] = []
+        buffer = self._buffer
+        while True:
+            n = self._native.channel_take(self.address, buffer, _TAKE)
+            keys.extend(buffer[:n])
+            if n < _TAKE:
+                return keys
+
+
+# ---- non-blocking callbacks and done_future: one channel for the process ----
+
+
+class _Callbacks:
+    """The process's non-blocking callbacks: run by the main thread or a helper thread."""
+
+    def __init__(self) -> None:
+        self._channel = _Channel(wake_main=True, nonblocking=False)
+        self._waiting: dict[int, Any] = {}  # key -> callable, until it has run
+        self._lock = threading.Lock()  # one batch at a time: stream order
+        self._runner: int | None = None
+        native = get_backend().native
+        self._call = native.call_reporting
+        native.set_notify_callable(self._from_pending_call)
+        any_thread = any_thread_pending_call()
+        if any_thread is not None:
+            native.set_any_thread_pending(*any_thread)
+        self._helper = threading.Thread(
+            target=self._serve, name="numba_hostfn-callbacks", daemon=True
+        )
+        self._helper.start()
+
+    def launch(self, target: Any, fn: Any, executor: Any, refusal: str) -> None:
+        # Registered first: the signal may run, and a batch take it, at once.
+        key = self._channel.new_key()
+        self._waiting[key] = fn
+        try:
+            self._channel.launch(key, target, executor, refusal)
+        except BaseException:
+            del self._waiting[key]
+            raise
+
+    def run(self, block: bool = True) -> int:
+        """Run the callables whose signals have run, oldest first; return how many.
+
+        Re-entrant calls (a callback that drains) return 0 at once.
+        """
+        if self._runner == threading.get_ident():
+            return 0
+        if not self._lock.acquire(blocking=block):
+            return 0  # another thread is running the batch; it takes what is left
+        try:
+            self._runner = threading.get_ident()
+            ran = 0
+            while True:
+                keys = self._channel.take()
+                if not keys:
+                    return ran
+                waiting, call = self._waiting, self._call
+                for key in keys:
+                    call(waiting.pop(key))
+                ran += len(keys)
+        finally:
+            self._runner = None
+            self._lock.release()
+
+    def _from_pending_call(self) -> None:
+        # Never wait here for another thread's batch: that one takes what is left.
+        self.run(block=False)
+
+    def _serve(self) -> None:
+        fd = self._channel.fd
+        while True:
+            os.read(fd, 8)  # blocks without the GIL until a signal writes
+            self.run()
+
+    def outstanding(self) -> int:
+        return len(self._waiting)
+
+
+_callbacks: _Callbacks | None = None
+_callbacks_lock = threading.Lock()
+
+
+def _the_callbacks() -> _Callbacks:
+    global _callbacks
+    if _callbacks is None:
+        with _callbacks_lock:
+            if _callbacks is None:
+                _callbacks = _Callbacks()
+    return _callbacks
+
+
+def run_callbacks() -> int:
+    """Run the non-blocking callbacks that are due (for ``drain()``); return how many."""
+    return 0 if _callbacks is None else _callbacks.run()
+
+
+_IN_GRAPH = (
+    "{what} cannot be used in a CUDA graph or on a capturing stream: it signals "
+    "once, and a replayed node would signal at every replay. Call it on the stream "
+    "that replays the graph, after the replay: {what} then fires when the replay is done"
+)
+
+
+def launch_nonblocking(stream: Any, fn: Any, executor: Any = None) -> None:
+    """``host_launch(stream, fn, blocking=False)`` for a classified Python callable."""
+    refusal = _IN_GRAPH.format(what="host_launch(blocking=False)")
+    _the_callbacks().launch(stream, fn, executor, refusal)
+
+
+def done_future(stream: Any, *, executor: Any = None) -> concurrent.futures.Future:
+    """A ``concurrent.futures.Future`` that resolves when ``stream`` reaches this point.
+
+    For threads and code without an event loop.  The stream signals without
+    the GIL and goes on; the future's result is set by the main thread or
+    numba_hostfn's helper thread, in stream order, as for
+    ``host_launch(..., blocking=False)``.
+
+    Parameters
+    ----------
+    stream : stream
+        A cuda.core ``Stream`` or any object with ``__cuda_stream__``; with
+        the simulator, a ``numba_hostfn.simulator.Stream``.  Not a capturing
+        stream or a graph.
+    executor : HostExecutor, optional
+        Signal from the executor's threads instead of the driver's.
+
+    Returns
+    -------
+    concurrent.futures.Future
+        Its result is ``stream``.  Cancelling it drops interest only: the GPU
+        work goes on, and the signal is released as usual.
+
+    Raises
+    ------
+    TypeError
+        If ``stream`` is not a stream.
+    RuntimeError
+        If ``stream`` is capturing or is a graph, or the executor is closed.
+    """
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    refusal = _IN_GRAPH.format(what="done_future()")
+    _the_callbacks().launch(stream, functools.partial(_resolve, future, stream), executor, refusal)
+    return future
+
+
+def _resolve(future: concurrent.futures.Future, stream: Any) -> None:
+    if future.set_running_or_notify_cancel():
+        future.set_result(stream)
+
+
+# ---- async_done: one channel per event loop ----
+
+
+class _LoopWaits:
+    """The waits of one event loop: a channel whose descriptor the loop reads."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.channel = _Channel(wake_main=False, nonblocking=True)
+        self.futures: dict[int, tuple[asyncio.Future, Any]] = {}
+        loop.add_reader(self.channel.fd, self._ready)
+
+    def _ready(self) -> None:
+        try:
+            os.read(self.channel.fd, 8)  # first: a signal after the take writes again
+        except BlockingIOError:
+            pass
+        futures = self.futures
+        for key in self.channel.take():
+            future, stream = futures.pop(key)
+            if not future.done():  # cancelled: interest dropped
+                future.set_result(stream)
+
+
+# loop -> a weak reference to its waits.  The loop alone keeps its waits alive,
+# through the reader it watches (its futures refer to the loop: a strong value
+# here would keep every loop alive); a closed or collected loop drops them, and
+# their channel goes with the last signal that may still write it.
+_loops: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def async_done(stream: Any, *, executor: Any = None) -> asyncio.Future:
+    """An awaitable that resolves when ``stream`` reaches this point.
+
+    ``await numba_hostfn.async_done(stream)`` suspends the coroutine, not the
+    loop.  When the stream gets here, a compiled host function on the
+    driver's thread (or the executor's) writes the loop's eventfd without
+    taking the GIL; the loop wakes as for a socket and resolves the futures
+    whose streams got there, in that order.  One descriptor per loop, however
+    many waits; no thread per wait.
+
+    Parameters
+    ----------
+    stream : stream
+        A cuda.core ``Stream`` or any object with ``__cuda_stream__`` (CuPy,
+        PyTorch, numba-cuda); with the simulator, a
+        ``numba_hostfn.simulator.Stream``.  Not a capturing stream or a graph.
+    executor : HostExecutor, optional
+        Signal from the executor's threads instead of the driver's.
+
+    Returns
+    -------
+    asyncio.Future
+        A future of the running loop, whose result is ``stream``.  Cancelling
+        it drops interest only: the GPU work goes on, and the signal is
+        released as usual.  If the loop closes first, the future never
+        resolves, and the signal is released all the same.
+
+    Raises
+    ------
+    RuntimeError
+        If no event loop is running in this thread, ``stream`` is capturing or
+        is a graph, or the executor is closed.
+    TypeError
+        If ``stream`` is not a stream.
+
+    Examples
+    --------
+    >>> async def handle(request):  # doctest: +SKIP
+    ...     stream = nh.create_stream()
+    ...     kernel[blocks, threads, stream](request)
+    ...     await nh.async_done(stream)
+    """
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        raise RuntimeError(
+            "async_done() needs a running asyncio event loop: await it in a coroutine. "
+            "Outside a loop, use numba_hostfn.done_future(stream) (a concurrent.futures.Future)"
+        ) from None
+    ref = _loops.get(loop)
+    waits = None if ref is None else ref()
+    if waits is None:
+        waits = _LoopWaits(loop)
+        _loops[loop] = weakref.ref(waits)
+    future = loop.create_future()
+    key = waits.channel.new_key()
+    waits.futures[key] = (future, stream)
+    try:
+        waits.channel.launch(key, stream, executor, _IN_GRAPH.format(what="async_done()"))
+    except BaseException:
+        del waits.futures[key]
+        raise
+    return future
+
+
+# ---- numba-cuda parity ----
+
+
+def add_callback(stream: Any, callback: Any, arg: Any = None) -> None:
+    """numba-cuda's ``Stream.add_callback``, for any stream: ``callback(stream, 0, arg)``.
+
+    The callback is a Python function called on the driver's thread when the
+    stream reaches this point; it takes the GIL, and the stream (and every
+    other host function of the context) waits while it runs, exactly as in
+    numba-cuda.  The status is always 0: ``cuLaunchHostFunc`` runs a host
+    function only when the work before it has succeeded.  For a notification
+    that never takes the GIL on the driver's thread, use
+    ``host_launch(stream, fn, blocking=False)``, :func:`async_done` or
+    :func:`done_future`.
+
+    Parameters
+    ----------
+    stream : stream
+        A cuda.core ``Stream`` or any object with ``__cuda_stream__`` (a
+        numba-cuda ``Stream`` too).
+    callback : callable
+        ``callback(stream, status, arg)``.
+    arg : object, optional
+        Passed to the callback; kept alive until it has run.
+
+    Raises
+    ------
+    TypeError
+        If ``callback`` is not callable, or ``stream`` is not a stream.
+    """
+    if not callable(callback) or isinstance(callback, (HostFunction, CFuncPtr, CFunc)):
+        raise TypeError(
+            "add_callback() expected a Python callable callback(stream, status, arg), got "
+            f"{type(callback).__name__}; compiled host functions go to host_launch()"
+        )
+    refuse_coroutine_function(callback, "add_callback")
+    enqueue(stream, functools.partial(_numba_cuda_call, callback, stream, arg), None, None)
+
+
+def _numba_cuda_call(callback: Any, stream: Any, arg: Any) -> None:
+    callback(stream, 0, arg)

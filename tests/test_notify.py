@@ -1,0 +1,521 @@
+"""Signals to Python without the GIL: async_done, done_future, non-blocking callbacks.
+
+A signal is a compiled host function that pushes a key and writes an eventfd;
+Python reacts on the loop's thread, the main thread or numba_hostfn's helper
+thread.  Every test runs on the simulator too.
+"""
+
+import asyncio
+import ctypes
+import gc
+import os
+import sys
+import textwrap
+import threading
+import time
+
+import numpy as np
+import pytest
+from _device import CHILD_PREAMBLE, Capture, Hold, run_child
+from numba import carray
+
+import numba_hostfn as nh
+from numba_hostfn import _notify
+
+_libc = ctypes.CDLL(None)
+_clock_gettime = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_void_p)(
+    ("clock_gettime", _libc)
+)
+_CLOCK_MONOTONIC = 1
+HELPER = "numba_hostfn-callbacks"
+
+
+@nh.host_callback
+def increment(p):
+    carray(p, (1,), np.int64)[0] += 1
+
+
+@nh.host_callback
+def stamp(p):
+    """p -> int64[3]: [tv_sec, tv_nsec, t in ns]: when the stream got here."""
+    a = carray(p, (3,), np.int64)
+    _clock_gettime(_CLOCK_MONOTONIC, a[0:2].ctypes.data)
+    a[2] = a[0] * 1_000_000_000 + a[1]
+
+
+def _hold_gil(seconds):
+    """Keep the GIL for ``seconds`` in one C call (PyDLL does not release it)."""
+    ctypes.PyDLL(None).usleep(int(seconds * 1e6))
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _wait_for(predicate, seconds: float = 30.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.001)
+    return predicate()
+
+
+# ---- non-blocking callbacks ---------------------------------------------------------------
+
+
+def test_nonblocking_callbacks_run_in_stream_order_off_the_driver_thread(stream, device):
+    """The driver's thread only signals; Python runs the callables in stream order."""
+    counter = np.zeros(1, np.int64)
+    seen = []
+    device.delay(stream, 0.02)
+    for i in range(300):
+        nh.host_launch(stream, increment, user_data=nh.by_ref(counter))
+        nh.host_launch(
+            stream,
+            lambda i=i: seen.append((i, threading.current_thread().name)),
+            blocking=False,
+        )
+    stream.sync()
+    nh.drain()  # runs what the helper has not yet run, here, in order
+    assert [i for i, _ in seen] == list(range(300))
+    assert {name for _, name in seen} <= {"MainThread", HELPER}
+    assert counter[0] == 300
+
+
+def test_the_stream_does_not_wait_for_a_nonblocking_callback(stream):
+    """A callback still running does not hold the stream: work after it goes on."""
+    started, finish = threading.Event(), threading.Event()
+    counter = np.zeros(1, np.int64)
+
+    def slow():
+        started.set()
+        finish.wait(30)
+
+    nh.host_launch(stream, slow, blocking=False)
+    nh.host_launch(stream, increment, user_data=nh.by_ref(counter))
+    stream.sync()  # returns while slow() waits (on the helper thread)
+    assert started.wait(30)
+    assert counter[0] == 1 and not finish.is_set()
+    finish.set()
+    nh.drain()
+
+
+def test_nonblocking_callbacks_run_on_the_main_thread_while_it_runs_python(stream):
+    """The main thread busy in Python runs them itself, through a pending call, while
+    the helper thread would wait a whole switch interval for the GIL (made long here).
+    Python 3.10 and 3.11 only look at such a pending call at a GIL switch: there the
+    helper runs it, after one switch interval (docs/asyncio.md)."""
+    ran = []
+    prompt = sys.version_info >= (3, 12)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(5.0 if prompt else interval)
+    try:
+        nh.host_launch(stream, lambda: ran.append(threading.current_thread().name), blocking=False)
+        deadline = time.monotonic() + 4.0
+        while not ran and time.monotonic() < deadline:
+            sum(range(100))  # Python code, the GIL kept
+    finally:
+        sys.setswitchinterval(interval)
+    if prompt:
+        assert ran == ["MainThread"]
+    else:
+        assert len(ran) == 1
+
+
+def test_nonblocking_callbacks_run_while_the_main_thread_is_blocked_in_sync(stream, device):
+    """stream.sync() blocks the main thread in C: the helper thread runs the callback."""
+    ran = threading.Event()
+    names = []
+    device.delay(stream, 0.02)
+
+    def note():
+        names.append(threading.current_thread().name)
+        ran.set()
+
+    nh.host_launch(stream, note, blocking=False)
+    other = nh.create_stream() if device.simulator else device.create_stream()
+    device.delay(other, 0.5)
+    other.sync()  # blocked in C with the GIL released: the pending call cannot run
+    assert ran.is_set() and names == [HELPER]
+    device.close_stream(other)
+
+
+def test_compiled_functions_run_while_main_holds_the_gil_with_callbacks_queued(device):
+    """Thousands of non-blocking callbacks queued on one stream, and the main thread
+    holding the GIL: host functions of another stream still run, on time."""
+    busy, quiet = device.create_stream(), device.create_stream()
+    calls = []
+    device.delay(busy, 0.02)
+    for _ in range(3000):
+        nh.host_launch(busy, lambda: calls.append(1), blocking=False)
+    stamps = np.zeros(3, np.int64)
+    device.delay(quiet, 0.05)
+    nh.host_launch(quiet, stamp, user_data=nh.by_ref(stamps))
+    start = time.monotonic_ns()
+    _hold_gil(0.5)
+    window_end = start + 500_000_000
+    quiet.sync()
+    busy.sync()
+    nh.drain()
+    assert start < stamps[2] < window_end, "a compiled host function waited for the GIL"
+    assert len(calls) == 3000
+    device.close_stream(busy)
+    device.close_stream(quiet)
+
+
+def test_a_failing_nonblocking_callback_is_reported_and_the_rest_run(stream, unraisables):
+    seen = []
+
+    def boom():
+        raise KeyError("boom")
+
+    nh.host_launch(stream, lambda: seen.append(1), blocking=False)
+    nh.host_launch(stream, boom, blocking=False)
+    nh.host_launch(stream, lambda: seen.append(3), blocking=False)
+    stream.sync()
+    nh.drain()
+    assert seen == [1, 3]
+    assert len(unraisables) == 1
+    assert isinstance(unraisables[0].exc_value, KeyError) and unraisables[0].object is boom
+
+
+def test_nonblocking_callbacks_own_their_callable_until_run(stream):
+    import weakref
+
+    class Callback:
+        def __call__(self):
+            pass
+
+    callback = Callback()
+    alive = weakref.ref(callback)
+    with Hold(stream):
+        nh.host_launch(stream, callback, blocking=False)
+        del callback
+        gc.collect()
+        assert alive() is not None
+    stream.sync()
+    nh.drain()
+    gc.collect()
+    assert alive() is None
+    assert nh.pending() == 0
+
+
+def test_a_callback_may_launch_and_drain(stream):
+    """Re-entrant: a non-blocking callback that launches another and drains."""
+    seen = []
+
+    def first():
+        seen.append("first")
+        nh.host_launch(stream, lambda: seen.append("second"), blocking=False)
+        nh.drain()
+
+    nh.host_launch(stream, first, blocking=False)
+    stream.sync()
+    assert _wait_for(lambda: (nh.drain(), len(seen) == 2)[1])
+    assert seen == ["first", "second"]
+
+
+# ---- done_future --------------------------------------------------------------------------
+
+
+def test_done_future_resolves_with_the_stream(stream, device):
+    device.delay(stream, 0.05)
+    future = nh.done_future(stream)
+    assert future.result(timeout=30) is stream
+
+
+def test_done_future_cancelled_drops_interest_only(stream):
+    counter = np.zeros(1, np.int64)
+    with Hold(stream):
+        future = nh.done_future(stream)
+        nh.host_launch(stream, increment, user_data=nh.by_ref(counter))
+        assert future.cancel()
+    stream.sync()
+    nh.drain()
+    assert future.cancelled() and counter[0] == 1
+    assert _notify._callbacks.outstanding() == 0
+
+
+# ---- async_done ---------------------------------------------------------------------------
+
+
+def test_async_done_suspends_the_coroutine_not_the_loop(stream, device):
+    ticks = []
+
+    async def ticker(stop):
+        while not stop.is_set():
+            ticks.append(1)
+            await asyncio.sleep(0.001)
+
+    async def main():
+        stop = asyncio.Event()
+        tick = asyncio.ensure_future(ticker(stop))
+        device.delay(stream, 0.2)
+        result = await nh.async_done(stream)
+        stop.set()
+        await tick
+        return result
+
+    assert asyncio.run(main()) is stream
+    assert len(ticks) > 10, "the loop was blocked while the stream worked"
+
+
+def test_async_done_resolves_waits_in_the_order_streams_get_there(device):
+    """Three streams, done after 0.3, 0.1 and 0.2 s of device work (they run side by
+    side): the waits resolve in the order the streams get there."""
+    streams = [device.create_stream() for _ in range(3)]
+    order = []
+
+    async def wait(k, s):
+        await nh.async_done(s)
+        order.append(k)
+
+    async def main():
+        for s, seconds in zip(streams, (0.3, 0.1, 0.2), strict=True):
+            device.delay(s, seconds)
+        await asyncio.gather(*(wait(k, s) for k, s in enumerate(streams)))
+
+    asyncio.run(main())
+    assert order == [1, 2, 0]
+    for s in streams:
+        device.close_stream(s)
+
+
+def test_many_waits_use_one_descriptor_and_no_thread(stream, device):
+    n = 2000 if device.simulator else 10_000
+    with_threads = threading.active_count()
+
+    async def main():
+        await nh.async_done(stream)  # the loop's channel exists from here
+        fds = _open_fds()
+        with Hold(stream):
+            futures = [nh.async_done(stream) for _ in range(n)]
+            assert _open_fds() == fds and threading.active_count() <= with_threads + 1
+        results = await asyncio.gather(*futures)
+        return fds, results
+
+    fds, results = asyncio.run(main())
+    assert len(results) == n and all(r is stream for r in results)
+
+
+def test_async_done_cancelled_drops_interest_only(stream):
+    counter = np.zeros(1, np.int64)
+
+    async def main():
+        with Hold(stream):
+            future = nh.async_done(stream)
+            nh.host_launch(stream, increment, user_data=nh.by_ref(counter))
+            future.cancel()
+        await nh.async_done(stream)  # the loop goes on past the cancelled one
+        return future
+
+    future = asyncio.run(main())
+    assert future.cancelled() and counter[0] == 1
+
+
+def test_a_loop_closed_with_waits_outstanding_leaks_nothing(stream):
+    """The loop goes first: its descriptor stays open while a signal may still write
+    it, and is closed by the last one; pending() goes back to 0."""
+    loop = asyncio.new_event_loop()
+    with Hold(stream):
+
+        async def start():
+            return [nh.async_done(stream) for _ in range(5)]
+
+        futures = loop.run_until_complete(start())
+        fd = _notify._loops[loop]().channel.fd
+        loop.close()
+        del loop, futures
+        gc.collect()
+        os.fstat(fd)  # still open: five signals will write it
+    stream.sync()  # the last signal has closed it
+    with pytest.raises(OSError):
+        os.fstat(fd)
+    nh.drain()
+    assert nh.pending() == 0
+
+
+def test_async_done_needs_a_running_loop(stream):
+    with pytest.raises(RuntimeError, match="done_future"):
+        nh.async_done(stream)
+
+
+# ---- refusals: graphs, captures, bad input ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda s: nh.host_launch(s, lambda: None, blocking=False),
+        lambda s: nh.done_future(s),
+        lambda s: asyncio.run(_async_done_in_loop(s)),
+    ],
+    ids=["nonblocking", "done_future", "async_done"],
+)
+def test_signals_are_refused_under_capture_and_leave_it_valid(stream, device, call):
+    before = nh.pending()
+    fds = _open_fds()
+    capture = Capture(stream, "relaxed")
+    with pytest.raises(RuntimeError, match="capturing stream"):
+        call(stream)
+    counter = np.zeros(1, np.int64)
+    nh.host_launch(stream, increment, user_data=nh.by_ref(counter))  # the capture goes on
+    capture.end()
+    capture.launch()
+    stream.sync()
+    capture.close()
+    assert counter[0] == 1
+
+    def settled():  # CUDA releases what a graph owned asynchronously
+        device.synchronize()
+        nh.drain()
+        return nh.pending() == before
+
+    assert _wait_for(settled)
+    if _notify._callbacks is not None:
+        assert _notify._callbacks.outstanding() == 0
+    assert _open_fds() <= fds + 1  # at most a loop's own channel, not yet collected
+
+
+async def _async_done_in_loop(stream):
+    return nh.async_done(stream)
+
+
+def test_signals_are_refused_on_a_graph_builder(stream):
+    builder = stream.create_graph_builder().begin_building()
+    try:
+        with pytest.raises(RuntimeError, match="CUDA graph"):
+            nh.host_launch(builder, lambda: None, blocking=False)
+        with pytest.raises(RuntimeError, match="CUDA graph"):
+            nh.done_future(builder)
+    finally:
+        builder.end_building().close()
+
+
+@nh.host_callback
+def _noop(p):
+    pass
+
+
+def test_bad_nonblocking_arguments_are_refused(stream):
+    with pytest.raises(ValueError, match="leave blocking=True"):
+        nh.host_launch(stream, _noop, blocking=False)
+    with pytest.raises(TypeError, match="True or False"):
+        nh.host_launch(stream, lambda: None, blocking=0)
+    with pytest.raises(ValueError, match="user_data"):
+        nh.host_launch(stream, lambda: None, user_data=3, blocking=False)
+    with pytest.raises(TypeError, match="async_done"):
+
+        async def coroutine():
+            pass
+
+        nh.host_launch(stream, coroutine, blocking=False)
+    with pytest.raises(TypeError, match="stream"):
+        nh.done_future(None)
+    assert nh.pending() == 0
+
+
+# ---- executors ----------------------------------------------------------------------------
+
+
+def test_signals_from_an_executor(stream, device):
+    seen = []
+    with nh.HostExecutor(threads=2) as executor:
+        device.delay(stream, 0.02)
+        nh.host_launch(stream, lambda: seen.append(1), blocking=False, executor=executor)
+        future = nh.done_future(stream, executor=executor)
+
+        async def main():
+            return await nh.async_done(stream, executor=executor)
+
+        assert asyncio.run(main()) is stream
+        assert future.result(timeout=30) is stream
+        stream.sync()
+    nh.drain()
+    assert seen == [1]
+
+
+# ---- numba-cuda parity --------------------------------------------------------------------
+
+
+def test_add_callback_has_numba_cudas_semantics(stream):
+    """callback(stream, 0, arg) on the driver's thread, and the stream waits for it."""
+    seen = []
+    counter = np.zeros(1, np.int64)
+    arg = object()
+
+    def callback(s, status, a):
+        seen.append((s, status, a, threading.current_thread().name, int(counter[0])))
+
+    nh.add_callback(stream, callback, arg)
+    nh.host_launch(stream, increment, user_data=nh.by_ref(counter))
+    stream.sync()
+    assert len(seen) == 1
+    s, status, a, thread, count = seen[0]
+    assert s is stream and status == 0 and a is arg
+    assert thread != "MainThread" and count == 0
+
+
+def test_add_callback_refuses_what_it_cannot_call(stream):
+    with pytest.raises(TypeError, match="callable"):
+        nh.add_callback(stream, 3)
+    with pytest.raises(TypeError, match="host_launch"):
+        nh.add_callback(stream, _noop)
+
+    async def coroutine(s, status, arg):
+        pass
+
+    with pytest.raises(TypeError, match="async_done"):
+        nh.add_callback(stream, coroutine)
+    assert nh.pending() == 0
+
+
+@pytest.mark.gpu
+def test_numba_cuda_streams_end_to_end():
+    """numba-cuda's stream and copies, then an await, a non-blocking callback and
+    add_callback on that stream.  (numba-cuda 0.30.4 compiles no kernel on the GPU
+    image: its numpy typing reads np.row_stack, which the image's numpy removed.)"""
+    from numba import cuda
+
+    stream = cuda.stream()
+    host = cuda.pinned_array(256, np.float32)
+    host[:] = 2
+    data = cuda.to_device(host, stream=stream)
+    host[:] = 0
+    data.copy_to_host(host, stream=stream)
+    seen = []
+    nh.host_launch(stream, lambda: seen.append(float(host.sum())), blocking=False)
+    nh.add_callback(stream, lambda s, status, arg: seen.append((s is stream, status, arg)), 7)
+
+    async def main():
+        return await nh.async_done(stream)
+
+    assert asyncio.run(main()) is stream
+    stream.synchronize()
+    nh.drain()
+    assert sorted(seen, key=str) == sorted([512.0, (True, 0, 7)], key=str)
+
+
+EXIT_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import asyncio
+
+    device.delay(stream, 1.0)
+    calls = []
+    for _ in range(100):
+        nh.host_launch(stream, lambda: calls.append(1), blocking=False)
+    future = nh.done_future(stream)
+
+    async def main():
+        return [nh.async_done(stream) for _ in range(100)]
+
+    loop = asyncio.new_event_loop()
+    waits = loop.run_until_complete(main())
+    print("exiting with", nh.pending(), "pending", flush=True)
+""")
+
+
+def test_interpreter_exit_with_waits_outstanding():
+    """Waits, futures and non-blocking callbacks outstanding at exit: rc 0, no hang."""
+    out = run_child(EXIT_SCRIPT)
+    assert "exiting with 201 pending" in out, out
