@@ -33,6 +33,10 @@ full:
    kernel against raw C baselines, 4 streams x 50 x 2 ms of host work in parallel
    (with a timeline plot), and the pool's CPU time; its dispatch delay is a row of
    the dispatch section.
+8. asyncio (bench_async.py): stream done -> coroutine resumed for async_done,
+   to_thread(sync), a call_soon_threadsafe host callback and numba-cuda's
+   async_done, with the loop idle and busy; 10k waits; the non-blocking
+   callback's delay against a blocking callable and CuPy (plots asyncio*.png).
 
 _bench.py holds what the sections share: the rows and record(), the report with
 its targets table, the plots, the compiled host functions and the Gate.  A section
@@ -46,6 +50,7 @@ import argparse
 import sys
 import time
 
+import bench_async
 import bench_compile
 import bench_dispatch
 import bench_enqueue
@@ -62,6 +67,7 @@ SECTIONS = {
     "compile": bench_compile,
     "graphs": bench_graphs,
     "executor": bench_executor,
+    "asyncio": bench_async,
 }
 
 
@@ -112,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
         "graphs": lambda: bench_graphs.run(nh, device, nodes, replays, repeats),
         "executor": lambda: bench_executor.run(
             nh, device, 50 if args.smoke else 2000, repeats, 3 if args.smoke else 50
+        ),
+        "asyncio": lambda: bench_async.run(
+            nh, device, 2 if args.smoke else 15, 200 if args.smoke else 10_000
         ),
     }
     for name in SECTIONS:

@@ -1,0 +1,297 @@
+"""Section asyncio: signalling Python from a stream, with and without the GIL.
+
+- await latency: device work ends (the Gate is opened at a host clock time) ->
+  the awaiting coroutine runs again, with the loop idle and with the loop busy
+  (100 coroutines doing CPU work in 20 µs slices), for ``nh.async_done``
+  (a GIL-free eventfd write), ``asyncio.to_thread(stream.sync)`` (a thread per
+  wait), a Python host callback that calls ``loop.call_soon_threadsafe`` (the
+  GIL on the driver's thread) and numba-cuda's ``Stream.async_done`` (its
+  error, where it fails).  Conditions interleaved, one sample each per round.
+- 10k waits: 10,000 ``async_done`` on one stream, all resolved; per wait, and
+  the descriptors and threads the process gained.
+- non-blocking callback delay: device work ends -> the callable runs, with the
+  main thread idle in ``sync()``, busy in Python, or holding the GIL in a C call;
+  ``host_launch(..., blocking=False)`` against a blocking Python callable and
+  CuPy's ``launch_host_func``.
+- other streams while the main thread holds the GIL: a HostFunction's dispatch
+  delay on a second stream, with 3,000 non-blocking callbacks queued on the first.
+Ratios are to ``async_done`` (await groups), and to the blocking Python callable
+(callback groups).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import faulthandler
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+from _bench import (
+    ROW_WATCHDOG_S,
+    ROWS,
+    Gate,
+    Row,
+    Target,
+    compiled_functions,
+    cupy_stream,
+    find,
+    ratio,
+    target,
+)
+
+GROUP = "asyncio"
+PLOTS = [("await", "asyncio.png"), ("callback", "asyncio_callbacks.png")]
+WORKERS, SLICE_S = 100, 20e-6
+QUEUED = 3000
+
+
+def _numba_cuda_stream(stream):
+    from numba import cuda
+
+    return cuda.external_stream(int(stream.handle))
+
+
+def run(nh, device, repeats: int, waits: int) -> None:
+    stream = device.create_stream()
+    gate = Gate(device)
+    _await_latency(nh, device, stream, gate, repeats)
+    _many_waits(nh, stream, gate, waits)
+    _callback_delay(nh, device, stream, gate, repeats)
+    _other_streams(nh, device, stream, gate, repeats)
+    stream.close()
+
+
+def _interleaved(rows: list[Row], sample, repeats: int) -> None:
+    """One sample of each row per round: drift over seconds hits every row alike."""
+    print(f"[{GROUP}] {len(rows)} conditions interleaved ...", file=sys.stderr, flush=True)
+    faulthandler.dump_traceback_later(ROW_WATCHDOG_S, exit=False)
+    try:
+        for _ in range(repeats):
+            for row in rows:
+                if row.note:
+                    continue
+                try:
+                    row.samples.append(sample(row))
+                except Exception as exc:  # a failing peer is a finding, reported in the table
+                    row.fail(exc)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+    ROWS.extend(rows)
+
+
+def _await_latency(nh, device, stream, gate, repeats: int) -> None:
+    kinds = ["async_done", "to_thread(stream.sync)", "Python callback + call_soon_threadsafe"]
+    if not device.simulator:
+        kinds.append("numba-cuda Stream.async_done")
+    rows = [Row(f"await (loop {loop})", k, "µs") for loop in ("idle", "busy") for k in kinds]
+
+    async def one(kind: str, busy: bool) -> float:
+        loop = asyncio.get_running_loop()
+        stop = False
+
+        async def worker():
+            while not stop:
+                end = time.perf_counter() + SLICE_S
+                while time.perf_counter() < end:
+                    pass
+                await asyncio.sleep(0)
+
+        workers = [asyncio.ensure_future(worker()) for _ in range(WORKERS if busy else 0)]
+        gate.close_on(stream)
+        t0 = None
+        try:
+            if kind == "async_done":
+                waiter = nh.async_done(stream)
+            elif kind.startswith("to_thread"):
+                waiter = asyncio.ensure_future(asyncio.to_thread(stream.sync))
+            elif kind.startswith("Python callback"):
+                waiter = loop.create_future()
+                nh.host_launch(stream, lambda: loop.call_soon_threadsafe(waiter.set_result, None))
+            else:
+                waiter = _numba_cuda_stream(stream).async_done()
+            await asyncio.sleep(0.002)  # the waiters park
+            t0 = gate.open()
+            # numba-cuda 0.30.4's future never resolves: its callback fails on the
+            # driver's thread (CUstream has no .value); the timeout is its row's note
+            await asyncio.wait_for(waiter, 10)
+            t1 = time.monotonic_ns()
+        finally:
+            if t0 is None:
+                gate.open()
+            stop = True
+            await asyncio.gather(*workers)
+            stream.sync()
+            nh.drain()
+        return (t1 - t0) / 1e3
+
+    _interleaved(rows, lambda row: asyncio.run(one(row.name, row.group.endswith("busy)"))), repeats)
+
+
+def _many_waits(nh, stream, gate, waits: int) -> None:
+    result = {}
+
+    async def many() -> None:
+        await nh.async_done(stream)  # the loop's descriptor exists before counting
+        fds, threads = len(os.listdir("/proc/self/fd")), threading.active_count()
+        gate.close_on(stream)
+        try:
+            futures = [nh.async_done(stream) for _ in range(waits)]
+            result["fds"] = len(os.listdir("/proc/self/fd")) - fds
+            result["threads"] = threading.active_count() - threads
+            t0 = gate.open()
+            await asyncio.gather(*futures)
+            result["us"] = (time.monotonic_ns() - t0) / 1e3 / waits
+        finally:
+            gate.open()
+
+    print(f"[{GROUP}] {waits} waits ...", file=sys.stderr, flush=True)
+    name = "async_done, per wait (stream done -> all resumed)"
+    row = Row(f"{waits} concurrent waits", name, "µs")
+    try:
+        asyncio.run(many())
+        row.samples.append(result["us"])
+        row.note = f"{result['fds']} descriptors and {result['threads']} threads added"
+    except Exception as exc:
+        row.fail(exc)
+    stream.sync()
+    nh.drain()
+    ROWS.append(row)
+    if "fds" in result:
+        group = f"{waits} concurrent waits"
+        ROWS.append(Row(group, "descriptors added", "count", [result["fds"]]))
+        ROWS.append(Row(group, "threads added", "count", [result["threads"]]))
+
+
+def _callback_delay(nh, device, stream, gate, repeats: int) -> None:
+    kinds = ["Python callable, blocking=False", "Python callable (blocking)"]
+    if not device.simulator:
+        kinds.append("CuPy launch_host_func")
+    mains = ("idle in sync()", "busy in Python", "holding the GIL")
+    rows = [Row(f"callback ({main})", k, "µs") for main in mains for k in kinds]
+    hold_gil = ctypes.PyDLL(None).usleep
+    window = 0.02
+
+    def sample(row: Row) -> float:
+        seen = []
+        gate.close_on(stream)
+        t0 = None
+        try:
+            if row.name.endswith("blocking=False"):
+                nh.host_launch(stream, lambda: seen.append(time.monotonic_ns()), blocking=False)
+            elif row.name.startswith("Python"):
+                nh.host_launch(stream, lambda: seen.append(time.monotonic_ns()))
+            else:
+                cupy_stream(stream).launch_host_func(
+                    lambda _: seen.append(time.monotonic_ns()), None
+                )
+            time.sleep(0.002)
+            t0 = gate.open()
+            if "busy" in row.group:
+                end = time.perf_counter() + window
+                while time.perf_counter() < end and not seen:
+                    pass
+            elif "holding" in row.group:
+                hold_gil(int(window * 1e6))
+            stream.sync()
+            deadline = time.perf_counter() + 5
+            while not seen and time.perf_counter() < deadline:
+                time.sleep(0.0001)
+        finally:
+            if t0 is None:
+                gate.open()
+            stream.sync()
+            nh.drain()
+        return (seen[0] - t0) / 1e3
+
+    _interleaved(rows, sample, repeats)
+
+
+def _other_streams(nh, device, stream, gate, repeats: int) -> None:
+    _, stamp = compiled_functions(nh)
+    other = device.create_stream()
+    hold_gil = ctypes.PyDLL(None).usleep
+    other_gate = Gate(device)
+    calls = []
+
+    def sample(row: Row) -> float:
+        stamps = np.zeros(3, np.int64)
+        gate.close_on(stream)
+        for _ in range(QUEUED):
+            nh.host_launch(stream, lambda: calls.append(1), blocking=False)
+        other_gate.close_on(other)
+        nh.host_launch(other, stamp, user_data=nh.by_ref(stamps))
+        time.sleep(0.002)
+        gate.open()
+        t0 = other_gate.open()
+        hold_gil(100_000)  # the main thread holds the GIL for 100 ms
+        other.sync()
+        stream.sync()
+        nh.drain()
+        return (int(stamps[0]) - t0) / 1e3
+
+    rows = [
+        Row(
+            "callback (holding the GIL)",
+            f"HostFunction on another stream, {QUEUED} non-blocking callbacks queued",
+            "µs",
+        )
+    ]
+    _interleaved(rows, sample, repeats)
+    other.close()
+
+
+def baseline(group: str) -> Row | None:
+    if group.startswith("await ("):
+        return find(group, "async_done")
+    if group.startswith("callback ("):
+        return find(group, "Python callable (blocking)")
+    return None
+
+
+def targets() -> list[Target]:
+    busy = find("await (loop busy)", "async_done")
+    rows = [r for r in ROWS if r.group.endswith("concurrent waits")]
+    fds = next((r for r in rows if r.name == "descriptors added"), None)
+    threads = next((r for r in rows if r.name == "threads added"), None)
+    queued = find(
+        "callback (holding the GIL)",
+        f"HostFunction on another stream, {QUEUED} non-blocking callbacks queued",
+    )
+    return [
+        target(
+            "async_done latency, loop busy <= 0.5x to_thread(stream.sync)",
+            ratio(busy, find("await (loop busy)", "to_thread(stream.sync)")),
+            0.5,
+        ),
+        target(
+            "10k waits: descriptors added <= 1",
+            fds.median if fds else None,
+            1,
+            "{:.0f}",
+        ),
+        target(
+            "10k waits: threads added == 0",
+            threads.median if threads else None,
+            0,
+            "{:.0f}",
+        ),
+        target(
+            "non-blocking callback, main busy in Python <= 0.1x CuPy launch_host_func",
+            ratio(
+                find("callback (busy in Python)", "Python callable, blocking=False"),
+                find("callback (busy in Python)", "CuPy launch_host_func"),
+            ),
+            0.1,
+        ),
+        target(
+            f"HostFunction on another stream while the GIL is held ({QUEUED} callbacks "
+            "queued) runs within the 100 ms hold",
+            queued.median if queued else None,
+            100_000.0,
+            "{:.0f} µs",
+        ),
+    ]
