@@ -42,7 +42,8 @@ class Row:
     def fail(self, exc: Exception) -> None:
         """The row's measurement failed: no samples, and the error as its note."""
         self.samples.clear()
-        self.note = f"{type(exc).__name__}: {str(exc).splitlines()[0][:90]}"
+        first = (str(exc).splitlines() or [""])[0][:90]
+        self.note = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
     def cell(self) -> str:
         if not self.samples:

@@ -92,20 +92,19 @@ class _Channel:
 class _Callbacks:
     """The process's non-blocking callbacks: run by the main thread or a helper thread."""
 
-    def __init__(self) -> None:
-        self._channel = _Channel(wake_main=True, nonblocking=False)
+    def __init__(self, *, wake_main: bool = True, name: str = "numba_hostfn-callbacks") -> None:
+        self._channel = _Channel(wake_main=wake_main, nonblocking=False)
         self._waiting: dict[int, Any] = {}  # key -> callable, until it has run
         self._lock = threading.Lock()  # one batch at a time: stream order
         self._runner: int | None = None
         native = get_backend().native
         self._call = native.call_reporting
-        native.set_notify_callable(self._from_pending_call)
-        any_thread = any_thread_pending_call()
-        if any_thread is not None:
-            native.set_any_thread_pending(*any_thread)
-        self._helper = threading.Thread(
-            target=self._serve, name="numba_hostfn-callbacks", daemon=True
-        )
+        if wake_main:
+            native.set_notify_callable(self._from_pending_call)
+            any_thread = any_thread_pending_call()
+            if any_thread is not None:
+                native.set_any_thread_pending(*any_thread)
+        self._helper = threading.Thread(target=self._serve, name=name, daemon=True)
         self._helper.start()
 
     def launch(self, target: Any, fn: Any, executor: Any, refusal: str) -> None:
@@ -157,6 +156,10 @@ class _Callbacks:
 
 
 _callbacks: _Callbacks | None = None
+# done_future's results are set on a thread of their own, never from a pending
+# call: one could run inside concurrent.futures.wait() or as_completed() on the
+# thread that holds the futures' locks, and their waiter would miss the result.
+_futures: _Callbacks | None = None
 _callbacks_lock = threading.Lock()
 
 
@@ -167,6 +170,15 @@ def _the_callbacks() -> _Callbacks:
             if _callbacks is None:
                 _callbacks = _Callbacks()
     return _callbacks
+
+
+def _the_futures() -> _Callbacks:
+    global _futures
+    if _futures is None:
+        with _callbacks_lock:
+            if _futures is None:
+                _futures = _Callbacks(wake_main=False, name="numba_hostfn-futures")
+    return _futures
 
 
 def run_callbacks() -> int:
@@ -191,9 +203,9 @@ def done_future(stream: Any, *, executor: Any = None) -> concurrent.futures.Futu
     """A ``concurrent.futures.Future`` that resolves when ``stream`` reaches this point.
 
     For threads and code without an event loop.  The stream signals without
-    the GIL and goes on; the future's result is set by the main thread or
-    numba_hostfn's helper thread, in stream order, as for
-    ``host_launch(..., blocking=False)``.
+    the GIL and goes on; the future's result is set, in stream order, by
+    numba_hostfn's thread ``numba_hostfn-futures`` (never from a pending call,
+    which could run inside ``concurrent.futures.wait`` on the waiting thread).
 
     Parameters
     ----------
@@ -219,7 +231,7 @@ def done_future(stream: Any, *, executor: Any = None) -> concurrent.futures.Futu
     """
     future: concurrent.futures.Future = concurrent.futures.Future()
     refusal = _IN_GRAPH.format(what="done_future()")
-    _the_callbacks().launch(stream, functools.partial(_resolve, future, stream), executor, refusal)
+    _the_futures().launch(stream, functools.partial(_resolve, future, stream), executor, refusal)
     return future
 
 

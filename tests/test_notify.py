@@ -225,6 +225,22 @@ def test_done_future_resolves_with_the_stream(stream, device):
     assert future.result(timeout=30) is stream
 
 
+def test_done_futures_with_wait_and_as_completed(device):
+    """Results are set on numba_hostfn's futures thread, never from a pending call in
+    the middle of wait()/as_completed() (which hold the futures' locks): none is lost."""
+    import concurrent.futures as cf
+
+    streams = [device.create_stream() for _ in range(4)]
+    for _ in range(5):
+        futures = [nh.done_future(s) for s in streams for _ in range(50)]
+        done, not_done = cf.wait(futures, timeout=60)
+        assert not not_done
+        futures = [nh.done_future(s) for s in streams for _ in range(50)]
+        assert len(list(cf.as_completed(futures, timeout=60))) == 200
+    for s in streams:
+        device.close_stream(s)
+
+
 def test_done_future_cancelled_drops_interest_only(stream):
     counter = np.zeros(1, np.int64)
     with Hold(stream):
@@ -234,7 +250,7 @@ def test_done_future_cancelled_drops_interest_only(stream):
     stream.sync()
     nh.drain()
     assert future.cancelled() and counter[0] == 1
-    assert _notify._callbacks.outstanding() == 0
+    assert _wait_for(lambda: _notify._futures.outstanding() == 0)
 
 
 # ---- async_done ---------------------------------------------------------------------------
