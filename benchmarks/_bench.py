@@ -48,7 +48,8 @@ class Row:
     def cell(self) -> str:
         if not self.samples:
             return f"-- ({self.note})" if self.note else "--"
-        return f"{self.median:.2f} ({min(self.samples):.2f}-{max(self.samples):.2f})"
+        note = f" [{self.note}]" if self.note else ""
+        return f"{self.median:.2f} ({min(self.samples):.2f}-{max(self.samples):.2f}){note}"
 
 
 ROWS: list[Row] = []

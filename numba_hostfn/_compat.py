@@ -40,6 +40,9 @@ numba ``_CFuncCompiler``          its ``_customize_flags``: compile a lifted ``o
                                   ctypes ``PyMethodDef`` (CPython's stable C API, reached
                                   through ctypes)
 ``_PyThreadState_UncheckedGet``   the pre-3.13 name of ``PyThreadState_GetUnchecked``
+``threading._DummyThread``        what ``current_thread()`` is on a thread Python did not
+                                  start (the driver's, a pool's): 3.12 runs a pending call on
+                                  any thread, and non-blocking callbacks never run on those
 ``_PyEval_AddPendingCall``        3.12 only: a pending call that any thread runs, with the
                                   eval breaker set at once; 3.12's ``Py_AddPendingCall``
                                   from a thread foreign to Python is seen only at the next
@@ -78,6 +81,7 @@ __all__ = [
     "flag_value",
     "global_compiler_lock",
     "hooks",
+    "on_foreign_thread",
     "register_early_atexit",
     "set_flag_value",
 ]
@@ -131,6 +135,11 @@ def any_thread_pending_call() -> tuple[int, int] | None:
     return ctypes.cast(api._PyEval_AddPendingCall, ctypes.c_void_p).value, main()
 
 
+def on_foreign_thread() -> bool:
+    """True on a thread that Python did not start: a driver's or an executor's."""
+    return isinstance(threading.current_thread(), threading._DummyThread)
+
+
 def hooks() -> dict[str, bool]:
     """Each private hook, and whether this process has it (``tests/test_compat.py``)."""
     context = cpu_target.target_context
@@ -152,6 +161,7 @@ def hooks() -> dict[str, bool]:
         "numba BaseContext.subtarget": hasattr(context, "subtarget"),
         "numba codegen.set_env": hasattr(context.codegen(), "set_env"),
         "PyCFunction_NewEx": hasattr(ctypes.pythonapi, "PyCFunction_NewEx"),
+        "threading._DummyThread": isinstance(getattr(threading, "_DummyThread", None), type),
         "_PyEval_AddPendingCall (3.12)": sys.version_info[:2] != (3, 12)
         or hasattr(ctypes.pythonapi, "_PyEval_AddPendingCall"),
         "PyThreadState_GetUnchecked or its old name": any(

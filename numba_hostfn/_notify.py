@@ -34,7 +34,7 @@ import weakref
 from typing import Any
 
 from ._backend import get_backend
-from ._compat import CFunc, CFuncPtr, any_thread_pending_call
+from ._compat import CFunc, CFuncPtr, any_thread_pending_call, on_foreign_thread
 from ._decorator import HostFunction
 from ._launch import enqueue, enqueue_signal, refuse_coroutine_function
 
@@ -142,8 +142,11 @@ class _Callbacks:
             self._lock.release()
 
     def _from_pending_call(self) -> None:
-        # Never wait here for another thread's batch: that one takes what is left.
-        self.run(block=False)
+        # From 3.12 any thread may run the pending call, a Python callable's on the
+        # driver's thread too: not there (the helper thread has the batch, the
+        # descriptor was written).  Never wait here for another thread's batch.
+        if not on_foreign_thread():
+            self.run(block=False)
 
     def _serve(self) -> None:
         fd = self._channel.fd

@@ -84,7 +84,10 @@ def test_nonblocking_callbacks_run_in_stream_order_off_the_driver_thread(stream,
 
 
 def test_the_stream_does_not_wait_for_a_nonblocking_callback(stream):
-    """A callback still running does not hold the stream: work after it goes on."""
+    """A callback still running does not hold the stream: work after it goes on.  The
+    stream is let go while the main thread is in sync(), blocked in C, so that the
+    helper thread runs the callback (a callback that blocks must not run on a thread
+    it waits for: from 3.12 a pending call may run it on the main thread)."""
     started, finish = threading.Event(), threading.Event()
     counter = np.zeros(1, np.int64)
 
@@ -92,9 +95,11 @@ def test_the_stream_does_not_wait_for_a_nonblocking_callback(stream):
         started.set()
         finish.wait(30)
 
+    hold = Hold(stream)
     nh.host_launch(stream, slow, blocking=False)
     nh.host_launch(stream, increment, user_data=nh.by_ref(counter))
-    stream.sync()  # returns while slow() waits (on the helper thread)
+    threading.Timer(0.2, hold.release).start()
+    stream.sync()  # returns while slow() waits on the helper thread
     assert started.wait(30)
     assert counter[0] == 1 and not finish.is_set()
     finish.set()
@@ -123,21 +128,49 @@ def test_nonblocking_callbacks_run_on_the_main_thread_while_it_runs_python(strea
         assert len(ran) == 1
 
 
-def test_nonblocking_callbacks_run_while_the_main_thread_is_blocked_in_sync(stream, device):
-    """stream.sync() blocks the main thread in C: the helper thread runs the callback."""
-    ran = threading.Event()
+def test_nonblocking_callbacks_run_while_the_main_thread_is_blocked_in_sync(stream):
+    """The main thread blocked in C (here a lock's wait, as in sync()): the helper
+    thread runs the callback (the stream is let go once the main thread waits)."""
     names = []
-    device.delay(stream, 0.02)
+    ran = threading.Event()
 
     def note():
         names.append(threading.current_thread().name)
         ran.set()
 
+    hold = Hold(stream)
     nh.host_launch(stream, note, blocking=False)
-    other = nh.create_stream() if device.simulator else device.create_stream()
-    device.delay(other, 0.5)
-    other.sync()  # blocked in C with the GIL released: the pending call cannot run
-    assert ran.is_set() and names == [HELPER]
+    threading.Timer(0.2, hold.release).start()
+    assert ran.wait(30)  # blocked in C with the GIL released: no pending call runs here
+    stream.sync()
+    assert names == [HELPER]
+
+
+def test_nonblocking_callbacks_never_run_on_a_host_function_thread(device):
+    """A blocking Python callable runs Python on the driver's thread; from 3.12 a
+    pending call may run on any thread, but the batch never runs there."""
+    busy, other = device.create_stream(), device.create_stream()
+    names = []
+    done = threading.Event()
+
+    def spin():  # Python code on the host-function thread, until the callback ran
+        deadline = time.monotonic() + 10
+        while not done.is_set() and time.monotonic() < deadline:
+            sum(range(100))
+
+    def note():
+        names.append(threading.current_thread().name)
+        done.set()
+
+    with nh.HostExecutor(threads=1) as executor:
+        nh.host_launch(busy, spin)
+        time.sleep(0.05)  # spin() has started
+        nh.host_launch(other, note, blocking=False, executor=executor)
+        other.sync()
+        busy.sync()
+    nh.drain()
+    assert len(names) == 1 and names[0] in ("MainThread", HELPER), names
+    device.close_stream(busy)
     device.close_stream(other)
 
 
