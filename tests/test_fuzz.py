@@ -70,6 +70,10 @@ def _one_argument(user_data):
     pass
 
 
+def _noop_python():
+    pass
+
+
 def _two_arguments(a, b=1, *, c):
     pass
 
@@ -401,6 +405,43 @@ BAD_INPUTS: dict[str, Callable] = {
         (lambda e: _launch(s, executor=e))(_closed_executor()),
         (RuntimeError,),
         "executor|HostExecutor",
+    ),
+    # -- signals: blocking=False, done_future, async_done, add_callback --
+    "blocking= is not a bool": lambda d, s: Call(
+        (lambda b: lambda: nh.host_launch(s, _noop_python, blocking=b))(
+            d(st.sampled_from([0, 1, "no", None, 2.5]))
+        ),
+        (TypeError,),
+        "blocking",
+    ),
+    "blocking=False with compiled code": lambda d, s: Call(
+        (lambda f: lambda: nh.host_launch(s, f, blocking=False))(
+            d(st.sampled_from([increment, increment.ctypes]))
+        ),
+        (ValueError,),
+        "blocking",
+    ),
+    "blocking=False with user_data": lambda d, s: Call(
+        (lambda u: lambda: nh.host_launch(s, _noop_python, user_data=u, blocking=False))(
+            d(st.one_of(st.integers(1, 2**62), st.binary(min_size=1, max_size=16)))
+        ),
+        (ValueError,),
+        "user_data",
+    ),
+    "done_future or async_done of a non-stream": lambda d, s: Call(
+        (lambda f, o: lambda: f(o))(
+            d(st.sampled_from([nh.done_future, nh.async_done])),
+            d(st.sampled_from([None, 3, "s", object()])),
+        ),
+        (TypeError, RuntimeError),
+        "stream|loop",
+    ),
+    "add_callback of a non-callable or compiled code": lambda d, s: Call(
+        (lambda c: lambda: nh.add_callback(s, c, None))(
+            d(st.sampled_from([None, 3, "cb", increment, _coroutine]))
+        ),
+        (TypeError,),
+        "callback|callable|coroutine",
     ),
     # -- host_callback --
     "host_callback of a non-function": lambda d, s: Call(

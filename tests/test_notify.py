@@ -340,7 +340,7 @@ def test_many_waits_use_one_descriptor_and_no_thread(stream, device):
         fds = _open_fds()
         with Hold(stream):
             futures = [nh.async_done(stream) for _ in range(n)]
-            assert _open_fds() == fds and threading.active_count() <= with_threads + 1
+            assert _open_fds() == fds and threading.active_count() == with_threads
         results = await asyncio.gather(*futures)
         return fds, results
 
