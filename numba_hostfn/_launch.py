@@ -467,7 +467,8 @@ def drain() -> int:
     (through ``Py_AddPendingCall``); call it to release at a known point, e.g.
     after synchronizing a stream and before checking a weak reference.  It
     also runs the non-blocking callbacks (``host_launch(..., blocking=False)``)
-    whose streams got there and that have not run yet, in stream order.
+    and sets the ``done_future`` results whose streams got there and that are
+    not done yet, in stream order.
 
     Returns
     -------

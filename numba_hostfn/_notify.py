@@ -59,7 +59,9 @@ class _Channel:
         self._native = native
         self._keys = itertools.count(1)
         self._buffer = (ctypes.c_uint64 * _TAKE)()
-        weakref.finalize(self, native.channel_release, self.address)
+        # Not at exit: a reader on a daemon thread may still be taking from it
+        # (invariant 6: leak rather than dangle).
+        weakref.finalize(self, native.channel_release, self.address).atexit = False
 
     def new_key(self) -> int:
         return next(self._keys)
@@ -185,8 +187,9 @@ def _the_futures() -> _Callbacks:
 
 
 def run_callbacks() -> int:
-    """Run the non-blocking callbacks that are due (for ``drain()``); return how many."""
-    return 0 if _callbacks is None else _callbacks.run()
+    """Run the non-blocking callbacks and done_future results that are due (for
+    ``drain()``); return how many."""
+    return sum(c.run() for c in (_callbacks, _futures) if c is not None)
 
 
 _IN_GRAPH = (
