@@ -222,6 +222,23 @@ def test_host_copy_and_release_after_on_the_executor(executor, stream):
     assert alive() is executor
 
 
+@pytest.mark.parametrize("n", [1 << 20, (1 << 20) + 1, (3 << 20) + 77, 5_000_003])
+def test_shared_out_copies_of_odd_sizes_and_alignments(executor, stream, n):
+    """A copy shared among the pool's threads (streaming stores after a head that
+    aligns the destination, memcpy for the tail) copies exactly its bytes."""
+    rng = np.random.default_rng(n)
+    for off_src, off_dst in [(0, 0), (1, 3), (7, 61), (63, 1)]:
+        src = rng.integers(0, 256, n + 64, dtype=np.uint8)
+        dst = np.zeros(n + 64, np.uint8)
+        nh.host_copy(
+            stream, dst[off_dst : off_dst + n], src[off_src : off_src + n], executor=executor
+        )
+        stream.sync()
+        assert np.array_equal(dst[off_dst : off_dst + n], src[off_src : off_src + n])
+        assert not dst[:off_dst].any() and not dst[off_dst + n :].any(), "wrote outside"
+    nh.drain()
+
+
 def test_bad_arguments_are_refused_with_nothing_enqueued(stream):
     with pytest.raises(ValueError, match="1 to 1024"):
         nh.HostExecutor(threads=0)
