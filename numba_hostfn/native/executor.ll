@@ -508,7 +508,10 @@ tail:
   ret void
 }
 
-; A helper thread joins the pool's current job, if any (true if it helped).
+; A helper thread joins the pool's current job, if it has chunks left to take
+; (true if it helped).  A job whose chunks are all taken stays posted until its
+; owner has seen them finished: joining it again would only contend for the
+; mutex that the owner needs to withdraw it.
 define internal i1 @nhf.exec.help(ptr %pool) {
 entry:
   %jobp = call ptr @nhf.exec.pool.job(ptr %pool)
@@ -520,7 +523,14 @@ lock:
   %l = call i32 @pthread_mutex_lock(ptr %mutex)
   %job = load atomic ptr, ptr %jobp seq_cst, align 8
   %gone = icmp eq ptr %job, null
-  br i1 %gone, label %unlock_no, label %join
+  br i1 %gone, label %unlock_no, label %look
+look:
+  %nextp = call ptr @nhf.exec.job.field(ptr %job, i32 5)
+  %next = load atomic i64, ptr %nextp seq_cst, align 8
+  %nchunksp = call ptr @nhf.exec.job.field(ptr %job, i32 4)
+  %nchunks = load i64, ptr %nchunksp
+  %left = icmp ult i64 %next, %nchunks
+  br i1 %left, label %join, label %unlock_no
 unlock_no:
   %u0 = call i32 @pthread_mutex_unlock(ptr %mutex)
   br label %no
