@@ -193,6 +193,14 @@ class Gate:
             prog = Program(self.SOURCE, code_type="c++", options=ProgramOptions(arch=arch))
             self.kernel = prog.compile("cubin").get_kernel("wait_flag")
             self.config = LaunchConfig(grid=1, block=1)
+            # Load the module now, with the flag set: CUDA loads a module at its
+            # kernel's first launch (lazy loading), and on the H200 that launch
+            # blocked, inside cuLaunchKernel, while another Gate's kernel spun.
+            warm = device.create_stream()
+            self.flag[0] = 1
+            self._launch(warm)
+            warm.sync()
+            warm.close()
         else:
             from numba import carray
 
@@ -213,9 +221,12 @@ class Gate:
 
             stream.launch(self.spin, user_data=nh.by_ref(self.flag))
         else:
-            from cuda.core import launch
+            self._launch(stream)
 
-            launch(stream, self.config, self.kernel, np.uint64(self.flag.ctypes.data))
+    def _launch(self, stream) -> None:
+        from cuda.core import launch
+
+        launch(stream, self.config, self.kernel, np.uint64(self.flag.ctypes.data))
 
     def open(self) -> int:
         t0 = time.monotonic_ns()
