@@ -4,7 +4,8 @@
   the awaiting coroutine runs again, with the loop idle and with the loop busy
   (100 coroutines doing CPU work in 20 µs or 200 µs slices), for ``nh.async_done``
   (a GIL-free eventfd write), ``asyncio.to_thread(stream.sync)`` (a thread per
-  wait), a Python host callback that calls ``loop.call_soon_threadsafe`` (the
+  wait), the same with ``executor=`` (the signal on a HostExecutor's thread,
+  not the driver's), a Python host callback that calls ``loop.call_soon_threadsafe`` (the
   GIL on the driver's thread) and numba-cuda's ``Stream.async_done`` (its
   error, where it fails).  Conditions interleaved, one sample each per round.
 - 10k waits: 10,000 ``async_done`` on one stream, all resolved; per wait, and
@@ -68,6 +69,12 @@ def run(nh, device, repeats: int, waits: int) -> None:
     stream.close()
 
 
+def _settle(future: asyncio.Future) -> None:
+    """Set a host callback's result, unless the wait has timed out (cancelled it)."""
+    if not future.done():
+        future.set_result(None)
+
+
 def _interleaved(rows: list[Row], sample, repeats: int) -> None:
     """One sample of each row per round: drift over seconds hits every row alike."""
     print(f"[{GROUP}] {len(rows)} conditions interleaved ...", file=sys.stderr, flush=True)
@@ -87,7 +94,13 @@ def _interleaved(rows: list[Row], sample, repeats: int) -> None:
 
 
 def _await_latency(nh, device, stream, gate, repeats: int) -> None:
-    kinds = ["async_done", "to_thread(stream.sync)", "Python callback + call_soon_threadsafe"]
+    kinds = [
+        "async_done",
+        "async_done(executor=)",
+        "to_thread(stream.sync)",
+        "Python callback + call_soon_threadsafe",
+    ]
+    executor = nh.HostExecutor(threads=1)
     if not device.simulator:
         kinds.append("numba-cuda Stream.async_done")
     loops = (
@@ -116,11 +129,13 @@ def _await_latency(nh, device, stream, gate, repeats: int) -> None:
         try:
             if kind == "async_done":
                 waiter = nh.async_done(stream)
+            elif kind == "async_done(executor=)":
+                waiter = nh.async_done(stream, executor=executor)
             elif kind.startswith("to_thread"):
                 waiter = asyncio.ensure_future(asyncio.to_thread(stream.sync))
             elif kind.startswith("Python callback"):
                 waiter = loop.create_future()
-                nh.host_launch(stream, lambda: loop.call_soon_threadsafe(waiter.set_result, None))
+                nh.host_launch(stream, lambda: loop.call_soon_threadsafe(_settle, waiter))
             else:
                 waiter = _numba_cuda_stream(stream).async_done()
             await asyncio.sleep(0.002)  # the waiters park
@@ -145,7 +160,8 @@ def _await_latency(nh, device, stream, gate, repeats: int) -> None:
         return (t1 - t0) / 1e3
 
     starved: dict = {}
-    _interleaved(rows, lambda row: asyncio.run(one(row.name, row.group)), repeats)
+    with executor:
+        _interleaved(rows, lambda row: asyncio.run(one(row.name, row.group)), repeats)
     for row in rows:
         n = starved.get((row.name, row.group))
         if n:
@@ -240,11 +256,11 @@ def _other_streams(nh, device, stream, gate, repeats: int) -> None:
 
     def sample(row: Row) -> float:
         stamps = np.zeros(3, np.int64)
+        other_gate.close_on(other)
+        nh.host_launch(other, stamp, user_data=nh.by_ref(stamps))
         gate.close_on(stream)
         for _ in range(QUEUED):
             nh.host_launch(stream, lambda: calls.append(1), blocking=False)
-        other_gate.close_on(other)
-        nh.host_launch(other, stamp, user_data=nh.by_ref(stamps))
         time.sleep(0.002)
         gate.open()
         t0 = other_gate.open()
