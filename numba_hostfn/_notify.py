@@ -102,10 +102,7 @@ class _Callbacks:
         native = get_backend().native
         self._call = native.call_reporting
         if wake_main:
-            native.set_notify_callable(self._from_pending_call)
-            any_thread = any_thread_pending_call()
-            if any_thread is not None:
-                native.set_any_thread_pending(*any_thread)
+            _route_pending_calls(native)
         self._helper = threading.Thread(target=self._serve, name=name, daemon=True)
         self._helper.start()
 
@@ -143,13 +140,6 @@ class _Callbacks:
             self._runner = None
             self._lock.release()
 
-    def _from_pending_call(self) -> None:
-        # From 3.12 any thread may run the pending call, a Python callable's on the
-        # driver's thread too: not there (the helper thread has the batch, the
-        # descriptor was written).  Never wait here for another thread's batch.
-        if not on_foreign_thread():
-            self.run(block=False)
-
     def _serve(self) -> None:
         fd = self._channel.fd
         while True:
@@ -158,6 +148,44 @@ class _Callbacks:
 
     def outstanding(self) -> int:
         return len(self._waiting)
+
+
+# ---- the pending call that signals of channels made with wake_main ask for ----
+
+_routed: set[int] = set()  # the native modules whose pending calls come to _pending_call
+_route_lock = threading.Lock()
+
+
+def _route_pending_calls(native: Any) -> None:
+    """Have ``native``'s pending call run :func:`_pending_call` (once per module)."""
+    with _route_lock:
+        if id(native) not in _routed:
+            native.set_notify_callable(_pending_call)
+            any_thread = any_thread_pending_call()
+            if any_thread is not None:
+                native.set_any_thread_pending(*any_thread)
+            _routed.add(id(native))
+
+
+def _pending_call() -> None:
+    """Run what is due on this thread, between two of its bytecodes (GIL held).
+
+    The main thread (from 3.12 any thread) runs it soon after a signal, even
+    while busy in Python.  Non-blocking callbacks: unless another thread runs
+    their batch (never wait for it here).  async_done: the waits of the loop
+    running on this thread, resolved now rather than at the loop's next poll
+    of its descriptor.  From 3.12 a Python callable's pending call may also run
+    on the driver's thread: nothing there (the descriptor was written).
+    """
+    if on_foreign_thread():
+        return
+    if _callbacks is not None:
+        _callbacks.run(block=False)
+    loop = asyncio._get_running_loop()
+    ref = None if loop is None else _loops.get(loop)
+    waits = None if ref is None else ref()
+    if waits is not None:
+        waits.resolve()
 
 
 _callbacks: _Callbacks | None = None
@@ -253,8 +281,17 @@ class _LoopWaits:
     """The waits of one event loop: a channel whose descriptor the loop reads."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.channel = _Channel(wake_main=False, nonblocking=True)
+        # Also a pending call, where one can run on the loop's thread: it
+        # resolves the futures in the middle of a loop turn, a turn before the
+        # loop would poll the descriptor (with busy coroutines, turns are long).
+        native = get_backend().native
+        wake = threading.current_thread() is threading.main_thread()
+        wake = wake or any_thread_pending_call() is not None
+        if wake:
+            _route_pending_calls(native)
+        self.channel = _Channel(wake_main=wake, nonblocking=True)
         self.futures: dict[int, tuple[asyncio.Future, Any]] = {}
+        self._resolving = False
         loop.add_reader(self.channel.fd, self._ready)
 
     def _ready(self) -> None:
@@ -262,11 +299,27 @@ class _LoopWaits:
             os.read(self.channel.fd, 8)  # first: a signal after the take writes again
         except BlockingIOError:
             pass
-        futures = self.futures
-        for key in self.channel.take():
-            future, stream = futures.pop(key)
-            if not future.done():  # cancelled: interest dropped
-                future.set_result(stream)
+        self.resolve()
+
+    def resolve(self) -> None:
+        """Resolve the futures whose signals have run, oldest first (loop's thread).
+
+        The pending call may run between two bytecodes of this very method (or
+        of _ready): it returns at once, and the keys it would have taken are
+        taken here (or, pushed after the last take, written to the descriptor).
+        """
+        if self._resolving:
+            return
+        self._resolving = True
+        try:
+            futures = self.futures
+            while keys := self.channel.take():
+                for key in keys:
+                    future, stream = futures.pop(key)
+                    if not future.done():  # cancelled: interest dropped
+                        future.set_result(stream)
+        finally:
+            self._resolving = False
 
 
 # loop -> a weak reference to its waits.  The loop alone keeps its waits alive,

@@ -310,6 +310,28 @@ def test_async_done_suspends_the_coroutine_not_the_loop(stream, device):
     assert len(ticks) > 10, "the loop was blocked while the stream worked"
 
 
+def test_async_done_resolves_in_the_middle_of_a_loop_turn(stream):
+    """A pending call on the loop's thread resolves the wait while a coroutine is
+    still running, without the loop polling its descriptor (a turn of a busy loop
+    is long).  3.12 runs that pending call between two bytecodes; 3.10 and 3.11
+    only when the thread next takes the GIL, here after a sleep."""
+    prompt = sys.version_info >= (3, 12)
+
+    async def main():
+        future = nh.async_done(stream)
+        deadline = time.monotonic() + 10.0
+        while not future.done() and time.monotonic() < deadline:
+            if prompt:
+                sum(range(100))  # Python code, the GIL kept, no await
+            else:
+                time.sleep(1e-4)  # the GIL dropped and taken, no await
+        resolved = future.done()
+        await future
+        return resolved
+
+    assert asyncio.run(main()), "the wait resolved only when the loop polled its descriptor"
+
+
 def test_async_done_resolves_waits_in_the_order_streams_get_there(device):
     """Three streams, done after 0.3, 0.1 and 0.2 s of device work (they run side by
     side): the waits resolve in the order the streams get there."""
