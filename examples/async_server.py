@@ -6,7 +6,8 @@
 # loop keeps serving meanwhile: it accepts and answers the other requests, and a
 # ticker counts the loop's turns while kernels are in flight. A non-blocking callback
 # (host_launch(..., blocking=False)) keeps the books: the stream does not wait for it.
-# Runs on a GPU, or on the simulator with NUMBA_HOSTFN_SIMULATOR=1 (where the
+# The kernels are numba-cuda's (numba.cuda.jit), each on a numba-cuda stream. Runs on
+# a GPU with numba-cuda (pip install numba_hostfn[cuda]), or on the simulator with NUMBA_HOSTFN_SIMULATOR=1 (where the
 # "kernels" are stream sleeps and compiled functions run as stream work).
 
 import asyncio
@@ -46,64 +47,50 @@ def expected(seed: int, rounds: int) -> int:
     return int(((v * np.uint64(a) + np.uint64(c)) & np.uint64(MASK)).sum())
 
 
-KERNEL = r"""
-extern "C" __global__ void respond(unsigned long long *out, int n,
-                                   unsigned long long seed, long long rounds)
-{
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    unsigned long long v = seed + i;
-    for (long long k = 0; k < rounds; k++)
-        v = (v * 1664525ULL + 1013904223ULL) & 0xFFFFFFFFULL;
-    out[i] = v;  // pinned host memory, written by the GPU
-}
-"""
+def numba_cuda():
+    """numba.cuda, to write the kernels in Python (``pip install numba_hostfn[cuda]``).
+
+    numba-cuda 0.30.4 registers an overload of ``np.row_stack``, which NumPy 2.5
+    removed, when it compiles its first kernel; numba-cuda is in maintenance and
+    will not change that (NVIDIA/numba-cuda#907). Give it back the alias it reads.
+    """
+    if not hasattr(np, "row_stack"):
+        np.row_stack = np.vstack
+    from numba import cuda
+
+    return cuda
 
 
 def gpu_setup():
-    import ctypes
+    cuda = numba_cuda()
 
-    from cuda.core import (
-        Device,
-        LaunchConfig,
-        LegacyPinnedMemoryResource,
-        Program,
-        ProgramOptions,
-        launch,
-    )
-
-    device = Device()
-    device.set_current()
-    arch = "sm_" + "".join(str(v) for v in device.compute_capability)
-    program = Program(KERNEL, code_type="c++", options=ProgramOptions(arch=arch))
-    respond = program.compile("cubin").get_kernel("respond")
-    config = LaunchConfig(grid=N // 256, block=256)
-    pinned = LegacyPinnedMemoryResource()
-    buffers = []
+    @cuda.jit
+    def respond(out, seed, rounds):
+        i = cuda.grid(1)
+        if i < out.size:
+            v = np.uint64(seed) + np.uint64(i)
+            for _ in range(rounds):
+                v = (v * np.uint64(A) + np.uint64(C)) & np.uint64(MASK)
+            out[i] = v  # pinned host memory, written by the GPU
 
     def slot():
         # Allocated up front: allocating while other streams run may synchronize them.
-        stream = device.create_stream()
-        buffer = pinned.allocate(N * 8)
-        buffers.append(buffer)
-        answer = np.frombuffer(
-            (ctypes.c_char * (N * 8)).from_address(int(buffer.handle)), np.uint64
-        )
+        stream = cuda.stream()  # a numba-cuda stream: async_done takes it as it is
+        answer = cuda.mapped_array(N, np.uint64)
 
         def start(seed, rounds):
-            args = (np.uint64(answer.ctypes.data), np.int32(N), np.uint64(seed), np.int64(rounds))
-            launch(stream, config, respond, *args)
+            respond[N // 256, 256, stream](answer, np.uint64(seed), np.int64(rounds))
 
         return stream, start, answer
 
     slots = [slot() for _ in range(SLOTS)]
+    stream, start, _ = slots[0]
+    start(0, 1)  # compile the kernel now, not while the loop serves
+    stream.synchronize()
 
     def cleanup():
         for stream, _, _ in slots:
-            stream.sync()
-            stream.close()
-        for buffer in buffers:
-            buffer.close()
+            stream.synchronize()
 
     return slots, 200_000, cleanup  # rounds per unit
 

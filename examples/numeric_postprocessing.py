@@ -3,9 +3,11 @@
 # memory; a compiled host function computes their mean, standard deviation, range
 # and a histogram into a result record -- all while the main thread keeps running
 # Python. The host reads the record after one synchronize and checks it with numpy.
-# Runs on a GPU, or on the simulator with NUMBA_HOSTFN_SIMULATOR=1.
+# The kernel and the copy are numba-cuda's, on the numba-cuda stream that host_launch
+# gets. Runs on a GPU with numba-cuda (pip install numba_hostfn[cuda]), or on the
+# simulator with NUMBA_HOSTFN_SIMULATOR=1.
 
-import ctypes
+import math
 import sys
 
 import numpy as np
@@ -27,14 +29,6 @@ STATS = np.dtype(
     ]
 )
 
-KERNEL = r"""
-extern "C" __global__ void produce(float *x, int n)
-{
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] = sinf(0.001f * i) * 10.0f;  // values in [-10, 10]
-}
-"""
-
 
 @nh.host_callback(dtype=STATS)
 def summarize(s):
@@ -54,35 +48,35 @@ def summarize(s):
         s.hist[min(max(b, 0), BINS - 1)] += 1
 
 
+def numba_cuda():
+    """numba.cuda, to write the kernels in Python (``pip install numba_hostfn[cuda]``).
+
+    numba-cuda 0.30.4 registers an overload of ``np.row_stack``, which NumPy 2.5
+    removed, when it compiles its first kernel; numba-cuda is in maintenance and
+    will not change that (NVIDIA/numba-cuda#907). Give it back the alias it reads.
+    """
+    if not hasattr(np, "row_stack"):
+        np.row_stack = np.vstack
+    from numba import cuda
+
+    return cuda
+
+
 def gpu_setup():
-    from cuda.core import (
-        Device,
-        LaunchConfig,
-        LegacyPinnedMemoryResource,
-        Program,
-        ProgramOptions,
-        launch,
-    )
+    cuda = numba_cuda()
 
-    device = Device()
-    device.set_current()
-    stream = device.create_stream()
-    arch = "sm_" + "".join(str(v) for v in device.compute_capability)
-    kernel = Program(KERNEL, code_type="c++", options=ProgramOptions(arch=arch))
-    kernel = kernel.compile("cubin").get_kernel("produce")
-    on_device = device.allocate(N * 4, stream=stream)
-    pinned = LegacyPinnedMemoryResource().allocate(N * 4)
-    values = np.frombuffer((ctypes.c_char * (N * 4)).from_address(int(pinned.handle)), np.float32)
-    launch(stream, LaunchConfig(grid=N // 256, block=256), kernel, on_device, np.int32(N))
-    on_device.copy_to(pinned, stream=stream)  # device -> pinned host memory
+    @cuda.jit
+    def produce(x):
+        i = cuda.grid(1)
+        if i < x.size:  # values in [-10, 10]
+            x[i] = math.sin(np.float32(0.001) * np.float32(i)) * np.float32(10.0)
 
-    def cleanup():
-        stream.sync()
-        on_device.close()
-        pinned.close()
-        stream.close()
-
-    return stream, values, cleanup
+    stream = cuda.stream()  # a numba-cuda stream: host_launch takes it as it is
+    on_device = cuda.device_array(N, np.float32, stream=stream)
+    values = cuda.pinned_array(N, np.float32)
+    produce[N // 256, 256, stream](on_device)
+    on_device.copy_to_host(values, stream=stream)  # device -> pinned host memory
+    return stream, values, stream.synchronize, lambda: None
 
 
 def simulator_setup():
@@ -95,18 +89,18 @@ def simulator_setup():
     stream = nh.simulator.Stream()
     values = np.zeros(N, np.float32)
     stream.launch(produce, user_data=nh.by_ref(values))
-    return stream, values, stream.close
+    return stream, values, stream.sync, stream.close
 
 
 def main() -> int:
     setup = simulator_setup if nh.backend_name() == "simulator" else gpu_setup
-    stream, values, cleanup = setup()
+    stream, values, sync, cleanup = setup()
     try:
         stats = np.zeros(1, STATS)
         stats[0]["data"], stats[0]["n"] = values.ctypes.data, N
         nh.host_launch(stream, summarize, user_data=nh.by_ref(stats))
         busy = sum(i * i for i in range(200_000))  # the main thread keeps running Python
-        stream.sync()
+        sync()
         s = stats[0]
         expect_hist = np.histogram(values, bins=BINS, range=(-10, 10))[0]
         ok = (
