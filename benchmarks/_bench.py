@@ -324,7 +324,8 @@ def _plot_label(group: str, row: Row) -> str:
         return row.name
     if "switch interval" in row.group:
         return f"busy, switch interval: {row.name}"
-    return f"{row.group.split('(')[-1].rstrip(')')}: {row.name}"
+    condition = row.group.partition("(")[2].removesuffix(")")  # "idle in sync()" keeps its ()
+    return f"{condition}: {row.name}"
 
 
 def _plot_color(name: str) -> str:

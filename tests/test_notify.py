@@ -545,8 +545,8 @@ def test_add_callback_refuses_what_it_cannot_call(stream):
 @pytest.mark.gpu
 def test_numba_cuda_streams_end_to_end():
     """numba-cuda's stream and copies, then an await, a non-blocking callback and
-    add_callback on that stream.  (numba-cuda 0.30.4 compiles no kernel on the GPU
-    image: its numpy typing reads np.row_stack, which the image's numpy removed.)"""
+    add_callback on that stream.  (Kernels of numba-cuda with numba_hostfn: the
+    examples, which restore np.row_stack for numba-cuda 0.30.4 on NumPy 2.5.)"""
     from numba import cuda
 
     stream = cuda.stream()
