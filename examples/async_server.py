@@ -7,8 +7,9 @@
 # ticker counts the loop's turns while kernels are in flight. A non-blocking callback
 # (host_launch(..., blocking=False)) keeps the books: the stream does not wait for it.
 # The kernels are numba-cuda's (numba.cuda.jit), each on a numba-cuda stream. Runs on
-# a GPU with numba-cuda (pip install numba_hostfn[cuda]), or on the simulator with NUMBA_HOSTFN_SIMULATOR=1 (where the
-# "kernels" are stream sleeps and compiled functions run as stream work).
+# a GPU with numba-cuda (pip install numba_hostfn[cuda]), or on the simulator with
+# NUMBA_HOSTFN_SIMULATOR=1 (where the "kernels" are stream sleeps and compiled
+# functions run as stream work).
 
 import asyncio
 import functools

@@ -3,8 +3,9 @@
 # it and writes its answer beside it; kernel 2 writes only afterwards, so the host
 # function never sees kernel 2's value. Nothing synchronizes until the end. The
 # kernels are numba-cuda's (numba.cuda.jit), on the numba-cuda stream that
-# host_launch gets. Runs on a GPU with numba-cuda (pip install numba_hostfn[cuda]), or on the simulator with NUMBA_HOSTFN_SIMULATOR=1 (where the
-# "kernels" are compiled functions run as stream work).
+# host_launch gets. Runs on a GPU with numba-cuda (pip install numba_hostfn[cuda]),
+# or on the simulator with NUMBA_HOSTFN_SIMULATOR=1 (where the "kernels" are
+# compiled functions run as stream work).
 
 import sys
 
