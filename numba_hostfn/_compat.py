@@ -47,11 +47,15 @@ numba ``_CFuncCompiler``          its ``_customize_flags``: compile a lifted ``o
                                   eval breaker set at once; 3.12's ``Py_AddPendingCall``
                                   from a thread foreign to Python is seen only at the next
                                   GIL switch (non-blocking callbacks, ``native/notify.ll``)
+``asyncio._get_running_loop``     in a pending call, the loop running on this thread, if any,
+                                  whose ``async_done`` waits it resolves (the public
+                                  ``get_running_loop`` raises without a loop; inv. 19)
 ================================  ==========================================================
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import sys
 import threading
@@ -135,6 +139,16 @@ def any_thread_pending_call() -> tuple[int, int] | None:
     return ctypes.cast(api._PyEval_AddPendingCall, ctypes.c_void_p).value, main()
 
 
+def running_loop() -> Any:
+    """The event loop running on this thread, or None (never raises).
+
+    ``asyncio._get_running_loop``: public ``get_running_loop`` raises without a
+    loop, and a pending call runs on whatever the thread was doing.  In asyncio
+    since 3.7, for event loop implementations.
+    """
+    return asyncio._get_running_loop()
+
+
 def on_foreign_thread() -> bool:
     """True on a thread that Python did not start: a driver's or an executor's."""
     return isinstance(threading.current_thread(), threading._DummyThread)
@@ -145,6 +159,7 @@ def hooks() -> dict[str, bool]:
     context = cpu_target.target_context
     return {
         "threading._register_atexit": hasattr(threading, "_register_atexit"),
+        "asyncio._get_running_loop": callable(getattr(asyncio, "_get_running_loop", None)),
         "ctypes._CFuncPtr, _Pointer": all(
             isinstance(getattr(ctypes, n, None), type) for n in ("_CFuncPtr", "_Pointer")
         ),

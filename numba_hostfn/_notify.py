@@ -34,7 +34,7 @@ import weakref
 from typing import Any
 
 from ._backend import get_backend
-from ._compat import CFunc, CFuncPtr, any_thread_pending_call, on_foreign_thread
+from ._compat import CFunc, CFuncPtr, any_thread_pending_call, on_foreign_thread, running_loop
 from ._decorator import HostFunction
 from ._launch import enqueue, enqueue_signal, refuse_coroutine_function
 
@@ -181,7 +181,7 @@ def _pending_call() -> None:
         return
     if _callbacks is not None:
         _callbacks.run(block=False)
-    loop = asyncio._get_running_loop()
+    loop = running_loop()
     ref = None if loop is None else _loops.get(loop)
     waits = None if ref is None else ref()
     if waits is not None:

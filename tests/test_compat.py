@@ -7,7 +7,9 @@ from pathlib import Path
 from numba_hostfn import _compat
 
 ROOT = Path(__file__).resolve().parents[1]
-PRIVATE = re.compile(r"ctypes\._[A-Za-z]|threading\._[a-z]|^\s*(from|import) numba\.core", re.M)
+PRIVATE = re.compile(
+    r"ctypes\._[A-Za-z]|threading\._[a-z]|asyncio\._[a-z]|^\s*(from|import) numba\.core", re.M
+)
 
 
 def test_every_private_hook_is_present():
