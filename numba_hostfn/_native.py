@@ -84,12 +84,16 @@ _PYTHON = {
     "PyErr_WriteUnraisable": "declare void @PyErr_WriteUnraisable(ptr)",
     "PyErr_SetString": "declare void @PyErr_SetString(ptr, ptr)",
     "PyErr_Occurred": "declare ptr @PyErr_Occurred()",
+    "PyErr_ExceptionMatches": "declare i32 @PyErr_ExceptionMatches(ptr)",
+    "PyErr_Clear": "declare void @PyErr_Clear()",
+    "PyErr_SetInterrupt": "declare void @PyErr_SetInterrupt()",
     "Py_AddPendingCall": "declare i32 @Py_AddPendingCall(ptr, ptr)",
     "Py_IncRef": "declare void @Py_IncRef(ptr)",
     "Py_DecRef": "declare void @Py_DecRef(ptr)",
     "PyLong_AsUnsignedLongLongMask": "declare i64 @PyLong_AsUnsignedLongLongMask(ptr)",
     "PyLong_FromUnsignedLongLong": "declare ptr @PyLong_FromUnsignedLongLong(i64)",
     "PyExc_TypeError": "@PyExc_TypeError = external global ptr",
+    "PyExc_KeyboardInterrupt": "@PyExc_KeyboardInterrupt = external global ptr",
     "_Py_NoneStruct": "@_Py_NoneStruct = external global i8",
 }
 # Public from 3.13 as PyThreadState_GetUnchecked; the same function was private before.

@@ -295,12 +295,24 @@ out:
 }
 
 ; Call %callable() with the GIL held; an exception goes to sys.unraisablehook
-; with the callable as the object, as for a blocking Python callable.
+; with the callable as the object, as for a blocking Python callable.  Except
+; KeyboardInterrupt (Ctrl-C, whose handler ran inside the call, on the main
+; thread): it is not swallowed but delivered again, as a new SIGINT that the
+; main thread handles at its next check (PyErr_SetInterrupt).
 define void @nhf_py_call_reporting(ptr %callable) {
 entry:
   %result = call ptr @PyObject_CallNoArgs(ptr %callable)
   %raised = icmp eq ptr %result, null
-  br i1 %raised, label %report, label %release
+  br i1 %raised, label %which, label %release
+which:
+  %kbi = load ptr, ptr @PyExc_KeyboardInterrupt
+  %is_kbi = call i32 @PyErr_ExceptionMatches(ptr %kbi)
+  %interrupt = icmp ne i32 %is_kbi, 0
+  br i1 %interrupt, label %again, label %report
+again:
+  call void @PyErr_Clear()
+  call void @PyErr_SetInterrupt()
+  ret void
 report:
   call void @PyErr_WriteUnraisable(ptr %callable)
   ret void
