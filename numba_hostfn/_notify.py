@@ -24,6 +24,7 @@ been drained.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import ctypes
 import functools
@@ -153,11 +154,15 @@ class _Callbacks:
 # ---- the pending call that signals of channels made with wake_main ask for ----
 
 _routed: set[int] = set()  # the native modules whose pending calls come to _pending_call
-_route_lock = threading.Lock()
+# Re-entrant: a pending call between two of its bytecodes may run a callback that
+# makes a loop's first wait, which routes again.
+_route_lock = threading.RLock()
 
 
 def _route_pending_calls(native: Any) -> None:
     """Have ``native``'s pending call run :func:`_pending_call` (once per module)."""
+    if id(native) in _routed:
+        return
     with _route_lock:
         if id(native) not in _routed:
             native.set_notify_callable(_pending_call)
@@ -291,6 +296,7 @@ class _LoopWaits:
             _route_pending_calls(native)
         self.channel = _Channel(wake_main=wake, nonblocking=True)
         self.futures: dict[int, tuple[asyncio.Future, Any]] = {}
+        self._due: collections.deque[int] = collections.deque()  # taken, not yet resolved
         self._resolving = False
         loop.add_reader(self.channel.fd, self._ready)
 
@@ -307,17 +313,30 @@ class _LoopWaits:
         The pending call may run between two bytecodes of this very method (or
         of _ready): it returns at once, and the keys it would have taken are
         taken here (or, pushed after the last take, written to the descriptor).
+        A key leaves ``_due`` only once its future is resolved, so an exception
+        raised in between (a signal handler's) loses no wait: the next call
+        goes on from there.
         """
         if self._resolving:
             return
         self._resolving = True
         try:
-            futures = self.futures
-            while keys := self.channel.take():
-                for key in keys:
-                    future, stream = futures.pop(key)
+            due, futures = self._due, self.futures
+            while True:
+                if not due:
+                    due.extend(self.channel.take())
+                    if not due:
+                        return
+                entry = futures.get(due[0])
+                if entry is not None:  # else resolved, and interrupted before popleft
+                    future, stream = entry
                     if not future.done():  # cancelled: interest dropped
-                        future.set_result(stream)
+                        try:
+                            future.set_result(stream)
+                        except asyncio.InvalidStateError:  # cancelled just now
+                            pass
+                    del futures[due[0]]
+                due.popleft()
         finally:
             self._resolving = False
 
