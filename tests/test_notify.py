@@ -213,6 +213,30 @@ def test_a_failing_nonblocking_callback_is_reported_and_the_rest_run(stream, unr
     assert isinstance(unraisables[0].exc_value, KeyError) and unraisables[0].object is boom
 
 
+INTERRUPT_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import time
+
+    def interrupt():
+        raise KeyboardInterrupt
+
+    nh.host_launch(stream, interrupt, blocking=False)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            time.sleep(0.001)
+        print("NOT DELIVERED")
+    except KeyboardInterrupt:
+        print("DELIVERED")
+""")
+
+
+def test_a_keyboard_interrupt_in_a_callback_reaches_the_main_thread():
+    """Ctrl-C inside a non-blocking callback (run from a pending call, or on the helper
+    thread) is not swallowed as an unraisable error: the main thread gets it again."""
+    out = run_child(INTERRUPT_SCRIPT)
+    assert "DELIVERED" in out and "NOT DELIVERED" not in out, out
+
+
 def test_nonblocking_callbacks_own_their_callable_until_run(stream):
     import weakref
 
@@ -330,6 +354,29 @@ def test_async_done_resolves_in_the_middle_of_a_loop_turn(stream):
         return resolved
 
     assert asyncio.run(main()), "the wait resolved only when the loop polled its descriptor"
+
+
+def test_a_burst_of_waits_resolves_in_order(stream):
+    """Thousands of waits released at once: the pending call and the loop's reader both
+    resolve them (one nested in the other), and still in the order they were made."""
+    n = 20_000
+
+    async def main():
+        await nh.async_done(stream)  # the loop's channel exists
+        for _ in range(2):
+            order = []
+            hold = Hold(stream)
+            futures = [nh.async_done(stream) for _ in range(n)]
+            for i, future in enumerate(futures):
+                future.add_done_callback(lambda _, i=i, order=order: order.append(i))
+            hold.release()
+            await asyncio.gather(*futures)
+            await asyncio.sleep(0)  # the last done callbacks
+            assert order == list(range(n))
+
+    asyncio.run(main())
+    nh.drain()
+    assert nh.pending() == 0
 
 
 def test_async_done_resolves_waits_in_the_order_streams_get_there(device):
