@@ -7,7 +7,7 @@
 # ticker counts the loop's turns while kernels are in flight. A non-blocking callback
 # (host_launch(..., blocking=False)) keeps the books: the stream does not wait for it.
 # The kernels are numba-cuda's (numba.cuda.jit), each on a numba-cuda stream. Runs on
-# a GPU with numba-cuda (pip install numba_hostfn[cuda]), or on the simulator with
+# a GPU with numba-cuda (pip install -e ".[cuda]"), or on the simulator with
 # NUMBA_HOSTFN_SIMULATOR=1 (where the "kernels" are stream sleeps and compiled
 # functions run as stream work).
 
@@ -49,7 +49,7 @@ def expected(seed: int, rounds: int) -> int:
 
 
 def numba_cuda():
-    """numba.cuda, to write the kernels in Python (``pip install numba_hostfn[cuda]``).
+    """numba.cuda, to write the kernels in Python (``pip install -e ".[cuda]"``).
 
     numba-cuda 0.30.4 registers an overload of ``np.row_stack``, which NumPy 2.5
     removed, when it compiles its first kernel; numba-cuda is in maintenance and

@@ -3,7 +3,7 @@
 # it and writes its answer beside it; kernel 2 writes only afterwards, so the host
 # function never sees kernel 2's value. Nothing synchronizes until the end. The
 # kernels are numba-cuda's (numba.cuda.jit), on the numba-cuda stream that
-# host_launch gets. Runs on a GPU with numba-cuda (pip install numba_hostfn[cuda]),
+# host_launch gets. Runs on a GPU with numba-cuda (pip install -e ".[cuda]"),
 # or on the simulator with NUMBA_HOSTFN_SIMULATOR=1 (where the "kernels" are
 # compiled functions run as stream work).
 
@@ -23,7 +23,7 @@ def between(p):
 
 
 def numba_cuda():
-    """numba.cuda, to write the kernels in Python (``pip install numba_hostfn[cuda]``).
+    """numba.cuda, to write the kernels in Python (``pip install -e ".[cuda]"``).
 
     numba-cuda 0.30.4 registers an overload of ``np.row_stack``, which NumPy 2.5
     removed, when it compiles its first kernel; numba-cuda is in maintenance and

@@ -4,7 +4,7 @@
 # and a histogram into a result record -- all while the main thread keeps running
 # Python. The host reads the record after one synchronize and checks it with numpy.
 # The kernel and the copy are numba-cuda's, on the numba-cuda stream that host_launch
-# gets. Runs on a GPU with numba-cuda (pip install numba_hostfn[cuda]), or on the
+# gets. Runs on a GPU with numba-cuda (pip install -e ".[cuda]"), or on the
 # simulator with NUMBA_HOSTFN_SIMULATOR=1.
 
 import math
@@ -49,7 +49,7 @@ def summarize(s):
 
 
 def numba_cuda():
-    """numba.cuda, to write the kernels in Python (``pip install numba_hostfn[cuda]``).
+    """numba.cuda, to write the kernels in Python (``pip install -e ".[cuda]"``).
 
     numba-cuda 0.30.4 registers an overload of ``np.row_stack``, which NumPy 2.5
     removed, when it compiles its first kernel; numba-cuda is in maintenance and
