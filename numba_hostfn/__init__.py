@@ -29,7 +29,7 @@ from ._hostcopy import (
     release_after,
 )
 from ._intrinsics import as_voidptr
-from ._launch import drain, host_launch, pending
+from ._launch import drain, pending
 from ._notify import add_callback, async_done, done_future
 from ._userdata import ByRef, Record, by_ref, record
 
@@ -67,6 +67,25 @@ __all__ = [
     "simulate_without_gpu",
     "simulator",
 ]
+
+
+def __getattr__(name: str):
+    # host_launch is a native builtin (_fastpath.py): building it compiles the
+    # native layer, which importing the package should not pay for.
+    if name != "host_launch":
+        raise AttributeError(f"module 'numba_hostfn' has no attribute {name!r}")
+    from ._fastpath import fast_path
+
+    try:
+        fn = fast_path().builtin
+    except RuntimeError:  # no native layer here (a free-threaded build): the
+        from ._launch import host_launch as fn  # Python one says why when called
+    globals()["host_launch"] = fn
+    return fn
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | {"host_launch"})
 
 
 def backend_name() -> str:

@@ -545,6 +545,9 @@ def _after_fork_in_child() -> None:
     if _backend is not None:
         _forked = True
         _backend.records.abandon()
+        from ._fastpath import after_fork
+
+        after_fork()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -20,6 +20,7 @@ from ._backend import get_backend
 from ._compat import FUNCFLAG_CDECL, FUNCFLAG_PYTHONAPI, CFunc, CFuncPtr, cfunc_signature
 from ._decorator import _SIGNATURE, HostFunction
 from ._executor import check_executor
+from ._fastpath import learn_cfunc, learn_code, learn_stream, learn_type
 from ._graphs import (
     add_captured_executor_node,
     add_captured_node,
@@ -86,17 +87,22 @@ def _prototype_error(detail: str) -> TypeError:
 
 def classify_function(fn: Any) -> tuple[str, int, Any]:
     """Return ``(kind, address, owner)``: kind is "compiled", "pointer" or "python"."""
+    # Each kind found here is also taught to host_launch's fast path (_fastpath).
     kind = _FN_KINDS.get(id(type(fn)))
     if kind == "python":
+        learn_type(type(fn), kind)
         return kind, 0, fn
     if type(fn) in _PER_INSTANCE:  # a plain function: not async (checked each time)
         refuse_coroutine_function(fn)
+        learn_code(fn)
         _refuse_required_arguments(fn)
         return "python", 0, fn
     if kind == "compiled":
+        learn_type(type(fn), kind)
         return kind, fn.address, fn
     if isinstance(fn, HostFunction):
         _FN_KINDS.remember(type(fn), "compiled")
+        learn_type(type(fn), "compiled")
         return "compiled", fn.address, fn
     if isinstance(fn, CFuncPtr):
         flags = type(fn)._flags_
@@ -108,6 +114,7 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
         address = _c_void_p.from_buffer(fn).value  # what cast() gives, in a third of the time
         if not address:
             raise ValueError("host_launch() got a NULL ctypes function pointer")
+        learn_type(type(fn), "pointer")
         return "pointer", address, fn
     if isinstance(fn, CFunc):
         if cfunc_signature(fn) != _SIGNATURE:
@@ -115,6 +122,7 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
                 f"host_launch() got a numba cfunc with signature {cfunc_signature(fn)}; a CUhostFn "
                 "needs void(voidptr): use @host_callback, or numba.cfunc('void(voidptr)')"
             )
+        learn_cfunc(fn, fn.address)
         return "pointer", fn.address, fn
     if is_jitted(fn):
         raise TypeError(
@@ -129,8 +137,8 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
         )
     refuse_coroutine_function(fn)
     _refuse_required_arguments(fn)
-    if type(fn) not in _PER_INSTANCE:
-        _FN_KINDS.remember(type(fn), "python")
+    _FN_KINDS.remember(type(fn), "python")
+    learn_type(type(fn), "python")
     return "python", 0, fn
 
 
@@ -399,6 +407,8 @@ def enqueue(
     handle = _stream_handle(target)
     if backend.checks_streams:
         handle = backend.stream_handle(target, handle)
+    if target_kind == "stream":
+        learn_stream(backend, target)
     native = backend.native
     trampoline = native.run_python if kind == "python" else native.run_compiled
     builder = target_kind == "builder"

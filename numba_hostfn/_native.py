@@ -6,7 +6,8 @@ Its source is LLVM IR in ``native/``, one file per concern:
 ``interpreter.ll``     the interpreter guard, the GIL on threads Python did not create
 ``records.ll``         launch records: layout, take, complete, drain (LIFETIME.md)
 ``trampolines.ll``     what the driver calls: compiled functions, Python callables
-``enqueue.ll``         ``host_launch``'s native part, and the CUDA enqueue function
+``enqueue.ll``         the enqueue every launch goes through, and the CUDA enqueue function
+``host_launch.ll``     ``host_launch`` itself: its common cases native, the rest to Python
 ``simulator.ll``       simulated streams, their host-function thread, graph keepers
 ``executor.ll``        the HostExecutor: lanes of stream memory operations, its pool
 ``notify.ll``          signals to Python through an eventfd: awaitables, non-blocking callbacks
@@ -33,9 +34,18 @@ import llvmlite.binding as llvm
 
 from ._compat import PYTHON_ALIASES
 
-__all__ = ["Native", "Status", "calloc", "native"]
+__all__ = ["Fast", "Native", "Status", "calloc", "native"]
 
-_PARTS = ("interpreter", "records", "trampolines", "enqueue", "simulator", "executor", "notify")
+_PARTS = (
+    "interpreter",
+    "records",
+    "trampolines",
+    "enqueue",
+    "host_launch",
+    "simulator",
+    "executor",
+    "notify",
+)
 
 
 class Status:
@@ -48,6 +58,79 @@ class Status:
     OUT_OF_MEMORY = 1 << 36  #: no memory for a queue entry or a task
     KEPT = 1 << 37  #: enqueued after all (a later step failed): the record will run
 
+
+class Fast:
+    """The layout of host_launch's fast path (``native/host_launch.ll``), in one place.
+
+    The prelude turns each name into an ``@nhf.fast.<group>.<name>`` constant
+    and the sizes into the IR's types; ``_fastpath.py`` indexes the same words
+    through :meth:`index`.
+    """
+
+    #: The config words: a flag, addresses, and PyObject* (kept alive by _fastpath).
+    SLOTS = (
+        "enabled",
+        "fallback",
+        "raise_status",
+        "enqueue_fn",
+        "executor_enqueue_fn",
+        "run_compiled",
+        "run_python",
+        "executor_type",
+        "by_ref_type",
+        "c_void_p",
+        "name_user_data",
+        "name_executor",
+        "name_blocking",
+        "name_cuda_stream",
+        "name_address",
+        "name_dtype",
+        "name_itemsize",
+        "name_nbytes",
+        "name_restype",
+        "name_argtypes",
+        "name_closed",
+        "name_lanes",
+    )
+    #: Identity tables, key -> value: a stream type -> 1, a function type -> a
+    #: kind, a code object -> its co_argcount, a numba cfunc -> its address.
+    TABLES = ("stream_types", "function_types", "codes", "instances")
+    TABLE_ENTRIES = 32
+    #: What a function is (0: not known here, fall through).
+    KINDS = ("compiled", "pointer", "python")
+    #: Counters, read by tests: launches that fell through, and fast launches by kind.
+    COUNTS = ("fell_through", "compiled", "pointer", "python", "executor")
+
+    @classmethod
+    def index(cls, group: tuple[str, ...], name: str) -> int:
+        """The word of ``name`` in ``group`` (kinds count from 1)."""
+        return group.index(name) + (group is cls.KINDS)
+
+    @classmethod
+    def prelude(cls) -> list[str]:
+        lines = [
+            f"%nhf.fast.config_words = type [{len(cls.SLOTS)} x i64]",
+            "%nhf.fast.entry = type { ptr, i64 }  ; key (an object's address), value",
+            f"%nhf.fast.table_set = type [{len(cls.TABLES)} x [{cls.TABLE_ENTRIES} x "
+            "%nhf.fast.entry]]",
+            f"%nhf.fast.count_words = type [{len(cls.COUNTS)} x i64]",
+            f"@nhf.fast.table_entries = internal constant i64 {cls.TABLE_ENTRIES}",
+            f"@nhf.fast.ob_type_offset = internal constant i64 {OB_TYPE_OFFSET}",
+        ]
+        for prefix, group in (
+            ("slot", cls.SLOTS),
+            ("table", cls.TABLES),
+            ("kind", cls.KINDS),
+            ("count", cls.COUNTS),
+        ):
+            for name in group:
+                value = cls.index(group, name)
+                lines.append(f"@nhf.fast.{prefix}.{name} = internal constant i64 {value}")
+        return lines
+
+
+#: Where PyObject's ob_type is (Py_TYPE): after ob_refcnt, in every build with the GIL.
+OB_TYPE_OFFSET = ctypes.sizeof(ctypes.c_ssize_t)
 
 # name -> LLVM declaration; each is bound to this process's address.
 _LIBC = {
@@ -92,9 +175,41 @@ _PYTHON = {
     "Py_DecRef": "declare void @Py_DecRef(ptr)",
     "PyLong_AsUnsignedLongLongMask": "declare i64 @PyLong_AsUnsignedLongLongMask(ptr)",
     "PyLong_FromUnsignedLongLong": "declare ptr @PyLong_FromUnsignedLongLong(i64)",
+    "PyLong_AsUnsignedLongLong": "declare i64 @PyLong_AsUnsignedLongLong(ptr)",
+    "PyObject_GetAttr": "declare ptr @PyObject_GetAttr(ptr, ptr)",
+    "PyCallable_Check": "declare i32 @PyCallable_Check(ptr)",
+    "PyObject_Call": "declare ptr @PyObject_Call(ptr, ptr, ptr)",
+    "PyObject_CallFunctionObjArgs": "declare ptr @PyObject_CallFunctionObjArgs(ptr, ...)",
+    "PyObject_GetBuffer": "declare i32 @PyObject_GetBuffer(ptr, ptr, i32)",
+    "PyBuffer_Release": "declare void @PyBuffer_Release(ptr)",
+    "PyTuple_New": "declare ptr @PyTuple_New(i64)",
+    "PyTuple_Pack": "declare ptr @PyTuple_Pack(i64, ...)",
+    "PyTuple_Size": "declare i64 @PyTuple_Size(ptr)",
+    "PyTuple_GetItem": "declare ptr @PyTuple_GetItem(ptr, i64)",
+    "PyTuple_SetItem": "declare i32 @PyTuple_SetItem(ptr, i64, ptr)",
+    "PyDict_New": "declare ptr @PyDict_New()",
+    "PyDict_SetItem": "declare i32 @PyDict_SetItem(ptr, ptr, ptr)",
+    "PyDict_GetItemWithError": "declare ptr @PyDict_GetItemWithError(ptr, ptr)",
+    "PyFunction_GetCode": "declare ptr @PyFunction_GetCode(ptr)",
+    "PyFunction_GetDefaults": "declare ptr @PyFunction_GetDefaults(ptr)",
+    "PyMethod_Function": "declare ptr @PyMethod_Function(ptr)",
+    "PyBytes_Size": "declare i64 @PyBytes_Size(ptr)",
+    "PyBytes_AsString": "declare ptr @PyBytes_AsString(ptr)",
+    "PyByteArray_Size": "declare i64 @PyByteArray_Size(ptr)",
+    "PyByteArray_AsString": "declare ptr @PyByteArray_AsString(ptr)",
+    "PyByteArray_FromStringAndSize": "declare ptr @PyByteArray_FromStringAndSize(ptr, i64)",
     "PyExc_TypeError": "@PyExc_TypeError = external global ptr",
     "PyExc_KeyboardInterrupt": "@PyExc_KeyboardInterrupt = external global ptr",
     "_Py_NoneStruct": "@_Py_NoneStruct = external global i8",
+    "_Py_TrueStruct": "@_Py_TrueStruct = external global i8",
+    "_Py_FalseStruct": "@_Py_FalseStruct = external global i8",
+    "PyLong_Type": "@PyLong_Type = external global i8",
+    "PyTuple_Type": "@PyTuple_Type = external global i8",
+    "PyDict_Type": "@PyDict_Type = external global i8",
+    "PyBytes_Type": "@PyBytes_Type = external global i8",
+    "PyByteArray_Type": "@PyByteArray_Type = external global i8",
+    "PyFunction_Type": "@PyFunction_Type = external global i8",
+    "PyMethod_Type": "@PyMethod_Type = external global i8",
 }
 # Public from 3.13 as PyThreadState_GetUnchecked; the same function was private before.
 _GILSTATE_LOCKED, _GILSTATE_UNLOCKED = 0, 1  # PyGILState_STATE
@@ -104,6 +219,7 @@ _PAUSE = ("declare void @llvm.x86.sse2.pause()", "call void @llvm.x86.sse2.pause
 _YIELD = ("declare void @llvm.aarch64.hint(i32)", "call void @llvm.aarch64.hint(i32 1)")
 _CPU_RELAX = {"x86_64": _PAUSE, "amd64": _PAUSE, "aarch64": _YIELD, "arm64": _YIELD}
 _METH_FASTCALL = 0x0080
+_METH_KEYWORDS = 0x0002
 
 
 class _MethodDef(ctypes.Structure):
@@ -156,8 +272,12 @@ def _prelude() -> str:
     declaration, call = _CPU_RELAX.get(platform.machine().lower(), ("", ""))
     lines.append(declaration)
     lines.append(f"define internal void @nhf.cpu_relax() {{\n  {call}\n  ret void\n}}")
+    lines.extend(Fast.prelude())
     lines.extend(_LIBC.values())
     lines.extend(_PYTHON.values())
+    # CPython's Py_buffer (public, stable layout): buf, obj, len, itemsize,
+    # readonly, ndim, format, shape, strides, suboffsets, internal.
+    lines.append("%nhf.py_buffer = type { ptr, ptr, i64, i64, i32, i32, ptr, ptr, ptr, ptr, ptr }")
     return "\n".join(lines) + "\n"
 
 
@@ -238,7 +358,12 @@ class Native:
 
         # The enqueue builtin (enqueue.ll) drops the GIL only around the
         # enqueue function; the CUDA backend sets the driver entry points.
-        self.enqueue = self._builtin("enqueue", fn("nhf_py_enqueue"))
+        self.enqueue = self.builtin("enqueue", fn("nhf_py_enqueue"))
+        # host_launch's fast path (host_launch.ll), wrapped by _fastpath.py.
+        self.host_launch = fn("nhf_py_host_launch")
+        self.fast_config = c(_u64)(fn("nhf_fast_config_addr"))()
+        self.fast_tables = c(_u64)(fn("nhf_fast_tables_addr"))()
+        self.fast_counts = c(_u64)(fn("nhf_fast_counts_addr"))()
         self.cuda_enqueue = fn("nhf_cuda_enqueue")
         self.set_cuda = c(None, _vp, _vp)(fn("nhf_set_cuda"))
 
@@ -291,12 +416,27 @@ class Native:
         self.call_reporting = py(None, ctypes.py_object)(fn("nhf_py_call_reporting"))
         self.set_any_thread_pending = c(None, _vp, _vp)(fn("nhf_set_any_thread_pending"))
 
-    def _builtin(self, name: str, address: int) -> Any:
-        """A METH_FASTCALL builtin function for machine code at ``address``."""
-        method = _MethodDef(name.encode(), address, _METH_FASTCALL, None)
-        prototype = ctypes.PYFUNCTYPE(ctypes.py_object, _vp, _vp, _vp)
+    def builtin(
+        self,
+        name: str,
+        address: int,
+        *,
+        keywords: bool = False,
+        doc: str | None = None,
+        module: str | None = None,
+    ) -> Any:
+        """A METH_FASTCALL builtin function for machine code at ``address``.
+
+        ``keywords`` adds METH_KEYWORDS (the function also takes kwnames);
+        ``doc`` is its ``__doc__``, which may begin with a ``name(...)\n--\n\n``
+        line that becomes its ``__text_signature__``.
+        """
+        flags = _METH_FASTCALL | (_METH_KEYWORDS if keywords else 0)
+        # ctypes keeps the name and doc bytes in ``method`` (its _objects).
+        method = _MethodDef(name.encode(), address, flags, None if doc is None else doc.encode())
+        prototype = ctypes.PYFUNCTYPE(ctypes.py_object, _vp, _vp, ctypes.py_object)
         function = prototype(("PyCFunction_NewEx", ctypes.pythonapi))(
-            ctypes.addressof(method), None, None
+            ctypes.addressof(method), None, module
         )
         # The function points into ``method``: keep that for the process's life.
         _incref(method)

@@ -1,4 +1,4 @@
-; The enqueue: host_launch's native part, and the CUDA driver's enqueue function.
+; The enqueue: the core every launch goes through, and the CUDA driver's enqueue function.
 ;
 ; An *enqueue function*, i64 (ptr handle, ptr trampoline, ptr record), puts
 ; trampoline(record) on a stream and returns a status: 0, or one of the
@@ -56,49 +56,23 @@ define internal i64 @nhf.arg_u64(ptr %args, i64 %i) alwaysinline {
 @nhf.enqueue.usage = internal constant [74 x i8]
   c"enqueue(enqueue_fn, handle, trampoline, fn, arg, owner) takes 6 arguments\00"
 
-; host_launch's native part, a METH_FASTCALL builtin:
-;   enqueue(enqueue_fn, handle, trampoline, fn, arg, owner) -> status
-; takes a record for fn(arg) owning %owner, drops the GIL only for
-; enqueue_fn(handle, trampoline, record), releases the record if that
-; refused, and drains what has run meanwhile.  Status: 0, the enqueue
-; function's status, or no_record (nothing taken: add a slab and call again).
-define ptr @nhf_py_enqueue(ptr %self, ptr %args, i64 %nargs) {
+; Enqueue trampoline(record) for fn(arg) owning %owner, with the GIL held
+; on entry and exit: take a record, drop the GIL only for
+; enqueue_fn(handle, trampoline, record), release the record if that refused,
+; and drain what has run meanwhile.  Status: 0, the enqueue function's
+; status, or no_record (nothing taken: add a slab and call again).  Shared
+; by the enqueue builtin below and host_launch's fast path (host_launch.ll).
+define internal i64 @nhf.enqueue_record(ptr %enqueue_fn, ptr %stream, ptr %trampoline, ptr %fn, ptr %arg, ptr %owner) {
 entry:
-  %six = icmp eq i64 %nargs, 6
-  br i1 %six, label %unpack, label %usage
-usage:
-  %type_error = load ptr, ptr @PyExc_TypeError
-  call void @PyErr_SetString(ptr %type_error, ptr @nhf.enqueue.usage)
-  ret ptr null
-unpack:
-  %enqueue_fn = call i64 @nhf.arg_u64(ptr %args, i64 0)
-  %handle = call i64 @nhf.arg_u64(ptr %args, i64 1)
-  %trampoline = call i64 @nhf.arg_u64(ptr %args, i64 2)
-  %fn = call i64 @nhf.arg_u64(ptr %args, i64 3)
-  %arg = call i64 @nhf.arg_u64(ptr %args, i64 4)
-  %owner_slot = getelementptr ptr, ptr %args, i64 5
-  %owner = load ptr, ptr %owner_slot
-  %error = call ptr @PyErr_Occurred()
-  %bad_int = icmp ne ptr %error, null
-  br i1 %bad_int, label %fail, label %take
-fail:
-  ret ptr null
-take:
-  %fnp = inttoptr i64 %fn to ptr
-  %argp = inttoptr i64 %arg to ptr
-  %record = call ptr @nhf_py_take(ptr %fnp, ptr %argp, ptr %owner)
+  %record = call ptr @nhf_py_take(ptr %fn, ptr %arg, ptr %owner)
   %none = icmp eq ptr %record, null
   br i1 %none, label %no_record, label %enqueue
 no_record:
   %no_record_status = load i64, ptr @nhf.status.no_record
-  %answer = call ptr @PyLong_FromUnsignedLongLong(i64 %no_record_status)
-  ret ptr %answer
+  ret i64 %no_record_status
 enqueue:
-  %enqueue_fnp = inttoptr i64 %enqueue_fn to ptr
-  %stream = inttoptr i64 %handle to ptr
-  %tramp = inttoptr i64 %trampoline to ptr
   %thread = call ptr @PyEval_SaveThread()
-  %status = call i64 %enqueue_fnp(ptr %stream, ptr %tramp, ptr %record)
+  %status = call i64 %enqueue_fn(ptr %stream, ptr %trampoline, ptr %record)
   call void @PyEval_RestoreThread(ptr %thread)
   %ok = icmp eq i64 %status, 0
   br i1 %ok, label %enqueued, label %failed
@@ -118,6 +92,41 @@ drain:
   %n = call i64 @nhf_py_drain()
   br label %out
 out:
+  ret i64 %status
+}
+
+; The enqueue builtin, METH_FASTCALL, for the Python implementation of
+; host_launch (and host_copy, release_after, the graph paths):
+;   enqueue(enqueue_fn, handle, trampoline, fn, arg, owner) -> status
+; with the status of @nhf.enqueue_record.
+define ptr @nhf_py_enqueue(ptr %self, ptr %args, i64 %nargs) {
+entry:
+  %six = icmp eq i64 %nargs, 6
+  br i1 %six, label %unpack, label %usage
+usage:
+  %type_error = load ptr, ptr @PyExc_TypeError
+  call void @PyErr_SetString(ptr %type_error, ptr @nhf.enqueue.usage)
+  ret ptr null
+unpack:
+  %enqueue_fn = call i64 @nhf.arg_u64(ptr %args, i64 0)
+  %handle = call i64 @nhf.arg_u64(ptr %args, i64 1)
+  %trampoline = call i64 @nhf.arg_u64(ptr %args, i64 2)
+  %fn = call i64 @nhf.arg_u64(ptr %args, i64 3)
+  %arg = call i64 @nhf.arg_u64(ptr %args, i64 4)
+  %owner_slot = getelementptr ptr, ptr %args, i64 5
+  %owner = load ptr, ptr %owner_slot
+  %error = call ptr @PyErr_Occurred()
+  %bad_int = icmp ne ptr %error, null
+  br i1 %bad_int, label %fail, label %enqueue
+fail:
+  ret ptr null
+enqueue:
+  %enqueue_fnp = inttoptr i64 %enqueue_fn to ptr
+  %stream = inttoptr i64 %handle to ptr
+  %tramp = inttoptr i64 %trampoline to ptr
+  %fnp = inttoptr i64 %fn to ptr
+  %argp = inttoptr i64 %arg to ptr
+  %status = call i64 @nhf.enqueue_record(ptr %enqueue_fnp, ptr %stream, ptr %tramp, ptr %fnp, ptr %argp, ptr %owner)
   %result = call ptr @PyLong_FromUnsignedLongLong(i64 %status)
   ret ptr %result
 }
