@@ -84,3 +84,28 @@ def _nothing_left_pending(device):
         device.synchronize()
         time.sleep(0.01)
     assert numba_hostfn.pending() == 0, "a test left launches pending"
+
+
+@pytest.fixture(params=["fast", "python"])
+def launch_path(request, monkeypatch):
+    """Run a test once through host_launch's native fast path and once through Python.
+
+    "python" switches the fast path off.  "fast" first teaches the fast path
+    the stream's and the function's kinds, as an earlier launch of the same
+    kinds would, so that even a test's first launch takes the fast path where
+    it can; everything else falls through to Python as it always does.
+    """
+    from numba_hostfn import _fastpath
+
+    if request.param == "python":
+        with _fastpath.python_path():
+            yield request.param
+        return
+    builtin = _fastpath.fast_path().builtin
+
+    def taught(stream, fn, *args, **kwargs):
+        _fastpath.teach(stream, fn)
+        return builtin(stream, fn, *args, **kwargs)
+
+    monkeypatch.setattr(numba_hostfn, "host_launch", taught)
+    yield request.param

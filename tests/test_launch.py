@@ -16,6 +16,9 @@ from numba import carray
 
 import numba_hostfn as nh
 
+# Every test runs through host_launch's native fast path and through Python.
+pytestmark = pytest.mark.usefixtures("launch_path")
+
 OUT = np.dtype([("out", np.uint64), ("value", np.int64)])
 
 

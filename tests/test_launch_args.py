@@ -12,6 +12,9 @@ from numba import cfunc
 
 import numba_hostfn as nh
 
+# Every test runs through host_launch's native fast path and through Python.
+pytestmark = pytest.mark.usefixtures("launch_path")
+
 REC = np.dtype([("a", np.int64), ("b", np.float64)])
 
 

@@ -1,0 +1,271 @@
+"""host_launch's native fast path: which launches take it, and that it means what Python means.
+
+Every test of test_launch.py and test_launch_args.py also runs through both
+paths (the ``launch_path`` fixture); these tests show, with the fast path's
+counters, that each common kind really is launched natively, that the rest
+falls through to Python, and that what the fast path caches stays true.
+"""
+
+import contextlib
+import ctypes
+import functools
+import gc
+import inspect
+import sys
+import types
+
+import numpy as np
+import pytest
+from _device import Capture
+from numba import carray, cfunc
+
+import numba_hostfn as nh
+from numba_hostfn import _fastpath, _launch
+
+REC = np.dtype([("a", np.int64), ("b", np.float64)])
+
+
+@nh.host_callback
+def touch(p):
+    pass
+
+
+@nh.host_callback(dtype=REC)
+def typed(d):
+    d.a += 1
+
+
+_CFUNC = cfunc("void(voidptr)")(lambda p: None)
+
+
+def plain():
+    pass
+
+
+def with_default(x=1):
+    pass
+
+
+class Callable:
+    def __call__(self):
+        pass
+
+    def method(self):
+        pass
+
+
+def _counts_of(launch):
+    """The fast path's counters changed by ``launch()``, called once after a first call."""
+    launch()  # the first launch of a kind may fall through: it teaches the fast path
+    before = _fastpath.counts()
+    launch()
+    after = _fastpath.counts()
+    return {name: after[name] - before[name] for name in after if after[name] != before[name]}
+
+
+def _record():
+    return np.zeros(1, REC)
+
+
+FAST_CASES = {
+    "HostFunction": (lambda: touch, {}, "compiled"),
+    "HostFunction, int": (lambda: touch, {"user_data": 12345}, "compiled"),
+    "HostFunction, bytes": (lambda: touch, {"user_data": b"abc"}, "compiled"),
+    "HostFunction, bytearray": (lambda: touch, {"user_data": bytearray(b"abc")}, "compiled"),
+    "HostFunction, by_ref": (lambda: touch, {"user_data": nh.by_ref(bytearray(4))}, "compiled"),
+    "HostFunction dtype=, bytes": (lambda: typed, {"user_data": _record().tobytes()}, "compiled"),
+    "HostFunction dtype=, by_ref": (lambda: typed, {"user_data": nh.by_ref(_record())}, "compiled"),
+    "HostFunction, blocking=True": (lambda: touch, {"blocking": True}, "compiled"),
+    "ctypes CUhostFn": (lambda: touch.ctypes, {"user_data": 7}, "pointer"),
+    "numba cfunc": (lambda: _CFUNC, {}, "pointer"),
+    "plain function": (lambda: plain, {}, "python"),
+    "function with a default": (lambda: with_default, {}, "python"),
+    "bound method": (lambda: Callable().method, {}, "python"),
+    "callable object": (lambda: Callable(), {}, "python"),
+    "builtin": (lambda: gc.collect, {}, "python"),
+}
+
+
+@pytest.mark.parametrize("case", list(FAST_CASES))
+def test_each_common_kind_takes_the_fast_path(stream, case):
+    make_fn, kwargs, kind = FAST_CASES[case]
+    fn = make_fn()
+    changed = _counts_of(lambda: nh.host_launch(stream, fn, **kwargs))
+    assert changed == {kind: 1}, changed
+
+
+def test_an_executor_launch_takes_the_fast_path_once_its_lane_exists(stream):
+    with nh.HostExecutor(threads=1) as executor:
+        changed = _counts_of(lambda: nh.host_launch(stream, touch, executor=executor))
+        stream.sync()
+    assert changed == {"compiled": 1, "executor": 1}, changed
+
+
+def _partial():
+    return functools.partial(plain)
+
+
+FALLING_CASES = {
+    "numpy user data": lambda s: nh.host_launch(s, typed, user_data=_record()),
+    "a record": lambda s: nh.host_launch(s, typed, user_data=nh.record(REC, a=1, b=2.0)),
+    "functools.partial": lambda s: nh.host_launch(s, _partial()),
+    "blocking=False": lambda s: nh.host_launch(s, plain, blocking=False),
+    "stream by keyword": lambda s: nh.host_launch(stream=s, fn=touch),
+    "a keyword that is not interned": lambda s: nh.host_launch(
+        s, touch, **{"".join(["user", "_data"]): 5}
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(FALLING_CASES))
+def test_other_launches_fall_through_to_python_and_still_work(stream, case):
+    launch = FALLING_CASES[case]
+    changed = _counts_of(lambda: launch(stream))
+    assert changed == {"fell_through": 1}, changed
+    stream.sync()
+    nh.drain()
+
+
+def test_a_capturing_stream_falls_through_and_gets_a_graph_node(device, stream):
+    counter = np.zeros(1, np.int64)
+
+    @nh.host_callback
+    def bump(p):
+        carray(p, (1,), np.int64)[0] += 1
+
+    nh.host_launch(stream, bump, user_data=nh.by_ref(counter))  # taught
+    stream.sync()
+    capture = Capture(stream)
+    before = _fastpath.counts()
+    nh.host_launch(stream, bump, user_data=nh.by_ref(counter))
+    after = _fastpath.counts()
+    graph = capture.end()
+    assert after["fell_through"] == before["fell_through"] + 1
+    assert after["compiled"] == before["compiled"]
+    graph.launch()
+    graph.launch()
+    stream.sync()
+    assert counter[0] == 3  # once directly, twice replayed
+    graph.close()
+
+
+def test_errors_are_raised_by_the_python_path_with_nothing_enqueued(stream):
+    for fn, kwargs, error in (
+        (touch, {"user_data": -1}, ValueError),
+        (touch, {"user_data": b""}, ValueError),
+        (typed, {}, ValueError),
+        (typed, {"user_data": b"too short"}, ValueError),
+        (plain, {"user_data": 5}, ValueError),
+        (touch, {"user_data": "text"}, TypeError),
+        (touch, {"blocking": False}, ValueError),
+    ):
+        _fastpath.teach(stream, fn)
+        before = _fastpath.counts()
+        pending = nh.pending()
+        with pytest.raises(error):
+            nh.host_launch(stream, fn, **kwargs)
+        after = _fastpath.counts()
+        assert after["fell_through"] == before["fell_through"] + 1, (fn, kwargs)
+        stream.sync()
+        nh.drain()
+        assert nh.pending() <= pending
+
+
+def test_host_launch_looks_like_the_python_implementation():
+    assert isinstance(nh.host_launch, types.BuiltinFunctionType)
+    python = inspect.signature(_launch.host_launch)
+    unannotated = python.replace(
+        parameters=[p.replace(annotation=p.empty) for p in python.parameters.values()],
+        return_annotation=python.empty,
+    )
+    assert inspect.signature(nh.host_launch) == unannotated  # a builtin has no annotations
+    assert nh.host_launch.__doc__ == inspect.getdoc(_launch.host_launch)
+    assert nh.host_launch.__name__ == "host_launch"
+    assert nh.host_launch.__module__ == "numba_hostfn"
+    assert "host_launch" in dir(nh)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "HostFunction",
+        "HostFunction, bytes",
+        "HostFunction, by_ref",
+        "plain function",
+        "bound method",
+        "ctypes CUhostFn",
+    ],
+)
+def test_both_paths_take_and_give_back_the_same_references(stream, case):
+    make_fn, kwargs, _ = FAST_CASES[case]
+    fn = make_fn()
+    data = kwargs.get("user_data")
+
+    def references(path):
+        with path:
+            nh.host_launch(stream, fn, **kwargs)  # teach, and warm up
+            stream.sync()
+            nh.drain()
+            gc.collect()
+            start = (sys.getrefcount(fn), sys.getrefcount(data))
+            nh.host_launch(stream, fn, **kwargs)
+            held = (sys.getrefcount(fn), sys.getrefcount(data))
+            stream.sync()
+            nh.drain()
+            gc.collect()
+            end = (sys.getrefcount(fn), sys.getrefcount(data))
+        return held[0] - start[0], held[1] - start[1], end[0] - start[0], end[1] - start[1]
+
+    fast = references(contextlib.nullcontext())
+    python = references(_fastpath.python_path())
+    assert fast == python
+    assert fast[2:] == (0, 0)
+
+
+def test_a_ctypes_prototype_changed_on_the_instance_is_seen(stream):
+    pointer = nh.CUhostFn(touch.address)
+    nh.host_launch(stream, pointer)
+    pointer.argtypes = (ctypes.c_int,)
+    with pytest.raises(TypeError, match="CUhostFn"):
+        nh.host_launch(stream, pointer)
+    pointer.argtypes = (ctypes.c_void_p,)
+    pointer.restype = ctypes.c_int
+    with pytest.raises(TypeError, match="CUhostFn"):
+        nh.host_launch(stream, pointer)
+    pointer.restype = None
+    assert _counts_of(lambda: nh.host_launch(stream, pointer)) == {"pointer": 1}
+
+
+def test_a_function_is_checked_per_function_not_per_code_object(stream):
+    """Two functions of one code object: one has a default for its argument, one has not."""
+    nh.host_launch(stream, with_default)  # the code object is known now
+    no_default = types.FunctionType(with_default.__code__, globals(), "no_default")
+    with pytest.raises(TypeError, match="takes 1 argument"):
+        nh.host_launch(stream, no_default)
+
+
+def test_a_dead_type_is_forgotten_before_its_address_can_be_reused(stream):
+    table = _fastpath.fast_path().tables["function_types"]
+
+    def launch_a_fresh_class():
+        cls = type("Fresh", (), {"__call__": lambda self: None})
+        nh.host_launch(stream, cls())
+        stream.sync()
+        nh.drain()
+        return id(cls)
+
+    address = launch_a_fresh_class()
+    gc.collect()  # a class is in reference cycles: it dies here, and its entry with it
+    assert address not in table._slots
+
+
+def test_a_full_table_forgets_its_oldest_entry(stream):
+    table = _fastpath.fast_path().tables["function_types"]
+    classes = [type(f"C{i}", (), {"__call__": lambda self: None}) for i in range(40)]
+    for cls in classes:
+        nh.host_launch(stream, cls())
+    stream.sync()
+    nh.drain()
+    assert len(table) <= 32
+    assert id(classes[0]) not in table._slots and id(classes[-1]) in table._slots
+    assert _counts_of(lambda: nh.host_launch(stream, classes[0]())) == {"python": 1}
