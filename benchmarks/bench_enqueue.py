@@ -137,12 +137,23 @@ def baseline(group: str) -> Row | None:
 
 
 def targets() -> list[Target]:
+    c_loop = find(GROUP, RAW_C_LOOP)
     return [
         target(
             "HostFunction enqueue <= 1.5x raw C loop",
-            ratio(find(GROUP, "host_launch(HostFunction)"), find(GROUP, RAW_C_LOOP)),
+            ratio(find(GROUP, "host_launch(HostFunction)"), c_loop),
             1.5,
-        )
+        ),
+        target(
+            "Python callable enqueue <= 1.5x raw C loop",
+            ratio(find(GROUP, "host_launch(Python callable)"), c_loop),
+            1.5,
+        ),
+        target(
+            "ctypes CUhostFn enqueue <= 2.0x raw C loop",
+            ratio(find(GROUP, "host_launch(ctypes CUhostFn)"), c_loop),
+            2.0,
+        ),
     ]
 
 
