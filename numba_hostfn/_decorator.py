@@ -219,11 +219,11 @@ class HostFunction:
     Attributes
     ----------
     address : int
-        The ``void (*)(void *)`` machine-code address.
+        The ``void (*)(void *)`` machine-code address (read-only).
     py_func : callable
         The original Python function.
     dtype : numpy.dtype or None
-        The declared user_data layout, if any.
+        The declared user_data layout, if any (read-only).
     """
 
     def __init__(
@@ -249,7 +249,7 @@ class HostFunction:
                 "user_data: def fn(user_data): ..."
             ) from None
         self.py_func = py_func
-        self.dtype = _check_layout(dtype)
+        self._dtype = _check_layout(dtype)
         self.__name__ = py_func.__name__
         self.__qualname__ = py_func.__qualname__
         self.__module__ = py_func.__module__
@@ -258,11 +258,11 @@ class HostFunction:
         label = f"host function {py_func.__module__}.{py_func.__qualname__}"
         options = _numba_options(fastmath, boundscheck, debug, error_model)
         try:
-            if self.dtype is None:
+            if self._dtype is None:
                 target = py_func
             else:
                 body = numba.njit(py_func, cache=cache, **options)
-                target = _view_wrapper(py_func, body, self.dtype)
+                target = _view_wrapper(py_func, body, self._dtype)
             cfunc = _NamedCFunc(target, label, {"nopython": True, **options})
             if cache:
                 cfunc.enable_caching()
@@ -276,9 +276,21 @@ class HostFunction:
             error.numba_error = exc
             raise error from None
         self._cfunc = cfunc
-        self.address: int = cfunc.address
+        self._address: int = cfunc.address
         self._ctypes = None
         self._target, self._options, self._direct = target, options, None
+
+    # Read-only: both are fixed for the function's life, which lets host_launch's
+    # fast path remember them per function (_fastpath.learn_host_function).
+    @property
+    def address(self) -> int:
+        """The ``void (*)(void *)`` machine-code address."""
+        return self._address
+
+    @property
+    def dtype(self) -> Any:
+        """The declared user_data layout (a numpy dtype), or None."""
+        return self._dtype
 
     @property
     def ctypes(self) -> Any:

@@ -39,6 +39,7 @@ __all__ = [
     "fast_path",
     "learn_cfunc",
     "learn_code",
+    "learn_host_function",
     "learn_stream",
     "learn_type",
     "python_path",
@@ -222,7 +223,8 @@ def learn_stream(backend: Any, stream: Any) -> None:
 
         if cls is not Stream:
             return
-    fast.tables["stream_types"].remember(cls, 1)
+    how = Fast.STREAM_METHOD if callable(stream.__cuda_stream__) else Fast.STREAM_ATTRIBUTE
+    fast.tables["stream_types"].remember(cls, how)
 
 
 def learn_type(cls: type, kind: str) -> None:
@@ -244,6 +246,17 @@ def learn_code(fn: Any) -> None:
     if type(function) is types.FunctionType:
         code = function.__code__
         _fast.tables["codes"].remember(code, code.co_argcount)
+
+
+def learn_host_function(fn: Any) -> None:
+    """``fn`` is a HostFunction: without a dtype, its (read-only) address is all a
+    launch needs, remembered per function."""
+    if _fast is None:
+        return
+    from ._decorator import HostFunction
+
+    if type(fn) is HostFunction and fn.dtype is None:
+        _fast.tables["host_functions"].remember(fn, fn.address)
 
 
 def learn_cfunc(fn: Any, address: int) -> None:

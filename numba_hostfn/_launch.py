@@ -20,7 +20,7 @@ from ._backend import get_backend
 from ._compat import FUNCFLAG_CDECL, FUNCFLAG_PYTHONAPI, CFunc, CFuncPtr, cfunc_signature
 from ._decorator import _SIGNATURE, HostFunction
 from ._executor import check_executor
-from ._fastpath import learn_cfunc, learn_code, learn_stream, learn_type
+from ._fastpath import learn_cfunc, learn_code, learn_host_function, learn_stream, learn_type
 from ._graphs import (
     add_captured_executor_node,
     add_captured_node,
@@ -99,10 +99,12 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
         return "python", 0, fn
     if kind == "compiled":
         learn_type(type(fn), kind)
+        learn_host_function(fn)
         return kind, fn.address, fn
     if isinstance(fn, HostFunction):
         _FN_KINDS.remember(type(fn), "compiled")
         learn_type(type(fn), "compiled")
+        learn_host_function(fn)
         return "compiled", fn.address, fn
     if isinstance(fn, CFuncPtr):
         flags = type(fn)._flags_

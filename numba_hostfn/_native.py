@@ -92,9 +92,12 @@ class Fast:
         "name_closed",
         "name_lanes",
     )
-    #: Identity tables, key -> value: a stream type -> 1, a function type -> a
-    #: kind, a code object -> its co_argcount, a numba cfunc -> its address.
-    TABLES = ("stream_types", "function_types", "codes", "instances")
+    #: Identity tables, key -> value: a stream type -> how it gives its handle
+    #: (STREAM_METHOD, STREAM_ATTRIBUTE), a function type -> a kind, a code
+    #: object -> its co_argcount, a HostFunction without a dtype -> its
+    #: address, a numba cfunc -> its address.
+    TABLES = ("stream_types", "function_types", "codes", "host_functions", "instances")
+    STREAM_METHOD, STREAM_ATTRIBUTE = 1, 2  #: __cuda_stream__() or __cuda_stream__
     TABLE_ENTRIES = 32
     #: What a function is (0: not known here, fall through).
     KINDS = ("compiled", "pointer", "python")
@@ -116,6 +119,7 @@ class Fast:
             f"%nhf.fast.count_words = type [{len(cls.COUNTS)} x i64]",
             f"@nhf.fast.table_entries = internal constant i64 {cls.TABLE_ENTRIES}",
             f"@nhf.fast.ob_type_offset = internal constant i64 {OB_TYPE_OFFSET}",
+            f"@nhf.fast.stream_method = internal constant i64 {cls.STREAM_METHOD}",
         ]
         for prefix, group in (
             ("slot", cls.SLOTS),
@@ -179,6 +183,7 @@ _PYTHON = {
     "PyObject_GetAttr": "declare ptr @PyObject_GetAttr(ptr, ptr)",
     "PyCallable_Check": "declare i32 @PyCallable_Check(ptr)",
     "PyObject_Call": "declare ptr @PyObject_Call(ptr, ptr, ptr)",
+    "PyObject_VectorcallMethod": "declare ptr @PyObject_VectorcallMethod(ptr, ptr, i64, ptr)",
     "PyObject_CallFunctionObjArgs": "declare ptr @PyObject_CallFunctionObjArgs(ptr, ...)",
     "PyObject_GetBuffer": "declare i32 @PyObject_GetBuffer(ptr, ptr, i32)",
     "PyBuffer_Release": "declare void @PyBuffer_Release(ptr)",

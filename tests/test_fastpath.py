@@ -269,3 +269,30 @@ def test_a_full_table_forgets_its_oldest_entry(stream):
     assert len(table) <= 32
     assert id(classes[0]) not in table._slots and id(classes[-1]) in table._slots
     assert _counts_of(lambda: nh.host_launch(stream, classes[0]())) == {"python": 1}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("how", ["method", "attribute"])
+def test_any_cuda_stream_protocol_object_takes_the_fast_path(stream, how):
+    """On CUDA every __cuda_stream__ type is learned, called as a method or read as an
+    attribute, as the Python path does."""
+    handle = int(stream.handle)
+
+    class Method:
+        def __cuda_stream__(self):
+            return (0, handle)
+
+    class Attribute:
+        __cuda_stream__ = (0, handle)
+
+    wrapper = Method() if how == "method" else Attribute()
+    counter = np.zeros(1, np.int64)
+
+    @nh.host_callback
+    def bump(p):
+        carray(p, (1,), np.int64)[0] += 1
+
+    changed = _counts_of(lambda: nh.host_launch(wrapper, bump, user_data=nh.by_ref(counter)))
+    assert changed == {"compiled": 1}, changed
+    stream.sync()
+    assert counter[0] == 2

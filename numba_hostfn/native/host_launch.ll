@@ -247,9 +247,17 @@ no:
 define internal i64 @nhf.fast.function(ptr %fn, ptr %address_out, ptr %layout_out, ptr %layout_bytes_out) {
 entry:
   store ptr null, ptr %layout_out
+  %compiled = load i64, ptr @nhf.fast.kind.compiled
+  ; A HostFunction without a dtype that Python has seen: its address (read-only).
+  %known_address = call i64 @nhf.fast.lookup(ptr @nhf.fast.table.host_functions, ptr %fn)
+  %known = icmp sge i64 %known_address, 0
+  br i1 %known, label %known_host_function, label %by_type
+known_host_function:
+  store i64 %known_address, ptr %address_out
+  ret i64 %compiled
+by_type:
   %type = call ptr @nhf.fast.type_of(ptr %fn)
   %kind = call i64 @nhf.fast.lookup(ptr @nhf.fast.table.function_types, ptr %type)
-  %compiled = load i64, ptr @nhf.fast.kind.compiled
   %is_compiled = icmp eq i64 %kind, %compiled
   br i1 %is_compiled, label %host_function, label %not_compiled
 not_compiled:
@@ -285,8 +293,8 @@ bound_function:
 instance:
   ; A numba cfunc that Python checked: the table holds its address.
   %address = call i64 @nhf.fast.lookup(ptr @nhf.fast.table.instances, ptr %fn)
-  %known = icmp sge i64 %address, 0
-  br i1 %known, label %cfunc, label %no
+  %is_cfunc = icmp sge i64 %address, 0
+  br i1 %is_cfunc, label %cfunc, label %no
 cfunc:
   store i64 %address, ptr %address_out
   ret i64 %pointer
@@ -432,28 +440,28 @@ no:
 
 ; ---- the stream and the executor ----
 
-; The handle from stream.__cuda_stream__ (version 0 of the protocol): true,
-; with the handle and the handle's int object (a new reference); false (no
-; error set) for anything else.
-define internal i1 @nhf.fast.stream_handle(ptr %stream, ptr %handle_out, ptr %key_out) {
+; The handle from stream.__cuda_stream__ (version 0 of the protocol), called
+; as a method or read as an attribute (%how, from the stream type's table
+; entry): true, with the handle and the handle's int object (a new
+; reference); false (no error set) for anything else.
+define internal i1 @nhf.fast.stream_handle(ptr %stream, i64 %how, ptr %handle_out, ptr %key_out) {
 entry:
   %version_value = alloca i64, align 8
+  %self = alloca ptr, align 8
   %name = call ptr @nhf.fast.object(ptr @nhf.fast.slot.name_cuda_stream)
-  %protocol = call ptr @PyObject_GetAttr(ptr %stream, ptr %name)
-  %missing = icmp eq ptr %protocol, null
-  br i1 %missing, label %clear, label %call_it
-call_it:
-  %callable = call i32 @PyCallable_Check(ptr %protocol)
-  %is_callable = icmp ne i32 %callable, 0
-  br i1 %is_callable, label %call, label %attribute
+  %method = load i64, ptr @nhf.fast.stream_method
+  %is_method = icmp eq i64 %how, %method
+  br i1 %is_method, label %call, label %attribute
 call:
-  %called = call ptr @PyObject_CallNoArgs(ptr %protocol)
-  call void @Py_DecRef(ptr %protocol)
+  ; stream.__cuda_stream__(), without making a bound method.
+  store ptr %stream, ptr %self
+  %called = call ptr @PyObject_VectorcallMethod(ptr %name, ptr %self, i64 1, ptr null)
   br label %value
 attribute:
+  %read = call ptr @PyObject_GetAttr(ptr %stream, ptr %name)
   br label %value
 value:
-  %result = phi ptr [ %called, %call ], [ %protocol, %attribute ]
+  %result = phi ptr [ %called, %call ], [ %read, %attribute ]
   %failed = icmp eq ptr %result, null
   br i1 %failed, label %clear, label %check_tuple
 check_tuple:
@@ -564,7 +572,7 @@ entry:
   store i64 1, ptr %result
   %stream_type = call ptr @nhf.fast.type_of(ptr %stream)
   %stream_kind = call i64 @nhf.fast.lookup(ptr @nhf.fast.table.stream_types, ptr %stream_type)
-  %known_stream = icmp sge i64 %stream_kind, 0
+  %known_stream = icmp sgt i64 %stream_kind, 0
   br i1 %known_stream, label %classify, label %cleanup
 classify:
   %kind = call i64 @nhf.fast.function(ptr %fn, ptr %address, ptr %layout, ptr %layout_bytes)
@@ -586,7 +594,7 @@ resolve:
   %resolved = call i1 @nhf.fast.user_data(ptr %data, ptr %layout_object, i64 %size, ptr %arg, ptr %data_owner)
   br i1 %resolved, label %stream_handle, label %cleanup
 stream_handle:
-  %has_handle = call i1 @nhf.fast.stream_handle(ptr %stream, ptr %handle, ptr %key)
+  %has_handle = call i1 @nhf.fast.stream_handle(ptr %stream, i64 %stream_kind, ptr %handle, ptr %key)
   br i1 %has_handle, label %which_queue, label %cleanup
 which_queue:
   %on_executor = icmp ne ptr %executor, @_Py_NoneStruct
