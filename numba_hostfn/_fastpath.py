@@ -30,7 +30,12 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
+from ._backend import get_backend
+from ._decorator import HostFunction
+from ._executor import HostExecutor
 from ._native import OB_TYPE_OFFSET, Fast, native
+from ._simulator import Stream as SimulatedStream
+from ._userdata import ByRef
 
 __all__ = [
     "FastPath",
@@ -108,8 +113,6 @@ _NAMES = {
 
 def _raise_status(status: int, executor: Any) -> None:
     """Raise what the Python path raises for an enqueue function's status."""
-    from ._backend import get_backend
-
     call = "cuLaunchHostFunc" if executor is None else "cuStreamWriteValue32"
     get_backend().refused(status, call)
 
@@ -158,9 +161,6 @@ class FastPath:
         self._configured = True
         if not _ob_type_offset_holds():  # pragma: no cover - a Py_TRACE_REFS build
             return
-        from ._executor import HostExecutor
-        from ._userdata import ByRef
-
         native_layer = backend.native
         self._set("raise_status", _raise_status)
         self._word("enqueue_fn", backend.enqueue_fn)
@@ -218,11 +218,8 @@ def learn_stream(backend: Any, stream: Any) -> None:
         return
     fast.configure(backend)
     cls = type(stream)
-    if backend.checks_streams:
-        from ._simulator import Stream
-
-        if cls is not Stream:
-            return
+    if backend.checks_streams and cls is not SimulatedStream:
+        return
     how = Fast.STREAM_METHOD if callable(stream.__cuda_stream__) else Fast.STREAM_ATTRIBUTE
     fast.tables["stream_types"].remember(cls, how)
 
@@ -251,11 +248,7 @@ def learn_code(fn: Any) -> None:
 def learn_host_function(fn: Any) -> None:
     """``fn`` is a HostFunction: without a dtype, its (read-only) address is all a
     launch needs, remembered per function."""
-    if _fast is None:
-        return
-    from ._decorator import HostFunction
-
-    if type(fn) is HostFunction and fn.dtype is None:
+    if _fast is not None and type(fn) is HostFunction and fn.dtype is None:
         _fast.tables["host_functions"].remember(fn, fn.address)
 
 
@@ -277,7 +270,6 @@ def teach(stream: Any, fn: Any) -> None:
     Whatever the Python path accepts is learned; what it refuses is ignored
     here (the launch itself then falls through and raises).
     """
-    from ._backend import get_backend
     from ._launch import _stream_handle, _target_kind, classify_function
 
     with contextlib.suppress(Exception):

@@ -248,18 +248,36 @@ define internal i64 @nhf.fast.function(ptr %fn, ptr %address_out, ptr %layout_ou
 entry:
   store ptr null, ptr %layout_out
   %compiled = load i64, ptr @nhf.fast.kind.compiled
+  %type = call ptr @nhf.fast.type_of(ptr %fn)
+  ; Plain functions and bound methods first: checked per function, no type lookup.
+  %is_function = icmp eq ptr %type, @PyFunction_Type
+  br i1 %is_function, label %function, label %not_function
+function:
+  %function_kind = call i64 @nhf.fast.plain_function(ptr %fn, i64 0)
+  ret i64 %function_kind
+not_function:
+  %is_method = icmp eq ptr %type, @PyMethod_Type
+  br i1 %is_method, label %method, label %by_type
+method:
+  %inner = call ptr @PyMethod_Function(ptr %fn)
+  %inner_type = call ptr @nhf.fast.type_of(ptr %inner)
+  %plain = icmp eq ptr %inner_type, @PyFunction_Type
+  br i1 %plain, label %bound_function, label %no
+bound_function:
+  %method_kind = call i64 @nhf.fast.plain_function(ptr %inner, i64 1)
+  ret i64 %method_kind
+by_type:
+  %kind = call i64 @nhf.fast.lookup(ptr @nhf.fast.table.function_types, ptr %type)
+  %is_compiled = icmp eq i64 %kind, %compiled
+  br i1 %is_compiled, label %known_host_function, label %not_compiled
+known_host_function:
   ; A HostFunction without a dtype that Python has seen: its address (read-only).
   %known_address = call i64 @nhf.fast.lookup(ptr @nhf.fast.table.host_functions, ptr %fn)
   %known = icmp sge i64 %known_address, 0
-  br i1 %known, label %known_host_function, label %by_type
-known_host_function:
+  br i1 %known, label %remembered, label %host_function
+remembered:
   store i64 %known_address, ptr %address_out
   ret i64 %compiled
-by_type:
-  %type = call ptr @nhf.fast.type_of(ptr %fn)
-  %kind = call i64 @nhf.fast.lookup(ptr @nhf.fast.table.function_types, ptr %type)
-  %is_compiled = icmp eq i64 %kind, %compiled
-  br i1 %is_compiled, label %host_function, label %not_compiled
 not_compiled:
   %pointer = load i64, ptr @nhf.fast.kind.pointer
   %is_pointer = icmp eq i64 %kind, %pointer
@@ -270,26 +288,9 @@ ctypes:
 not_pointer:
   %python = load i64, ptr @nhf.fast.kind.python
   %is_python = icmp eq i64 %kind, %python
-  br i1 %is_python, label %python_type, label %per_instance
+  br i1 %is_python, label %python_type, label %instance
 python_type:
   ret i64 %python
-per_instance:
-  %is_function = icmp eq ptr %type, @PyFunction_Type
-  br i1 %is_function, label %function, label %not_function
-function:
-  %function_kind = call i64 @nhf.fast.plain_function(ptr %fn, i64 0)
-  ret i64 %function_kind
-not_function:
-  %is_method = icmp eq ptr %type, @PyMethod_Type
-  br i1 %is_method, label %method, label %instance
-method:
-  %inner = call ptr @PyMethod_Function(ptr %fn)
-  %inner_type = call ptr @nhf.fast.type_of(ptr %inner)
-  %plain = icmp eq ptr %inner_type, @PyFunction_Type
-  br i1 %plain, label %bound_function, label %no
-bound_function:
-  %method_kind = call i64 @nhf.fast.plain_function(ptr %inner, i64 1)
-  ret i64 %method_kind
 instance:
   ; A numba cfunc that Python checked: the table holds its address.
   %address = call i64 @nhf.fast.lookup(ptr @nhf.fast.table.instances, ptr %fn)
