@@ -73,6 +73,25 @@ def record(group: str, name: str, unit: str, fn, repeats: int) -> Row:
     return row
 
 
+def interleaved(label: str, rows: list[Row], sample: Callable[[Row], float], repeats: int) -> None:
+    """One sample of each row per round: drift over seconds (a shared machine) hits
+    every row alike, the baseline included.  A failing row becomes its note."""
+    print(f"[{label}] {len(rows)} conditions interleaved ...", file=sys.stderr, flush=True)
+    faulthandler.dump_traceback_later(ROW_WATCHDOG_S, exit=False)
+    try:
+        for _ in range(repeats):
+            for row in rows:
+                if row.note:
+                    continue
+                try:
+                    row.samples.append(sample(row))
+                except Exception as exc:  # a failing peer is a finding, reported in the table
+                    row.fail(exc)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+    ROWS.extend(rows)
+
+
 def find(group: str, name: str) -> Row | None:
     for row in ROWS:
         if row.group == group and row.name == name:

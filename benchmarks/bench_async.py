@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import faulthandler
 import os
 import sys
 import threading
@@ -32,7 +31,6 @@ import time
 
 import numpy as np
 from _bench import (
-    ROW_WATCHDOG_S,
     ROWS,
     Gate,
     Row,
@@ -40,6 +38,7 @@ from _bench import (
     compiled_functions,
     cupy_stream,
     find,
+    interleaved,
     ratio,
     target,
 )
@@ -76,21 +75,7 @@ def _settle(future: asyncio.Future) -> None:
 
 
 def _interleaved(rows: list[Row], sample, repeats: int) -> None:
-    """One sample of each row per round: drift over seconds hits every row alike."""
-    print(f"[{GROUP}] {len(rows)} conditions interleaved ...", file=sys.stderr, flush=True)
-    faulthandler.dump_traceback_later(ROW_WATCHDOG_S, exit=False)
-    try:
-        for _ in range(repeats):
-            for row in rows:
-                if row.note:
-                    continue
-                try:
-                    row.samples.append(sample(row))
-                except Exception as exc:  # a failing peer is a finding, reported in the table
-                    row.fail(exc)
-    finally:
-        faulthandler.cancel_dump_traceback_later()
-    ROWS.extend(rows)
+    interleaved(GROUP, rows, sample, repeats)
 
 
 def _await_latency(nh, device, stream, gate, repeats: int) -> None:

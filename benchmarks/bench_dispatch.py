@@ -11,20 +11,18 @@ with the main thread idle.
 from __future__ import annotations
 
 import ctypes
-import faulthandler
 import sys
 import time
 
 import numpy as np
 from _bench import (
-    ROW_WATCHDOG_S,
-    ROWS,
     Gate,
     Row,
     Target,
     compiled_functions,
     cupy_stream,
     find,
+    interleaved,
     ratio,
     record,
     target,
@@ -85,20 +83,9 @@ def run(nh, device, repeats: int, window: float) -> None:
         for main in ("idle", "busy in Python", "holding the GIL")
         for kind in kinds
     ]
-    print(f"[dispatch] {len(rows)} conditions interleaved ...", file=sys.stderr, flush=True)
-    faulthandler.dump_traceback_later(ROW_WATCHDOG_S, exit=False)
-    try:
-        for _ in range(repeats):
-            for row in rows:
-                if row.note:
-                    continue
-                try:
-                    row.samples.append(sample(row.name, row.group[len("dispatch (") : -1]))
-                except Exception as exc:  # a failing peer is a finding, reported in the table
-                    row.fail(exc)
-    finally:
-        faulthandler.cancel_dump_traceback_later()
-    ROWS.extend(rows)
+    interleaved(
+        GROUP, rows, lambda row: sample(row.name, row.group[len("dispatch (") : -1]), repeats
+    )
     old = sys.getswitchinterval()
     try:
         for interval in (0.001, 0.005, 0.02):

@@ -1,11 +1,12 @@
 """Section enqueue: the cost of one enqueue call.
 
 From a loop of N calls timed on the host (the stream is held by device work so that
-nothing runs meanwhile): host_launch with a HostFunction, a ctypes CUhostFn and a
-Python callable; a C loop over cuLaunchHostFunc (built with nvcc if present);
-cuda.bindings.driver.cuLaunchHostFunc; ctypes straight to libcuda; CuPy's
-Stream.launch_host_func; numba-cuda's Stream.add_callback (a failure is reported as a
-row).  Ratios are to the raw C loop.
+nothing runs meanwhile), the rows interleaved, one loop of each per round:
+host_launch with a HostFunction, a ctypes CUhostFn and a Python callable; a C loop
+over cuLaunchHostFunc (built with nvcc if present); cuda.bindings.driver's
+cuLaunchHostFunc; ctypes straight to libcuda; CuPy's Stream.launch_host_func;
+numba-cuda's Stream.add_callback (once; a failure is reported as a row).  Ratios
+are to the raw C loop.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from _bench import (
     compiled_functions,
     cupy_stream,
     find,
+    interleaved,
     noop,
     noop_arg,
     noop_cb,
@@ -32,6 +34,7 @@ from _bench import (
 
 GROUP = "enqueue"
 RAW_C_LOOP = "raw C loop over cuLaunchHostFunc"
+NUMBA_CUDA = "numba-cuda add_callback"
 PLOTS = [(GROUP, "enqueue.png")]
 
 
@@ -54,73 +57,56 @@ def run(nh, device, n: int, repeats: int) -> None:
         return elapsed / n * 1e6
 
     pointer = empty.ctypes
-    record(
-        GROUP,
-        "host_launch(HostFunction)",
-        "µs/call",
-        lambda: per_call(lambda: nh.host_launch(stream, empty)),
-        repeats,
-    )
-    record(
-        GROUP,
-        "host_launch(ctypes CUhostFn)",
-        "µs/call",
-        lambda: per_call(lambda: nh.host_launch(stream, pointer)),
-        repeats,
-    )
-    record(
-        GROUP,
-        "host_launch(Python callable)",
-        "µs/call",
-        lambda: per_call(lambda: nh.host_launch(stream, noop)),
-        repeats,
-    )
+    rows = {
+        "host_launch(HostFunction)": lambda: per_call(lambda: nh.host_launch(stream, empty)),
+        "host_launch(ctypes CUhostFn)": lambda: per_call(lambda: nh.host_launch(stream, pointer)),
+        "host_launch(Python callable)": lambda: per_call(lambda: nh.host_launch(stream, noop)),
+    }
     # No executor row here: behind the closed gate, executor launches (stream memory
     # operations) block the enqueuing thread, which is the one that opens the gate.
     # On the H200 1,000 of them hung this section (docs/executor.md, Limits).
+    peers = (
+        RAW_C_LOOP,
+        "cuda.bindings cuLaunchHostFunc",
+        "ctypes -> libcuda cuLaunchHostFunc",
+        "CuPy launch_host_func",
+    )
     if device.simulator:
-        for name in (
-            RAW_C_LOOP,
-            "cuda.bindings cuLaunchHostFunc",
-            "ctypes -> libcuda cuLaunchHostFunc",
-            "CuPy launch_host_func",
-            "numba-cuda add_callback",
-        ):
+        _interleave(rows, repeats)
+        for name in (*peers, NUMBA_CUDA):
             ROWS.append(Row(GROUP, name, "µs/call", note="needs a GPU"))
         stream.close()
         return
     handle = int(stream.handle)
     from cuda.bindings import driver
 
-    record(GROUP, RAW_C_LOOP, "µs/call", lambda: raw_c_loop(gate, stream, n), repeats)
     fn_obj = driver.CUhostFn(empty.address)
     cu_stream = driver.CUstream(handle)
-    record(
-        GROUP,
-        "cuda.bindings cuLaunchHostFunc",
-        "µs/call",
-        lambda: per_call(lambda: driver.cuLaunchHostFunc(cu_stream, fn_obj, 0)),
-        repeats,
-    )
     libcuda = ctypes.CDLL("libcuda.so.1")
     launch = libcuda.cuLaunchHostFunc
     launch.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
     launch.restype = ctypes.c_int
     address = empty.address
-    record(
-        GROUP,
-        "ctypes -> libcuda cuLaunchHostFunc",
-        "µs/call",
-        lambda: per_call(lambda: launch(handle, address, None)),
-        repeats,
-    )
+    cupy = []  # made at its first sample: a failure to import CuPy is that row's note
 
     def cupy_row():
+        if not cupy:
+            cupy.append(cupy_stream(stream))
+        return per_call(lambda: cupy[0].launch_host_func(noop_arg, None))
 
-        cs = cupy_stream(stream)
-        return per_call(lambda: cs.launch_host_func(noop_arg, None))
-
-    record(GROUP, "CuPy launch_host_func", "µs/call", cupy_row, repeats)
+    rows.update(
+        {
+            RAW_C_LOOP: lambda: raw_c_loop(gate, stream, n),
+            "cuda.bindings cuLaunchHostFunc": lambda: per_call(
+                lambda: driver.cuLaunchHostFunc(cu_stream, fn_obj, 0)
+            ),
+            "ctypes -> libcuda cuLaunchHostFunc": lambda: per_call(
+                lambda: launch(handle, address, None)
+            ),
+            "CuPy launch_host_func": cupy_row,
+        }
+    )
+    _interleave(rows, repeats)
 
     def numba_cuda_row():
         from numba import cuda
@@ -128,8 +114,14 @@ def run(nh, device, n: int, repeats: int) -> None:
         ns = cuda.external_stream(handle)
         return per_call(lambda: ns.add_callback(noop_cb, None))
 
-    record(GROUP, "numba-cuda add_callback", "µs/call", numba_cuda_row, 1)
+    record(GROUP, NUMBA_CUDA, "µs/call", numba_cuda_row, 1)
     stream.close()
+
+
+def _interleave(rows: dict, repeats: int) -> None:
+    """Every row once per round: the C loop's baseline drifts with the rest."""
+    table = [Row(GROUP, name, "µs/call") for name in rows]
+    interleaved(GROUP, table, lambda row: rows[row.name](), repeats)
 
 
 def baseline(group: str) -> Row | None:
