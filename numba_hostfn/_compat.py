@@ -36,9 +36,12 @@ numba ``_CFuncCompiler``          its ``_customize_flags``: compile a lifted ``o
 ``codegen.set_env``               register a cfunc's Environment (numba does it only for
                                   functions with a CPython wrapper)
 ``cpu_target`` codegen            compile the native layer (LLVM IR) with numba's own JIT
-``PyCFunction_NewEx``             the enqueue builtin: a ``METH_FASTCALL`` function over a
-                                  ctypes ``PyMethodDef`` (CPython's stable C API, reached
-                                  through ctypes)
+``PyCFunction_NewEx``             the enqueue builtin and ``host_launch`` itself: a
+                                  ``METH_FASTCALL`` function over a ctypes ``PyMethodDef``
+                                  (CPython's stable C API, reached through ctypes)
+``PyObject.ob_type`` offset       ``host_launch``'s fast path reads ``Py_TYPE`` there
+                                  (``native/host_launch.ll``); ``_fastpath`` checks it at
+                                  first use and leaves the fast path off if it does not hold
 ``_PyThreadState_UncheckedGet``   the pre-3.13 name of ``PyThreadState_GetUnchecked``
 ``threading._DummyThread``        what ``current_thread()`` is on a thread Python did not
                                   start (the driver's, a pool's): 3.12 runs a pending call on
