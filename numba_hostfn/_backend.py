@@ -450,6 +450,9 @@ class SimulatorBackend(Backend):
         self.device_enqueue_fn = native.sim_enqueue_device
         self.executor_enqueue_fn = native.exec_sim_enqueue
         self.streams: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+        #: handle -> weak reference to its Stream: the same registry, for host_launch's
+        #: fast path, which checks that a handle is its stream's (_fastpath.py).
+        self.stream_refs: dict[int, weakref.ref] = {}
         #: handle -> the simulator's capture object, while that stream captures.
         self.captures: dict[int, Any] = {}
 

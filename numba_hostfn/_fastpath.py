@@ -25,6 +25,7 @@ import contextlib
 import ctypes
 import inspect
 import sys
+import threading
 import types
 import weakref
 from collections.abc import Iterator
@@ -53,54 +54,82 @@ __all__ = [
 
 
 class _Entry(ctypes.Structure):
-    _fields_ = (("key", ctypes.c_void_p), ("value", ctypes.c_int64))
+    _fields_ = (("key", ctypes.c_void_p), ("value", ctypes.c_int64), ("ref", ctypes.c_void_p))
 
 
 class _Table:
-    """One identity table in native memory; written only here, with the GIL held."""
+    """One identity table in native memory.
 
-    def __init__(self, address: int) -> None:
+    Written here, under a lock (a launch on another thread may learn at the same
+    time), and cleared natively: each key's weak reference has the native
+    ``forget`` as its callback, which clears the entry holding that reference
+    when the key dies, before the key's memory can be reused, and which no
+    signal handler can interrupt.  Python's own bookkeeping (``_slots``) may then
+    name a cleared entry; it is checked against the native entry before use.
+    """
+
+    def __init__(self, address: int, forget: Any) -> None:
         self._entries = (_Entry * Fast.TABLE_ENTRIES).from_address(address)
+        self._forget = forget
         self._refs: list[weakref.ref | None] = [None] * Fast.TABLE_ENTRIES
-        self._slots: dict[int, int] = {}  # key address -> its entry
+        self._slots: dict[int, int] = {}  # key address -> the entry Python gave it
         self._next = 0  # the entry a full table reuses next
+        self._lock = threading.RLock()
 
     def remember(self, key: Any, value: int) -> None:
         address = id(key)
-        slot = self._slots.get(address)
-        if slot is not None:
-            self._entries[slot].value = value
-            return
+        with self._lock:
+            slot = self._slots.get(address)
+            if slot is not None and self._holds(slot, key):
+                self._entries[slot].value = value
+                return
+            slot = self._free_slot()
+            self._clear(slot)
+            try:
+                ref = weakref.ref(key, self._forget)
+            except TypeError:  # not weakly referenceable: never cached
+                return
+            entry = self._entries[slot]
+            self._refs[slot] = ref
+            self._slots[address] = slot
+            entry.value = value
+            entry.ref = id(ref)
+            entry.key = address  # last: the entry is valid from here
+
+    def _holds(self, slot: int, key: Any) -> bool:
+        ref = self._refs[slot]
+        return self._entries[slot].key == id(key) and ref is not None and ref() is key
+
+    def _free_slot(self) -> int:
+        """An entry that holds nothing (never used, or cleared), else the oldest."""
+        for slot in range(Fast.TABLE_ENTRIES):
+            if not self._entries[slot].key:
+                return slot
         slot = self._next
         self._next = (slot + 1) % Fast.TABLE_ENTRIES
-        self._clear(slot)
-        try:
-            ref = weakref.ref(key, lambda ref, slot=slot: self._forget(slot, ref))
-        except TypeError:  # not weakly referenceable: never cached
-            return
-        self._refs[slot] = ref
-        self._slots[address] = slot
-        self._entries[slot].value = value
-        self._entries[slot].key = address
-
-    def _forget(self, slot: int, ref: weakref.ref) -> None:
-        if self._refs[slot] is ref:  # not reused for another key since
-            self._clear(slot)
+        return slot
 
     def _clear(self, slot: int) -> None:
         entry = self._entries[slot]
-        if entry.key:
-            self._slots.pop(entry.key, None)
-        entry.key = None
+        entry.key = None  # first: the builtin no longer matches it
+        entry.ref = None
         entry.value = 0
+        for address, named in list(self._slots.items()):
+            if named == slot:
+                del self._slots[address]
         self._refs[slot] = None
 
     def clear(self) -> None:
-        for slot in range(Fast.TABLE_ENTRIES):
-            self._clear(slot)
+        with self._lock:
+            for slot in range(Fast.TABLE_ENTRIES):
+                self._clear(slot)
+
+    def knows(self, key: Any) -> bool:
+        """Whether the builtin would find ``key`` (for tests)."""
+        return any(entry.key == id(key) for entry in self._entries)
 
     def __len__(self) -> int:
-        return len(self._slots)
+        return sum(1 for entry in self._entries if entry.key)
 
 
 #: Attribute names the builtin reads, where the slot's name is not the attribute's.
@@ -134,7 +163,8 @@ class FastPath:
         self._counts = (ctypes.c_int64 * len(Fast.COUNTS)).from_address(nat.fast_counts)
         size = Fast.TABLE_ENTRIES * ctypes.sizeof(_Entry)
         self.tables = {
-            name: _Table(nat.fast_tables + i * size) for i, name in enumerate(Fast.TABLES)
+            name: _Table(nat.fast_tables + i * size, nat.fast_forget)
+            for i, name in enumerate(Fast.TABLES)
         }
         self._objects: dict[str, Any] = {}  # what the config's PyObject* words point to
         self._configured = False
@@ -159,15 +189,17 @@ class FastPath:
         if self._configured:
             return
         self._configured = True
-        if not _ob_type_offset_holds():  # pragma: no cover - a Py_TRACE_REFS build
-            return
         native_layer = backend.native
+        if native_layer is not self._native or not _ob_type_offset_holds():  # pragma: no cover
+            return  # another native layer (cannot happen: one per process), a Py_TRACE_REFS build
         self._set("raise_status", _raise_status)
         self._word("enqueue_fn", backend.enqueue_fn)
         self._word("executor_enqueue_fn", backend.executor_enqueue_fn)
         self._word("run_compiled", native_layer.run_compiled)
         self._word("run_python", native_layer.run_python)
         self._set("executor_type", HostExecutor)
+        if backend.checks_streams:  # the simulator: its registry, handle -> weakref to Stream
+            self._set("sim_streams", backend.stream_refs)
         self._set("by_ref_type", ByRef)
         self._set("c_void_p", ctypes.c_void_p)
         for slot in Fast.SLOTS:
@@ -196,11 +228,16 @@ class FastPath:
 _fast: FastPath | None = None
 
 
+_build_lock = threading.Lock()
+
+
 def fast_path() -> FastPath:
     """The fast path, built (with the native layer) on first use."""
     global _fast
     if _fast is None:
-        _fast = FastPath()
+        with _build_lock:
+            if _fast is None:
+                _fast = FastPath()
     return _fast
 
 
@@ -220,7 +257,9 @@ def learn_stream(backend: Any, stream: Any) -> None:
     cls = type(stream)
     if backend.checks_streams and cls is not SimulatedStream:
         return
-    how = Fast.STREAM_METHOD if callable(stream.__cuda_stream__) else Fast.STREAM_ATTRIBUTE
+    # From the type, not the instance (a property or a class attribute: read it).
+    protocol = getattr(cls, "__cuda_stream__", None)
+    how = Fast.STREAM_METHOD if callable(protocol) else Fast.STREAM_ATTRIBUTE
     fast.tables["stream_types"].remember(cls, how)
 
 

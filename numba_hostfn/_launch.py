@@ -43,30 +43,39 @@ _CDECL = FUNCFLAG_CDECL
 _c_void_p = ctypes.c_void_p
 
 
-class _KindsByType(dict):
+class _KindsByType:
     """What a type is, keyed by ``id(type)``, holding each type weakly.
 
     A plain dict keyed by the type would keep every type it has seen alive (a
-    class defined in a function, once per call).  A weak reference per entry
-    removes it when the type dies, before its id can be reused; lookups stay
-    a plain ``dict.get(id(cls))``.
+    class defined in a function, once per call).  Each entry keeps a weak
+    reference and is used only while that reference still gives the type: an
+    entry whose callback never ran (a signal handler raised inside it) cannot
+    describe a new type that reuses the dead one's id.
     """
 
     def __init__(self) -> None:
-        super().__init__()
-        self._refs: dict[int, weakref.ref] = {}
+        self._kinds: dict[int, tuple[str, weakref.ref]] = {}
+
+    def get(self, cls: type) -> str | None:
+        entry = self._kinds.get(id(cls))
+        if entry is None or entry[1]() is not cls:
+            return None
+        return entry[0]
 
     def remember(self, cls: type, kind: str) -> None:
         key = id(cls)
+        kinds = self._kinds
         try:
-            self._refs[key] = weakref.ref(cls, lambda _, key=key: self._forget(key))
+            ref = weakref.ref(cls, lambda ref, key=key: _forget(kinds, key, ref))
         except TypeError:  # not weakly referenceable: not cached
             return
-        self[key] = kind
+        kinds[key] = (kind, ref)
 
-    def _forget(self, key: int) -> None:
-        self.pop(key, None)
-        self._refs.pop(key, None)
+
+def _forget(kinds: dict, key: int, ref: weakref.ref) -> None:
+    entry = kinds.get(key)
+    if entry is not None and entry[1] is ref:  # not since replaced by a newer type
+        del kinds[key]
 
 
 # id(type) -> "stream" | "builder" | "node", filled on first sight
@@ -88,7 +97,7 @@ def _prototype_error(detail: str) -> TypeError:
 def classify_function(fn: Any) -> tuple[str, int, Any]:
     """Return ``(kind, address, owner)``: kind is "compiled", "pointer" or "python"."""
     # Each kind found here is also taught to host_launch's fast path (_fastpath).
-    kind = _FN_KINDS.get(id(type(fn)))
+    kind = _FN_KINDS.get(type(fn))
     if kind == "python":
         learn_type(type(fn), kind)
         return kind, 0, fn
@@ -192,7 +201,7 @@ def _is_graph_node(target: Any) -> bool:
 
 def _target_kind(target: Any) -> str:
     """ "stream", "builder" (a GraphBuilder) or "node" (an explicit graph), cached per type."""
-    kind = _TARGET_KINDS.get(id(type(target)))
+    kind = _TARGET_KINDS.get(type(target))
     if kind is not None:
         return kind
     if target is None:

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import functools
 import platform
 import sysconfig
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +77,7 @@ class Fast:
         "run_compiled",
         "run_python",
         "executor_type",
+        "sim_streams",
         "by_ref_type",
         "c_void_p",
         "name_user_data",
@@ -113,11 +114,12 @@ class Fast:
     def prelude(cls) -> list[str]:
         lines = [
             f"%nhf.fast.config_words = type [{len(cls.SLOTS)} x i64]",
-            "%nhf.fast.entry = type { ptr, i64 }  ; key (an object's address), value",
+            "%nhf.fast.entry = type { ptr, i64, ptr }  ; key (an address), value, its weakref",
             f"%nhf.fast.table_set = type [{len(cls.TABLES)} x [{cls.TABLE_ENTRIES} x "
             "%nhf.fast.entry]]",
             f"%nhf.fast.count_words = type [{len(cls.COUNTS)} x i64]",
             f"@nhf.fast.table_entries = internal constant i64 {cls.TABLE_ENTRIES}",
+            f"@nhf.fast.table_count = internal constant i64 {len(cls.TABLES)}",
             f"@nhf.fast.ob_type_offset = internal constant i64 {OB_TYPE_OFFSET}",
             f"@nhf.fast.stream_method = internal constant i64 {cls.STREAM_METHOD}",
         ]
@@ -204,6 +206,7 @@ _PYTHON = {
     "PyByteArray_AsString": "declare ptr @PyByteArray_AsString(ptr)",
     "PyByteArray_FromStringAndSize": "declare ptr @PyByteArray_FromStringAndSize(ptr, i64)",
     "PyExc_TypeError": "@PyExc_TypeError = external global ptr",
+    "PyExc_Exception": "@PyExc_Exception = external global ptr",
     "PyExc_KeyboardInterrupt": "@PyExc_KeyboardInterrupt = external global ptr",
     "_Py_NoneStruct": "@_Py_NoneStruct = external global i8",
     "_Py_TrueStruct": "@_Py_TrueStruct = external global i8",
@@ -225,6 +228,7 @@ _YIELD = ("declare void @llvm.aarch64.hint(i32)", "call void @llvm.aarch64.hint(
 _CPU_RELAX = {"x86_64": _PAUSE, "amd64": _PAUSE, "aarch64": _YIELD, "arm64": _YIELD}
 _METH_FASTCALL = 0x0080
 _METH_KEYWORDS = 0x0002
+_METH_O = 0x0008
 
 
 class _MethodDef(ctypes.Structure):
@@ -366,6 +370,7 @@ class Native:
         self.enqueue = self.builtin("enqueue", fn("nhf_py_enqueue"))
         # host_launch's fast path (host_launch.ll), wrapped by _fastpath.py.
         self.host_launch = fn("nhf_py_host_launch")
+        self.fast_forget = self.builtin("forget", fn("nhf_py_fast_forget"), one_argument=True)
         self.fast_config = c(_u64)(fn("nhf_fast_config_addr"))()
         self.fast_tables = c(_u64)(fn("nhf_fast_tables_addr"))()
         self.fast_counts = c(_u64)(fn("nhf_fast_counts_addr"))()
@@ -427,16 +432,18 @@ class Native:
         address: int,
         *,
         keywords: bool = False,
+        one_argument: bool = False,
         doc: str | None = None,
         module: str | None = None,
     ) -> Any:
         """A METH_FASTCALL builtin function for machine code at ``address``.
 
         ``keywords`` adds METH_KEYWORDS (the function also takes kwnames);
+        ``one_argument`` makes it METH_O instead (``f(self, arg)``);
         ``doc`` is its ``__doc__``, which may begin with a ``name(...)\n--\n\n``
         line that becomes its ``__text_signature__``.
         """
-        flags = _METH_FASTCALL | (_METH_KEYWORDS if keywords else 0)
+        flags = _METH_O if one_argument else _METH_FASTCALL | (_METH_KEYWORDS if keywords else 0)
         # ctypes keeps the name and doc bytes in ``method`` (its _objects).
         method = _MethodDef(name.encode(), address, flags, None if doc is None else doc.encode())
         prototype = ctypes.PYFUNCTYPE(ctypes.py_object, _vp, _vp, ctypes.py_object)
@@ -448,7 +455,15 @@ class Native:
         return function
 
 
-@functools.cache
+_native: Native | None = None
+_native_lock = threading.Lock()
+
+
 def native() -> Native:
-    """Build the native layer once per process."""
-    return Native()
+    """Build the native layer once per process (the first caller builds; others wait)."""
+    global _native
+    if _native is None:
+        with _native_lock:
+            if _native is None:
+                _native = Native()
+    return _native

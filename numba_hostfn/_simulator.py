@@ -19,6 +19,8 @@ docs/simulator.md lists what is and is not modelled.
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +39,17 @@ def _simulator() -> SimulatorBackend:
             f"{SIMULATOR_ENV}=1 before the first use of numba_hostfn"
         )
     return backend
+
+
+def _forget_stream(refs: dict[int, weakref.ref], handle: int) -> Callable[[weakref.ref], None]:
+    """A weak reference's callback: drop the dead stream's registry entry, unless a
+    newer stream has the handle now (an entry left behind is harmless: it is dead)."""
+
+    def forget(ref: weakref.ref) -> None:
+        if refs.get(handle) is ref:
+            del refs[handle]
+
+    return forget
 
 
 @dataclass
@@ -96,6 +109,7 @@ class Stream:
         self._handle = handle
         self._closed = False
         backend.streams[handle] = self
+        backend.stream_refs[handle] = weakref.ref(self, _forget_stream(backend.stream_refs, handle))
 
     @property
     def handle(self) -> int:

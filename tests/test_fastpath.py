@@ -16,7 +16,7 @@ import types
 
 import numpy as np
 import pytest
-from _device import Capture, Hold
+from _device import Capture, Hold, rerun_on_simulator
 from numba import carray, cfunc
 
 import numba_hostfn as nh
@@ -260,7 +260,7 @@ def test_a_dead_type_is_forgotten_before_its_address_can_be_reused(stream):
 
     address = launch_a_fresh_class()
     gc.collect()  # a class is in reference cycles: it dies here, and its entry with it
-    assert address not in table._slots
+    assert not any(entry.key == address for entry in table._entries)
 
 
 def test_a_full_table_forgets_its_oldest_entry(stream):
@@ -271,7 +271,7 @@ def test_a_full_table_forgets_its_oldest_entry(stream):
     stream.sync()
     nh.drain()
     assert len(table) <= 32
-    assert id(classes[0]) not in table._slots and id(classes[-1]) in table._slots
+    assert not table.knows(classes[0]) and table.knows(classes[-1])
     assert _counts_of(lambda: nh.host_launch(stream, classes[0]())) == {"python": 1}
 
 
@@ -300,3 +300,89 @@ def test_any_cuda_stream_protocol_object_takes_the_fast_path(stream, how):
     assert changed == {"compiled": 1}, changed
     stream.sync()
     assert counter[0] == 2
+
+
+def test_learning_from_many_threads_never_accepts_what_python_refuses():
+    """Threads that learn new code objects all the time (the tables churn) while they
+    launch functions that need arguments: every such launch must raise, as in Python."""
+    import threading
+
+    refused, accepted = [0], [0]
+
+    def worker():
+        stream = nh.create_stream()
+        needs_arguments = [eval("lambda a, b, c: None") for _ in range(8)]
+        for i in range(1500):
+            nh.host_launch(stream, eval("lambda: None"))  # a fresh code object each time
+            try:
+                nh.host_launch(stream, needs_arguments[i % 8])
+                accepted[0] += 1
+            except TypeError:
+                refused[0] += 1
+        stream.sync()
+        stream.close()
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=worker) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(old)
+    nh.drain()
+    assert (accepted[0], refused[0]) == (0, 4 * 1500)
+
+
+def test_a_keyboard_interrupt_in_cuda_stream_is_raised_not_swallowed(request, monkeypatch):
+    """Code the fast path calls (here __cuda_stream__) may be interrupted by a signal
+    handler: the KeyboardInterrupt reaches the caller once, with nothing enqueued.
+    (On the simulator, whose Stream is a Python class.)"""
+    if rerun_on_simulator(request):
+        return
+    stream = nh.create_stream()
+    nh.host_launch(stream, touch)  # the stream's type is known
+    calls = []
+    protocol = type(stream).__cuda_stream__
+
+    def interrupted(self):
+        calls.append(self)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return protocol(self)
+
+    monkeypatch.setattr(type(stream), "__cuda_stream__", interrupted)
+    pending = nh.pending()
+    before = _fastpath.counts()
+    with pytest.raises(KeyboardInterrupt):
+        nh.host_launch(stream, touch)
+    assert len(calls) == 1 and nh.pending() == pending
+    assert _fastpath.counts() == before
+    monkeypatch.undo()
+    stream.sync()
+    stream.close()
+
+
+def test_the_simulator_registry_is_checked_on_the_fast_path_too(request):
+    """A simulated stream whose handle is not its own (a copy of a dead stream, a
+    replaced __cuda_stream__) is refused with the Python path's TypeError, never run."""
+    import copy
+
+    if rerun_on_simulator(request):
+        return
+    nh.host_launch(nh.create_stream(), touch)  # the Stream type is known
+    original = nh.create_stream()
+    orphan = copy.copy(original)
+    del original
+    gc.collect()
+    with pytest.raises(TypeError, match="only on numba_hostfn.simulator.Stream"):
+        nh.host_launch(orphan, touch)
+    orphan.__dict__["_closed"] = True  # its original closed the queue already
+    impostor = nh.create_stream()
+    impostor.__cuda_stream__ = lambda: (0, 0x10)
+    with pytest.raises(TypeError, match="only on numba_hostfn.simulator.Stream"):
+        nh.host_launch(impostor, touch)
+    del impostor.__cuda_stream__
+    impostor.close()

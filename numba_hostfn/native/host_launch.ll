@@ -33,6 +33,43 @@ define i64 @nhf_fast_counts_addr() {
   ret i64 ptrtoint (ptr @nhf.fast.counts to i64)
 }
 
+; The callback of every table entry's weak reference (METH_O), run when its
+; key dies and before the key's memory can be reused: clear the entry whose
+; reference it is.  Native, so no signal handler can interrupt it.
+define ptr @nhf_py_fast_forget(ptr %self, ptr %ref) {
+entry:
+  %entries = load i64, ptr @nhf.fast.table_entries
+  %tables = load i64, ptr @nhf.fast.table_count
+  br label %table_loop
+table_loop:
+  %t = phi i64 [ 0, %entry ], [ %t1, %next_table ]
+  %more_tables = icmp ult i64 %t, %tables
+  br i1 %more_tables, label %entry_loop, label %done
+entry_loop:
+  %i = phi i64 [ 0, %table_loop ], [ %i1, %next_entry ]
+  %more = icmp ult i64 %i, %entries
+  br i1 %more, label %check, label %next_table
+check:
+  %refp = getelementptr inbounds %nhf.fast.table_set, ptr @nhf.fast.tables, i64 0, i64 %t, i64 %i, i32 2
+  %r = load ptr, ptr %refp
+  %hit = icmp eq ptr %r, %ref
+  br i1 %hit, label %forget, label %next_entry
+forget:
+  %keyp = getelementptr inbounds %nhf.fast.table_set, ptr @nhf.fast.tables, i64 0, i64 %t, i64 %i, i32 0
+  store ptr null, ptr %keyp
+  store ptr null, ptr %refp
+  br label %next_entry
+next_entry:
+  %i1 = add i64 %i, 1
+  br label %entry_loop
+next_table:
+  %t1 = add i64 %t, 1
+  br label %table_loop
+done:
+  call void @Py_IncRef(ptr @_Py_NoneStruct)
+  ret ptr @_Py_NoneStruct
+}
+
 ; ---- reading the config, the tables and objects ----
 
 define internal i64 @nhf.fast.word(ptr %slot_constant) alwaysinline {
@@ -64,6 +101,23 @@ define internal ptr @nhf.fast.type_of(ptr %object) alwaysinline {
   %field = getelementptr inbounds i8, ptr %object, i64 %offset
   %type = load ptr, ptr %field
   ret ptr %type
+}
+
+; After a failed call: an ordinary error (an Exception) is cleared, and the
+; launch falls through to the Python path, which raises its own; anything else
+; (KeyboardInterrupt from a signal handler, SystemExit) stays set, and
+; host_launch raises it (nhf.fast.launch's outcome 2).
+define internal void @nhf.fast.clear_error() {
+entry:
+  %exception = load ptr, ptr @PyExc_Exception
+  %ordinary = call i32 @PyErr_ExceptionMatches(ptr %exception)
+  %is_ordinary = icmp ne i32 %ordinary, 0
+  br i1 %is_ordinary, label %clear, label %keep
+clear:
+  call void @PyErr_Clear()
+  br label %keep
+keep:
+  ret void
 }
 
 ; The value for %key in table %table_constant, or -1 if it has none.
@@ -117,7 +171,7 @@ ok:
   store i64 %n, ptr %out
   ret i1 true
 fail:
-  call void @PyErr_Clear()
+  call void @nhf.fast.clear_error()
   ret i1 false
 }
 
@@ -133,7 +187,7 @@ as_int:
   %bad = icmp ne ptr %error, null
   br i1 %bad, label %clear, label %ok
 clear:
-  call void @PyErr_Clear()
+  call void @nhf.fast.clear_error()
   br label %no
 ok:
   store i64 %n, ptr %out
@@ -235,7 +289,7 @@ pointer:
   %kind = load i64, ptr @nhf.fast.kind.pointer
   ret i64 %kind
 clear:
-  call void @PyErr_Clear()
+  call void @nhf.fast.clear_error()
   br label %no
 no:
   ret i64 0
@@ -320,7 +374,7 @@ declared:
 sized:
   ret i64 %compiled
 clear:
-  call void @PyErr_Clear()
+  call void @nhf.fast.clear_error()
   br label %no
 no:
   ret i64 0
@@ -343,7 +397,7 @@ ok:
   store ptr %copy, ptr %owner_out
   ret i1 true
 clear:
-  call void @PyErr_Clear()
+  call void @nhf.fast.clear_error()
   ret i1 false
 }
 
@@ -433,7 +487,7 @@ copy:
   %copied = call i1 @nhf.fast.copy(ptr %source, i64 %size, ptr %arg_out, ptr %owner_out)
   ret i1 %copied
 clear:
-  call void @PyErr_Clear()
+  call void @nhf.fast.clear_error()
   br label %no
 no:
   ret i1 false
@@ -494,14 +548,13 @@ drop:
   call void @Py_DecRef(ptr %result)
   ret i1 false
 clear:
-  call void @PyErr_Clear()
+  call void @nhf.fast.clear_error()
   ret i1 false
 }
 
-; The lane of an open HostExecutor for the stream whose handle is %key (its
-; _lanes entry): true, with the lane; false (no error set) if the executor is
-; closed, of another type, or has no lane for that stream yet.
-define internal i1 @nhf.fast.lane(ptr %executor, ptr %key, ptr %lane_out) {
+; An open HostExecutor (the Python path raises for anything else, and
+; checks it before it reads the stream's handle, as this does).
+define internal i1 @nhf.fast.open_executor(ptr %executor) {
 entry:
   %type = call ptr @nhf.fast.type_of(ptr %executor)
   %executor_type = call ptr @nhf.fast.object(ptr @nhf.fast.slot.executor_type)
@@ -515,8 +568,18 @@ closed:
 check_open:
   call void @Py_DecRef(ptr %flag)
   %open = icmp eq ptr %flag, @_Py_FalseStruct
-  br i1 %open, label %lanes, label %no
-lanes:
+  ret i1 %open
+clear:
+  call void @nhf.fast.clear_error()
+  br label %no
+no:
+  ret i1 false
+}
+
+; The executor's lane for the stream whose handle is %key (its _lanes entry):
+; true, with the lane; false (no error set) if it has none for that stream yet.
+define internal i1 @nhf.fast.lane(ptr %executor, ptr %key, ptr %lane_out) {
+entry:
   %lanes_name = call ptr @nhf.fast.object(ptr @nhf.fast.slot.name_lanes)
   %table = call ptr @PyObject_GetAttr(ptr %executor, ptr %lanes_name)
   %no_table = icmp eq ptr %table, null
@@ -540,10 +603,39 @@ drop:
   call void @Py_DecRef(ptr %table)
   br label %no
 clear:
-  call void @PyErr_Clear()
+  call void @nhf.fast.clear_error()
   br label %no
 no:
   ret i1 false
+}
+
+; On the simulator, whose registry vets every stream: true if the handle
+; %key is registered to this very %stream (sim_streams: handle -> a weak
+; reference to its Stream); else false, and the Python path decides.  Always
+; true on CUDA (no registry).
+define internal i1 @nhf.fast.registered(ptr %stream, ptr %key) {
+entry:
+  %registry = call ptr @nhf.fast.object(ptr @nhf.fast.slot.sim_streams)
+  %none = icmp eq ptr %registry, null
+  br i1 %none, label %yes, label %find
+find:
+  %ref = call ptr @PyDict_GetItemWithError(ptr %registry, ptr %key)
+  %absent = icmp eq ptr %ref, null
+  br i1 %absent, label %clear, label %follow
+follow:
+  ; Calling a weak reference is C code: it gives its object, or None.
+  %object = call ptr @PyObject_CallNoArgs(ptr %ref)
+  %failed = icmp eq ptr %object, null
+  br i1 %failed, label %clear, label %compare
+compare:
+  call void @Py_DecRef(ptr %object)
+  %same = icmp eq ptr %object, %stream
+  ret i1 %same
+clear:
+  call void @nhf.fast.clear_error()
+  ret i1 false
+yes:
+  ret i1 true
 }
 
 ; ---- the launch ----
@@ -551,7 +643,8 @@ no:
 ; host_launch(stream, fn, user_data=..., executor=...) for the cases above.
 ; Returns 0 (launched), 1 (fall through: nothing enqueued, nothing kept, no
 ; error set) or 2 (an error is set: the enqueue function refused, and
-; _fastpath.py's raise_status raised what the Python path raises).
+; _fastpath.py's raise_status raised what the Python path raises; or code the
+; launch called, such as __cuda_stream__, raised a KeyboardInterrupt).
 define internal i64 @nhf.fast.launch(ptr %stream, ptr %fn, ptr %data, ptr %executor) {
 entry:
   %address = alloca i64, align 8
@@ -595,10 +688,19 @@ resolve:
   %resolved = call i1 @nhf.fast.user_data(ptr %data, ptr %layout_object, i64 %size, ptr %arg, ptr %data_owner)
   br i1 %resolved, label %stream_handle, label %cleanup
 stream_handle:
-  %has_handle = call i1 @nhf.fast.stream_handle(ptr %stream, i64 %stream_kind, ptr %handle, ptr %key)
-  br i1 %has_handle, label %which_queue, label %cleanup
-which_queue:
   %on_executor = icmp ne ptr %executor, @_Py_NoneStruct
+  br i1 %on_executor, label %check_executor, label %read_handle
+check_executor:
+  %usable = call i1 @nhf.fast.open_executor(ptr %executor)
+  br i1 %usable, label %read_handle, label %cleanup
+read_handle:
+  %has_handle = call i1 @nhf.fast.stream_handle(ptr %stream, i64 %stream_kind, ptr %handle, ptr %key)
+  br i1 %has_handle, label %vet, label %cleanup
+vet:
+  %vetted_key = load ptr, ptr %key
+  %vetted = call i1 @nhf.fast.registered(ptr %stream, ptr %vetted_key)
+  br i1 %vetted, label %which_queue, label %cleanup
+which_queue:
   br i1 %on_executor, label %find_lane, label %own
 find_lane:
   %key_object = load ptr, ptr %key
@@ -676,9 +778,17 @@ error:
   store i64 2, ptr %result
   br label %cleanup
 clear:
-  call void @PyErr_Clear()
+  call void @nhf.fast.clear_error()
   br label %cleanup
 cleanup:
+  ; Falling through with an error still set: it is one to raise (clear_error).
+  %outcome = load i64, ptr %result
+  %falling = icmp eq i64 %outcome, 1
+  %pending_error = call ptr @PyErr_Occurred()
+  %has_error = icmp ne ptr %pending_error, null
+  %raise_it = and i1 %falling, %has_error
+  %final = select i1 %raise_it, i64 2, i64 %outcome
+  store i64 %final, ptr %result
   %layout_ref = load ptr, ptr %layout
   call void @Py_DecRef(ptr %layout_ref)
   %data_ref = load ptr, ptr %data_owner
