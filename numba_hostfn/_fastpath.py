@@ -64,24 +64,33 @@ class _Table:
     time), and cleared natively: each key's weak reference has the native
     ``forget`` as its callback, which clears the entry holding that reference
     when the key dies, before the key's memory can be reused, and which no
-    signal handler can interrupt.  Python's own bookkeeping (``_slots``) may then
-    name a cleared entry; it is checked against the native entry before use.
+    signal handler can interrupt.  ``_known`` mirrors what the native entries
+    hold, so that teaching a key the table already has costs a dict lookup: a
+    key whose weak reference still gives it is still in its entry (only its
+    death, or this class, clears one).
     """
 
     def __init__(self, address: int, forget: Any) -> None:
         self._entries = (_Entry * Fast.TABLE_ENTRIES).from_address(address)
         self._forget = forget
         self._refs: list[weakref.ref | None] = [None] * Fast.TABLE_ENTRIES
-        self._slots: dict[int, int] = {}  # key address -> the entry Python gave it
+        self._addresses = [0] * Fast.TABLE_ENTRIES  # the key address each entry was given
+        # key address -> (its weak reference, value, entry)
+        self._known: dict[int, tuple[weakref.ref, int, int]] = {}
         self._next = 0  # the entry a full table reuses next
         self._lock = threading.RLock()
 
     def remember(self, key: Any, value: int) -> None:
-        address = id(key)
+        known = self._known.get(id(key))
+        if known is not None and known[0]() is key and known[1] == value:
+            return  # the common case: taught before
         with self._lock:
-            slot = self._slots.get(address)
-            if slot is not None and self._holds(slot, key):
+            address = id(key)
+            known = self._known.get(address)
+            if known is not None and known[0]() is key:
+                slot = known[2]
                 self._entries[slot].value = value
+                self._known[address] = (known[0], value, slot)
                 return
             slot = self._free_slot()
             self._clear(slot)
@@ -90,20 +99,17 @@ class _Table:
             except TypeError:  # not weakly referenceable: never cached
                 return
             entry = self._entries[slot]
-            self._refs[slot] = ref
-            self._slots[address] = slot
             entry.value = value
             entry.ref = id(ref)
             entry.key = address  # last: the entry is valid from here
-
-    def _holds(self, slot: int, key: Any) -> bool:
-        ref = self._refs[slot]
-        return self._entries[slot].key == id(key) and ref is not None and ref() is key
+            self._refs[slot] = ref
+            self._addresses[slot] = address
+            self._known[address] = (ref, value, slot)
 
     def _free_slot(self) -> int:
-        """An entry that holds nothing (never used, or cleared), else the oldest."""
-        for slot in range(Fast.TABLE_ENTRIES):
-            if not self._entries[slot].key:
+        """An entry that holds nothing (never used, or its key died), else the oldest."""
+        for slot, ref in enumerate(self._refs):
+            if ref is None or ref() is None:
                 return slot
         slot = self._next
         self._next = (slot + 1) % Fast.TABLE_ENTRIES
@@ -114,10 +120,12 @@ class _Table:
         entry.key = None  # first: the builtin no longer matches it
         entry.ref = None
         entry.value = 0
-        for address, named in list(self._slots.items()):
-            if named == slot:
-                del self._slots[address]
+        address = self._addresses[slot]
+        known = self._known.get(address)
+        if known is not None and known[2] == slot:
+            del self._known[address]
         self._refs[slot] = None
+        self._addresses[slot] = 0
 
     def clear(self) -> None:
         with self._lock:
