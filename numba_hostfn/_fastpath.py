@@ -289,7 +289,8 @@ def learn_code(fn: Any) -> None:
     function = getattr(fn, "__func__", fn)
     if type(function) is types.FunctionType:
         code = function.__code__
-        _fast.tables["codes"].remember(code, code.co_argcount)
+        if not code.co_kwonlyargcount:  # keyword-only defaults: Python checks those
+            _fast.tables["codes"].remember(code, code.co_argcount)
 
 
 def learn_host_function(fn: Any) -> None:

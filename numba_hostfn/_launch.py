@@ -158,8 +158,20 @@ _ASYNC_FLAGS = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 _PER_INSTANCE = (types.FunctionType, types.MethodType, functools.partial)
 
 
+def _call_method(fn: Any) -> Any:
+    """The plain function behind calling ``fn``, an instance whose class defines
+    ``__call__`` in Python; else None (a function, a class, a builtin)."""
+    if isinstance(fn, type) or hasattr(fn, "__code__"):
+        return None
+    # The class's own attribute (as the call finds it), not one bound to fn.
+    call = next((vars(c)["__call__"] for c in type(fn).__mro__ if "__call__" in vars(c)), None)
+    return call if type(call) is types.FunctionType else None
+
+
 def refuse_coroutine_function(fn: Any, caller: str = "host_launch") -> None:
     code = getattr(fn, "__code__", None)
+    if code is None:  # an object whose class's __call__ may be async def
+        code = getattr(_call_method(fn), "__code__", None)
     is_async = code is not None and code.co_flags & _ASYNC_FLAGS
     if is_async or (type(fn) is functools.partial and inspect.iscoroutinefunction(fn)):
         raise TypeError(
@@ -171,14 +183,19 @@ def refuse_coroutine_function(fn: Any, caller: str = "host_launch") -> None:
 
 
 def _refuse_required_arguments(fn: Any) -> None:
-    """A plain function or bound method that cannot be called with no arguments."""
+    """A plain function, bound method or callable object that cannot be called with
+    no arguments (positional or keyword-only ones without a default)."""
+    bound = type(fn) is types.MethodType
     function = getattr(fn, "__func__", fn)
     code = getattr(function, "__code__", None)
+    if code is None:  # a callable object: its class's __call__, bound to it
+        function = _call_method(fn)
+        code = getattr(function, "__code__", None)
+        bound = True
     if code is None or type(fn) is functools.partial:
         return
-    required = code.co_argcount - len(function.__defaults__ or ())
-    if type(fn) is types.MethodType:
-        required -= 1
+    required = code.co_argcount - len(function.__defaults__ or ()) - bound
+    required += code.co_kwonlyargcount - len(function.__kwdefaults__ or {})
     if required > 0:
         raise TypeError(
             f"host_launch() got {function.__qualname__!r}, which takes {required} "

@@ -262,6 +262,12 @@ def resolve_user_data(user_data: Any, layout: np.dtype | None, fn: Any) -> tuple
     if isinstance(user_data, int):
         if not 0 <= user_data < _MAX_ADDRESS:
             raise ValueError(f"user_data address must be in [0, 2**64), got {user_data}")
+        if user_data == 0 and layout is not None:  # the body would read fields at NULL
+            raise ValueError(
+                f"host function {_name(fn)} declares user_data {_describe(layout)}, and "
+                "user_data=0 is a NULL pointer to it; pass a value of that layout "
+                "(bytes-like to copy, or by_ref(array)), or the address of one"
+            )
         return user_data, None
     if isinstance(user_data, str):
         raise TypeError(

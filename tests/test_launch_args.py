@@ -209,10 +209,15 @@ async def _async_generator():
     yield 1
 
 
+class _AsyncCall:
+    async def __call__(self):
+        pass
+
+
 @pytest.mark.parametrize(
     "fn",
-    [_coroutine, _async_generator, functools.partial(_coroutine)],
-    ids=["coroutine-function", "async-generator", "partial"],
+    [_coroutine, _async_generator, functools.partial(_coroutine), _AsyncCall()],
+    ids=["coroutine-function", "async-generator", "partial", "async-call-method"],
 )
 def test_coroutine_functions_rejected(stream, fn):
     _rejects(stream, TypeError, "coroutine function", fn)
@@ -223,9 +228,37 @@ def test_coroutine_functions_rejected(stream, fn):
     assert calls == [1]
 
 
+def _needs_keyword(*, x):
+    pass
+
+
+def _has_keyword(*, x=1):
+    pass
+
+
+class _CallNeedsArgument:
+    def __call__(self, x):
+        pass
+
+
+@pytest.mark.parametrize(
+    "fn", [_needs_keyword, _CallNeedsArgument()], ids=["keyword-only", "call-method"]
+)
+def test_callables_that_need_arguments_rejected(stream, fn):
+    """Keyword-only parameters without a default, and a __call__ that needs more than
+    self, count as required arguments: refused at launch, not failed when run."""
+    _rejects(stream, TypeError, "takes 1 argument", fn)
+    nh.host_launch(stream, _has_keyword)  # with a default: called with none
+    stream.sync()
+
+
 def test_layout_mismatch_rejected_with_nothing_enqueued(stream):
     good = np.zeros(1, REC)
     _rejects(stream, ValueError, "declares user_data", typed, user_data=None)
+    pending = nh.pending()
+    with pytest.raises(ValueError, match="NULL pointer"):  # 0: refcounts too busy to compare
+        nh.host_launch(stream, typed, user_data=0)
+    assert nh.pending() == pending
     _rejects(stream, ValueError, "holds 8 bytes", typed, user_data=b"12345678")
     _rejects(stream, ValueError, "has dtype", typed, user_data=np.zeros(2, np.int64))
     wrong = np.zeros(2, REC)

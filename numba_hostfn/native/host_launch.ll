@@ -424,9 +424,15 @@ not_none:
   %is_int = icmp eq ptr %type, @PyLong_Type
   br i1 %is_int, label %int, label %not_int
 int:
-  ; An address, as is (out of range falls through to the ValueError).
+  ; An address, as is (out of range, or NULL for a declared layout, falls
+  ; through to the Python path's ValueError).
   %is_address = call i1 @nhf.fast.exact_u64(ptr %data, ptr %arg_out)
-  ret i1 %is_address
+  %address = load i64, ptr %arg_out
+  %zero = icmp eq i64 %address, 0
+  %null_record = and i1 %zero, %declared
+  %usable = xor i1 %null_record, true
+  %ok = and i1 %is_address, %usable
+  ret i1 %ok
 not_int:
   %by_ref = call ptr @nhf.fast.object(ptr @nhf.fast.slot.by_ref_type)
   %is_by_ref = icmp eq ptr %type, %by_ref
