@@ -332,10 +332,12 @@ def host_launch(
     ------
     TypeError
         If ``stream``, ``fn`` or ``user_data`` has the wrong type (None, a bare
-        int stream, a ctypes prototype other than CUhostFn, ...).
+        int stream, a ctypes prototype other than CUhostFn, ...), or ``fn`` is
+        a coroutine function or a callable that needs arguments.
     ValueError
         If user_data is given with a Python callable, or does not match the
-        HostFunction's declared ``dtype``, or ``blocking=False`` is given
+        HostFunction's declared ``dtype`` (``0``, a NULL pointer to it,
+        included), or ``blocking=False`` is given
         with compiled code (it never takes the GIL: it needs no such option).
     RuntimeError
         If a capture cannot take a node (it is invalidated), a GraphBuilder is
