@@ -427,12 +427,14 @@ int:
   ; An address, as is (out of range, or NULL for a declared layout, falls
   ; through to the Python path's ValueError).
   %is_address = call i1 @nhf.fast.exact_u64(ptr %data, ptr %arg_out)
+  br i1 %is_address, label %check_null, label %no
+check_null:
   %address = load i64, ptr %arg_out
   %zero = icmp eq i64 %address, 0
   %null_record = and i1 %zero, %declared
-  %usable = xor i1 %null_record, true
-  %ok = and i1 %is_address, %usable
-  ret i1 %ok
+  br i1 %null_record, label %no, label %address_ok
+address_ok:
+  ret i1 true
 not_int:
   %by_ref = call ptr @nhf.fast.object(ptr @nhf.fast.slot.by_ref_type)
   %is_by_ref = icmp eq ptr %type, %by_ref
@@ -664,6 +666,9 @@ entry:
   %made_owner = alloca ptr, align 8
   %result = alloca i64, align 8
   store i64 0, ptr %address
+  store i64 0, ptr %arg
+  store i64 0, ptr %handle
+  store i64 0, ptr %lane
   store i64 0, ptr %layout_bytes
   store ptr null, ptr %layout
   store ptr null, ptr %data_owner
