@@ -127,11 +127,6 @@ class _Table:
         self._refs[slot] = None
         self._addresses[slot] = 0
 
-    def clear(self) -> None:
-        with self._lock:
-            for slot in range(Fast.TABLE_ENTRIES):
-                self._clear(slot)
-
     def knows(self, key: Any) -> bool:
         """Whether the builtin would find ``key`` (for tests)."""
         return any(entry.key == id(key) for entry in self._entries)
@@ -256,7 +251,8 @@ def learn_stream(backend: Any, stream: Any) -> None:
     """``stream``'s type gave a usable handle: the builtin may read it from now on.
 
     The simulator checks every stream against its registry, so there only its
-    own Stream type is learned: its handle is always one of the registry's.
+    own Stream type is learned, and the builtin checks each handle against the
+    registry itself (``sim_streams``: the handle must be this very stream's).
     """
     fast = _fast
     if fast is None:
