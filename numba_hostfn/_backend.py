@@ -193,11 +193,14 @@ class CudaBackend(Backend):
                 "cuStreamEndCapture",
             )
         }
-        # CUDA 12.3+: an explicit graph's executor node is captured into a child graph.
-        try:
-            proc["cuStreamBeginCaptureToGraph"] = self._proc("cuStreamBeginCaptureToGraph")
-        except (BackendUnavailableError, CudaDriverError):
-            proc["cuStreamBeginCaptureToGraph"] = 0
+        # Optional entry points (0 where the driver lacks one):
+        # CUDA 12.3+: an explicit graph's executor node is captured into a child graph;
+        # the executor's write and wait go in one cuStreamBatchMemOp (two calls without it).
+        for name in ("cuStreamBeginCaptureToGraph", "cuStreamBatchMemOp"):
+            try:
+                proc[name] = self._proc(name)
+            except (BackendUnavailableError, CudaDriverError):
+                proc[name] = 0
         native.set_cuda(proc["cuStreamIsCapturing"], proc["cuLaunchHostFunc"])
         self.enqueue_fn = native.cuda_enqueue
         self.device_enqueue_fn = native.cuda_enqueue
@@ -224,7 +227,12 @@ class CudaBackend(Backend):
             c_int, vp, ctypes.POINTER(c_int), vp, ctypes.POINTER(vp), vp, vp, vp
         )(proc["cuStreamGetCaptureInfo"])
         self._no_destructor_sync = int(driver.CUuserObject_flags.CU_USER_OBJECT_NO_DESTRUCTOR_SYNC)
-        native.set_cuda_memops(proc["cuStreamWriteValue32"], proc["cuStreamWaitValue32"])
+        self._memops = (
+            proc["cuStreamWriteValue32"],
+            proc["cuStreamWaitValue32"],
+            proc["cuStreamBatchMemOp"],
+        )
+        native.set_cuda_memops(*self._memops)
         self.executor_enqueue_fn = native.exec_cuda_enqueue
         self._host_alloc = ctypes.CFUNCTYPE(c_int, ctypes.POINTER(vp), ctypes.c_size_t, c_uint)(
             proc["cuMemHostAlloc"]

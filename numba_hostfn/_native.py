@@ -401,7 +401,7 @@ class Native:
         self.exec_copy = fn("nhf_exec_copy")
         self.exec_cuda_enqueue = fn("nhf_exec_cuda_enqueue")
         self.exec_sim_enqueue = fn("nhf_exec_sim_enqueue")
-        self.set_cuda_memops = c(None, _vp, _vp)(fn("nhf_set_cuda_memops"))
+        self.set_cuda_memops = c(None, _vp, _vp, _vp)(fn("nhf_set_cuda_memops"))
         self.exec_pool_new = c(_vp, _i64, _i64, _i64)(fn("nhf_exec_pool_new"))
         self.exec_lane_new = c(_vp, _vp, _vp, _vp)(fn("nhf_exec_lane_new"))
         self.exec_outstanding = c(_i64, _vp)(fn("nhf_exec_outstanding"))

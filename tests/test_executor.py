@@ -508,3 +508,45 @@ def test_executor_nodes_in_an_explicit_graph_chain(executor, device, stream):
     del definition, first, second, third
     assert released_eventually(alive, device, pending=0)
     assert executor.graph_nodes() == 0 and nh.pending() == 0
+
+
+@pytest.mark.gpu
+def test_write_and_wait_go_in_one_batch_and_a_refused_batch_falls_back(executor, stream):
+    """The "reached" write and the "done" wait are one cuStreamBatchMemOp of two
+    entries laid out as the driver's union; if the driver refuses the batch, or has
+    none, the two single calls enqueue the task instead."""
+    from numba_hostfn._backend import get_backend
+
+    backend = get_backend()
+    write, wait, batch = backend._memops
+    assert batch, "this driver has cuStreamBatchMemOp"
+    c_uint, vp = ctypes.c_uint, ctypes.c_void_p
+    prototype = ctypes.CFUNCTYPE(ctypes.c_int, vp, c_uint, vp, c_uint)
+    real = prototype(batch)
+    seen = []
+
+    def forward(s, count, ops, flags):
+        entries = np.frombuffer((ctypes.c_char * (48 * count)).from_address(ops), np.uint32)
+        seen.append(entries.reshape(count, 12)[:, [0, 4, 6]].tolist())  # operation, value, flags
+        return real(s, count, ops, flags)
+
+    def refuse(s, count, ops, flags):
+        seen.append("refused")
+        return 1  # CUDA_ERROR_INVALID_VALUE
+
+    counter = np.zeros(1, np.int64)
+    callbacks = [prototype(forward), prototype(refuse), None]
+    try:
+        for callback in callbacks:
+            address = ctypes.cast(callback, vp).value if callback else None
+            backend.native.set_cuda_memops(write, wait, address)
+            nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=executor)
+            stream.sync()
+    finally:
+        backend.native.set_cuda_memops(*backend._memops)
+    nh.drain()
+    assert counter[0] == 3
+    (write_entry, wait_entry), refused = seen
+    assert write_entry[0] == 2 and wait_entry[0] == 1  # WRITE_VALUE_32, WAIT_VALUE_32
+    assert write_entry[1] == wait_entry[1] > 0 and wait_entry[2] == 0  # one number; GEQ
+    assert refused == "refused"

@@ -43,20 +43,23 @@
 }
 
 %nhf.exec.pool = type {
-  %nhf.pthread.mutex,  ; mutex: guards lanes (append), parking, job
-  %nhf.pthread.cond,   ; wake: parked threads
   ptr,                 ; lanes
-  i64,                 ; outstanding: tasks enqueued and not done
-  i32,                 ; stopping
-  i32,                 ; parked: threads waiting on wake
+  ptr,                 ; slots: graph slots (appended under mutex, never removed)
+  ptr,                 ; job: the parallel copy being shared out, or null
   i64,                 ; spin_ns
   i64,                 ; poll_ns
   ptr,                 ; threads: pthread_t[nthreads]
   i64,                 ; nthreads
-  ptr,                 ; job: the parallel copy being shared out, or null
-  ptr,                 ; slots: graph slots (appended under mutex, never removed)
+  [8 x i8],            ; to 64 bytes: the fields above, which spinning threads
+                       ; read at every turn, do not share a cache line with
+                       ; those below, which the producer writes at each enqueue
+  i64,                 ; outstanding: tasks enqueued and not done
+  i32,                 ; stopping
+  i32,                 ; parked: threads waiting on wake
   i64,                 ; live_slots: slots armed (their graphs are alive)
-  i32                  ; poller: a thread polls the slots for a replay (the others park)
+  i32,                 ; poller: a thread polls the slots for a replay (the others park)
+  %nhf.pthread.mutex,  ; mutex: guards lanes (append), parking, job
+  %nhf.pthread.cond    ; wake: parked threads
 }
 
 ; A simulated stream memory operation: its word and value.
@@ -101,12 +104,42 @@
 @nhf.exec.parallel_copy_min = internal constant i64 1048576  ; below 1 MiB, one thread copies
 @nhf.cu.write_value32 = internal global ptr null
 @nhf.cu.wait_value32 = internal global ptr null
+@nhf.cu.batch_mem_op = internal global ptr null  ; null: two calls, never a batch
 @nhf.cu.wait_geq = internal constant i32 0     ; CU_STREAM_WAIT_VALUE_GEQ
 @nhf.cu.write_default = internal constant i32 0 ; CU_STREAM_WRITE_VALUE_DEFAULT: after prior work
+@nhf.cu.op_wait_value32 = internal constant i32 1   ; CU_STREAM_MEM_OP_WAIT_VALUE_32
+@nhf.cu.op_write_value32 = internal constant i32 2  ; CU_STREAM_MEM_OP_WRITE_VALUE_32
 
-define void @nhf_set_cuda_memops(ptr %write_value32, ptr %wait_value32) {
+; One entry of cuStreamBatchMemOp's array (CUstreamBatchMemOpParams, a 48-byte
+; union), as its writeValue and waitValue members lay it out.
+%nhf.cu.mem_op = type {
+  i32,      ; operation: CU_STREAM_MEM_OP_*
+  i64,      ; address (CUdeviceptr)
+  i64,      ; value: a 32-bit value in the low half (the union's value member)
+  i32,      ; flags
+  i64,      ; alias: unused, 0
+  [8 x i8]  ; to the union's 48 bytes
+}
+
+define void @nhf_set_cuda_memops(ptr %write_value32, ptr %wait_value32, ptr %batch_mem_op) {
   store atomic ptr %write_value32, ptr @nhf.cu.write_value32 seq_cst, align 8
   store atomic ptr %wait_value32, ptr @nhf.cu.wait_value32 seq_cst, align 8
+  store atomic ptr %batch_mem_op, ptr @nhf.cu.batch_mem_op seq_cst, align 8
+  ret void
+}
+
+; Fill one entry of a cuStreamBatchMemOp array (zeroed by the caller).
+define internal void @nhf.cu.mem_op.set(ptr %op, i32 %operation, ptr %address, i32 %value, i32 %flags) alwaysinline {
+  %opp = getelementptr inbounds %nhf.cu.mem_op, ptr %op, i32 0, i32 0
+  store i32 %operation, ptr %opp
+  %addressp = getelementptr inbounds %nhf.cu.mem_op, ptr %op, i32 0, i32 1
+  %address64 = ptrtoint ptr %address to i64
+  store i64 %address64, ptr %addressp
+  %valuep = getelementptr inbounds %nhf.cu.mem_op, ptr %op, i32 0, i32 2
+  %value64 = zext i32 %value to i64
+  store i64 %value64, ptr %valuep
+  %flagsp = getelementptr inbounds %nhf.cu.mem_op, ptr %op, i32 0, i32 3
+  store i32 %flags, ptr %flagsp
   ret void
 }
 
@@ -178,59 +211,59 @@ define internal ptr @nhf.exec.lane.pool(ptr %l) alwaysinline {
 }
 
 define internal ptr @nhf.exec.pool.mutex(ptr %p) alwaysinline {
-  %f = getelementptr inbounds %nhf.exec.pool, ptr %p, i32 0, i32 0
+  %f = getelementptr inbounds %nhf.exec.pool, ptr %p, i32 0, i32 13
   ret ptr %f
 }
 define internal ptr @nhf.exec.pool.wake(ptr %p) alwaysinline {
-  %f = getelementptr inbounds %nhf.exec.pool, ptr %p, i32 0, i32 1
+  %f = getelementptr inbounds %nhf.exec.pool, ptr %p, i32 0, i32 14
   ret ptr %f
 }
 define internal ptr @nhf.exec.pool.lanes(ptr %p) alwaysinline {
-  %f = getelementptr inbounds %nhf.exec.pool, ptr %p, i32 0, i32 2
+  %f = getelementptr inbounds %nhf.exec.pool, ptr %p, i32 0, i32 0
   ret ptr %f
 }
 define internal ptr @nhf.exec.pool.outstanding(ptr %p) alwaysinline {
-  %f = getelementptr inbounds %nhf.exec.pool, ptr %p, i32 0, i32 3
-  ret ptr %f
-}
-define internal ptr @nhf.exec.pool.stopping(ptr %p) alwaysinline {
-  %f = getelementptr inbounds %nhf.exec.pool, ptr %p, i32 0, i32 4
-  ret ptr %f
-}
-define internal ptr @nhf.exec.pool.parked(ptr %p) alwaysinline {
-  %f = getelementptr inbounds %nhf.exec.pool, ptr %p, i32 0, i32 5
-  ret ptr %f
-}
-define internal ptr @nhf.exec.pool.spin_ns(ptr %p) alwaysinline {
-  %f = getelementptr inbounds %nhf.exec.pool, ptr %p, i32 0, i32 6
-  ret ptr %f
-}
-define internal ptr @nhf.exec.pool.poll_ns(ptr %p) alwaysinline {
-  %f = getelementptr inbounds %nhf.exec.pool, ptr %p, i32 0, i32 7
-  ret ptr %f
-}
-define internal ptr @nhf.exec.pool.threads(ptr %p) alwaysinline {
   %f = getelementptr inbounds %nhf.exec.pool, ptr %p, i32 0, i32 8
   ret ptr %f
 }
-define internal ptr @nhf.exec.pool.nthreads(ptr %p) alwaysinline {
+define internal ptr @nhf.exec.pool.stopping(ptr %p) alwaysinline {
   %f = getelementptr inbounds %nhf.exec.pool, ptr %p, i32 0, i32 9
   ret ptr %f
 }
-define internal ptr @nhf.exec.pool.job(ptr %p) alwaysinline {
+define internal ptr @nhf.exec.pool.parked(ptr %p) alwaysinline {
   %f = getelementptr inbounds %nhf.exec.pool, ptr %p, i32 0, i32 10
   ret ptr %f
 }
+define internal ptr @nhf.exec.pool.spin_ns(ptr %p) alwaysinline {
+  %f = getelementptr inbounds %nhf.exec.pool, ptr %p, i32 0, i32 3
+  ret ptr %f
+}
+define internal ptr @nhf.exec.pool.poll_ns(ptr %p) alwaysinline {
+  %f = getelementptr inbounds %nhf.exec.pool, ptr %p, i32 0, i32 4
+  ret ptr %f
+}
+define internal ptr @nhf.exec.pool.threads(ptr %p) alwaysinline {
+  %f = getelementptr inbounds %nhf.exec.pool, ptr %p, i32 0, i32 5
+  ret ptr %f
+}
+define internal ptr @nhf.exec.pool.nthreads(ptr %p) alwaysinline {
+  %f = getelementptr inbounds %nhf.exec.pool, ptr %p, i32 0, i32 6
+  ret ptr %f
+}
+define internal ptr @nhf.exec.pool.job(ptr %p) alwaysinline {
+  %f = getelementptr inbounds %nhf.exec.pool, ptr %p, i32 0, i32 2
+  ret ptr %f
+}
 define internal ptr @nhf.exec.pool.slots(ptr %p) alwaysinline {
-  %f = getelementptr inbounds %nhf.exec.pool, ptr %p, i32 0, i32 11
+  %f = getelementptr inbounds %nhf.exec.pool, ptr %p, i32 0, i32 1
   ret ptr %f
 }
 define internal ptr @nhf.exec.pool.live_slots(ptr %p) alwaysinline {
-  %f = getelementptr inbounds %nhf.exec.pool, ptr %p, i32 0, i32 12
+  %f = getelementptr inbounds %nhf.exec.pool, ptr %p, i32 0, i32 11
   ret ptr %f
 }
 define internal ptr @nhf.exec.pool.poller(ptr %p) alwaysinline {
-  %f = getelementptr inbounds %nhf.exec.pool, ptr %p, i32 0, i32 13
+  %f = getelementptr inbounds %nhf.exec.pool, ptr %p, i32 0, i32 12
   ret ptr %f
 }
 
@@ -956,14 +989,16 @@ unlinked:
 }
 
 ; On a CUDA stream: refuse a capturing stream, append the task, write
-; "reached", wait for "done".  If the write fails the task is taken back; if
-; the wait fails after the write was enqueued, the task still runs (the
-; stream reaches the write): status kept | CUresult.
+; "reached", wait for "done" (one cuStreamBatchMemOp, or two calls if the batch
+; is refused).  If the write fails the task is taken back; if the wait fails
+; after the write was enqueued, the task still runs (the stream reaches the
+; write): status kept | CUresult.
 define i64 @nhf_exec_cuda_enqueue(ptr %lane, ptr %trampoline, ptr %record) {
 entry:
   %streamp = call ptr @nhf.exec.lane.stream(ptr %lane)
   %stream = load ptr, ptr %streamp
   %capture_status = alloca i32, align 4
+  %ops = alloca [2 x %nhf.cu.mem_op], align 8
   store i32 0, ptr %capture_status
   %is_capturing = load atomic ptr, ptr @nhf.cu.is_capturing seq_cst, align 8
   %rc0 = call i32 %is_capturing(ptr %stream, ptr %capture_status)
@@ -987,15 +1022,40 @@ lock:
   %seq = call i32 @nhf.exec.next_seq(ptr %lane)
   %task = call ptr @nhf.exec.append(ptr %lane, i32 %seq, ptr %trampoline, ptr %record)
   %nomem = icmp eq ptr %task, null
-  br i1 %nomem, label %out_of_memory, label %write
+  br i1 %nomem, label %out_of_memory, label %batch
 out_of_memory:
   %u0 = call i32 @pthread_mutex_unlock(ptr %emutex)
   %oom = load i64, ptr @nhf.status.out_of_memory
   ret i64 %oom
-write:
+batch:
+  ; Both operations in one driver call: cheaper to enqueue (1.1-1.6 us against
+  ; 1.7-2.6 for two calls, measured in C on the H200) and, as the driver's
+  ; documentation of cuStreamBatchMemOp says, to run.  A refused batch put
+  ; nothing on the stream; the two single calls below then follow, so a
+  ; driver without the batch still works and an error names its operation.
   %reached = call ptr @nhf.exec.lane.reached(ptr %lane)
-  %writef = load atomic ptr, ptr @nhf.cu.write_value32 seq_cst, align 8
+  %done = call ptr @nhf.exec.lane.done(ptr %lane)
   %write_flags = load i32, ptr @nhf.cu.write_default
+  %geq = load i32, ptr @nhf.cu.wait_geq
+  %batchf = load atomic ptr, ptr @nhf.cu.batch_mem_op seq_cst, align 8
+  %no_batch = icmp eq ptr %batchf, null
+  br i1 %no_batch, label %write, label %batch_call
+batch_call:
+  store [2 x %nhf.cu.mem_op] zeroinitializer, ptr %ops
+  %write_op = getelementptr inbounds [2 x %nhf.cu.mem_op], ptr %ops, i32 0, i32 0
+  %wait_op = getelementptr inbounds [2 x %nhf.cu.mem_op], ptr %ops, i32 0, i32 1
+  %op_write = load i32, ptr @nhf.cu.op_write_value32
+  %op_wait = load i32, ptr @nhf.cu.op_wait_value32
+  call void @nhf.cu.mem_op.set(ptr %write_op, i32 %op_write, ptr %reached, i32 %seq, i32 %write_flags)
+  call void @nhf.cu.mem_op.set(ptr %wait_op, i32 %op_wait, ptr %done, i32 %seq, i32 %geq)
+  %rcb = call i32 %batchf(ptr %stream, i32 2, ptr %ops, i32 0)
+  %batched = icmp eq i32 %rcb, 0
+  br i1 %batched, label %batch_ok, label %write
+batch_ok:
+  %ub = call i32 @pthread_mutex_unlock(ptr %emutex)
+  ret i64 0
+write:
+  %writef = load atomic ptr, ptr @nhf.cu.write_value32 seq_cst, align 8
   %rc1 = call i32 %writef(ptr %stream, ptr %reached, i32 %seq, i32 %write_flags)
   %write_failed = icmp ne i32 %rc1, 0
   br i1 %write_failed, label %fail_write, label %wait
@@ -1005,9 +1065,7 @@ fail_write:
   %code1 = zext i32 %rc1 to i64
   ret i64 %code1
 wait:
-  %done = call ptr @nhf.exec.lane.done(ptr %lane)
   %waitf = load atomic ptr, ptr @nhf.cu.wait_value32 seq_cst, align 8
-  %geq = load i32, ptr @nhf.cu.wait_geq
   %rc2 = call i32 %waitf(ptr %stream, ptr %done, i32 %seq, i32 %geq)
   %u3 = call i32 @pthread_mutex_unlock(ptr %emutex)
   %wait_failed = icmp ne i32 %rc2, 0
@@ -1146,11 +1204,15 @@ ok:
 ; A pool of %nthreads threads, started; null if that failed.
 define ptr @nhf_exec_pool_new(i64 %nthreads, i64 %spin_ns, i64 %poll_ns) {
 entry:
+  ; Cache-line aligned (see the pool's layout), zeroed.
   %size = load i64, ptr @nhf.exec.pool.bytes
-  %pool = call ptr @calloc(i64 1, i64 %size)
+  %size63 = add i64 %size, 63
+  %lines = and i64 %size63, -64
+  %pool = call ptr @aligned_alloc(i64 64, i64 %lines)
   %nomem = icmp eq ptr %pool, null
   br i1 %nomem, label %fail, label %init
 init:
+  call void @llvm.memset.p0.i64(ptr %pool, i8 0, i64 %lines, i1 false)
   %threads = call ptr @calloc(i64 %nthreads, i64 8)
   %nothreads = icmp eq ptr %threads, null
   br i1 %nothreads, label %fail, label %fill
