@@ -2,7 +2,8 @@
 
 From a loop of N calls timed on the host (the stream is held by device work so that
 nothing runs meanwhile), the rows interleaved, one loop of each per round:
-host_launch with a HostFunction, a ctypes CUhostFn and a Python callable; a C loop
+host_launch with a HostFunction, a ctypes CUhostFn and a Python callable; the same
+loop calling a builtin that does nothing (the floor of any call from Python); a C loop
 over cuLaunchHostFunc (built with nvcc if present); cuda.bindings.driver's
 cuLaunchHostFunc; ctypes straight to libcuda; CuPy's Stream.launch_host_func;
 numba-cuda's Stream.add_callback (once; a failure is reported as a row).  Ratios
@@ -12,6 +13,7 @@ are to the raw C loop.
 from __future__ import annotations
 
 import ctypes
+import operator
 import time
 
 from _bench import (
@@ -35,6 +37,7 @@ from _bench import (
 GROUP = "enqueue"
 RAW_C_LOOP = "raw C loop over cuLaunchHostFunc"
 NUMBA_CUDA = "numba-cuda add_callback"
+CALL_FLOOR = "a Python loop calling a builtin that does nothing (operator.is_)"
 PLOTS = [(GROUP, "enqueue.png")]
 
 
@@ -43,12 +46,12 @@ def run(nh, device, n: int, repeats: int) -> None:
     stream = device.create_stream()
     gate = Gate(device)
 
-    def per_call(enqueue_one) -> float:
+    def per_call(fn, *args) -> float:
+        """µs per ``fn(*args)``, called as a program would: straight from a loop."""
         gate.close_on(stream)
         try:
             start = time.perf_counter()
-            for _ in range(n):
-                enqueue_one()
+            _loop(fn, args, n)
             elapsed = time.perf_counter() - start
         finally:  # a failing row must not leave the stream held (and the device busy)
             gate.open()
@@ -58,9 +61,11 @@ def run(nh, device, n: int, repeats: int) -> None:
 
     pointer = empty.ctypes
     rows = {
-        "host_launch(HostFunction)": lambda: per_call(lambda: nh.host_launch(stream, empty)),
-        "host_launch(ctypes CUhostFn)": lambda: per_call(lambda: nh.host_launch(stream, pointer)),
-        "host_launch(Python callable)": lambda: per_call(lambda: nh.host_launch(stream, noop)),
+        "host_launch(HostFunction)": lambda: per_call(nh.host_launch, stream, empty),
+        "host_launch(ctypes CUhostFn)": lambda: per_call(nh.host_launch, stream, pointer),
+        "host_launch(Python callable)": lambda: per_call(nh.host_launch, stream, noop),
+        # The floor of any enqueue called from Python: the loop and the call alone.
+        CALL_FLOOR: lambda: per_call(operator.is_, stream, empty),
     }
     # No executor row here: behind the closed gate, executor launches (stream memory
     # operations) block the enqueuing thread, which is the one that opens the gate.
@@ -92,17 +97,15 @@ def run(nh, device, n: int, repeats: int) -> None:
     def cupy_row():
         if not cupy:
             cupy.append(cupy_stream(stream))
-        return per_call(lambda: cupy[0].launch_host_func(noop_arg, None))
+        return per_call(cupy[0].launch_host_func, noop_arg, None)
 
     rows.update(
         {
             RAW_C_LOOP: lambda: raw_c_loop(gate, stream, n),
             "cuda.bindings cuLaunchHostFunc": lambda: per_call(
-                lambda: driver.cuLaunchHostFunc(cu_stream, fn_obj, 0)
+                driver.cuLaunchHostFunc, cu_stream, fn_obj, 0
             ),
-            "ctypes -> libcuda cuLaunchHostFunc": lambda: per_call(
-                lambda: launch(handle, address, None)
-            ),
+            "ctypes -> libcuda cuLaunchHostFunc": lambda: per_call(launch, handle, address, None),
             "CuPy launch_host_func": cupy_row,
         }
     )
@@ -112,7 +115,7 @@ def run(nh, device, n: int, repeats: int) -> None:
         from numba import cuda
 
         ns = cuda.external_stream(handle)
-        return per_call(lambda: ns.add_callback(noop_cb, None))
+        return per_call(ns.add_callback, noop_cb, None)
 
     record(GROUP, NUMBA_CUDA, "µs/call", numba_cuda_row, 1)
     stream.close()
@@ -122,6 +125,19 @@ def _interleave(rows: dict, repeats: int) -> None:
     """Every row once per round: the C loop's baseline drifts with the rest."""
     table = [Row(GROUP, name, "µs/call") for name in rows]
     interleaved(GROUP, table, lambda row: rows[row.name](), repeats)
+
+
+def _loop(fn, args: tuple, n: int) -> None:
+    """``n`` calls of ``fn(*args)`` from a plain loop, without a wrapper per call (a
+    lambda around each call would add its own frame to every Python row)."""
+    if len(args) == 2:
+        a, b = args
+        for _ in range(n):
+            fn(a, b)
+    else:
+        a, b, c = args
+        for _ in range(n):
+            fn(a, b, c)
 
 
 def baseline(group: str) -> Row | None:

@@ -2,9 +2,11 @@
 
 - round trip: one stream, N iterations of "tiny kernel -> host work (an empty
   compiled function) -> next kernel", synchronized at the end, per iteration: the
-  kernel alone, host_launch, host_launch(executor=), and two raw C baselines built
-  with nvcc (kernel + cuLaunchHostFunc; kernel + cuStreamWriteValue32 "reached" +
-  a host thread spinning on it + cuStreamWaitValue32 "done").  The Python rows
+  kernel alone, host_launch, host_launch(executor=), and three raw C baselines
+  built with nvcc (kernel + cuLaunchHostFunc; kernel + cuStreamWriteValue32
+  "reached" + a host thread spinning on it + cuStreamWaitValue32 "done"; the same
+  write and wait in one cuStreamBatchMemOp, as the executor enqueues them), all
+  interleaved, one sample of each per round.  The Python rows
   launch the kernel with the C baselines' own ``tiny<<<1, 1, 0, stream>>>()``,
   called through ctypes, so that the rows differ only in the host work: a
   cuda.core launch alone costs more than a whole C iteration (the "cuda.core
@@ -41,6 +43,7 @@ from _bench import (
     build_with_nvcc,
     compiled_functions,
     find,
+    interleaved,
     ratio,
     record,
     target,
@@ -53,6 +56,7 @@ GRAPH = "executor: graph replay of one node"
 PLOTS = [(ROUND_TRIP, "executor.png")]
 C_MEMOP = "raw C: kernel + stream memory operations + spinning thread"
 C_HOSTFN = "raw C: kernel + cuLaunchHostFunc"
+C_BATCH = "raw C: kernel + the same two in one cuStreamBatchMemOp + spinning thread"
 EXECUTOR = "kernel + host_launch(executor=)"
 HOSTFN = "kernel + host_launch"
 TIMELINE: dict[str, list[tuple[int, float, float]]] = {}
@@ -107,35 +111,27 @@ def run(nh, device, n: int, repeats: int, tasks: int) -> None:
         nh.drain()
         return elapsed / n * 1e6
 
-    record(ROUND_TRIP, "kernel alone", "µs/iter", lambda: round_trip(lambda: None), repeats)
+    rows = {
+        "kernel alone": lambda: round_trip(lambda: None),
+        HOSTFN: lambda: round_trip(lambda: nh.host_launch(stream, empty)),
+        EXECUTOR: lambda: round_trip(lambda: nh.host_launch(stream, empty, executor=executor)),
+    }
     if not device.simulator:
-        record(
-            ROUND_TRIP,
-            "kernel alone, cuda.core launch (for scale)",
-            "µs/iter",
-            lambda: round_trip(lambda: None, lambda: device.delay(stream, 0)),
-            repeats,
+        rows["kernel alone, cuda.core launch (for scale)"] = lambda: round_trip(
+            lambda: None, lambda: device.delay(stream, 0)
         )
-    record(
-        ROUND_TRIP,
-        HOSTFN,
-        "µs/iter",
-        lambda: round_trip(lambda: nh.host_launch(stream, empty)),
-        repeats,
-    )
-    record(
-        ROUND_TRIP,
-        EXECUTOR,
-        "µs/iter",
-        lambda: round_trip(lambda: nh.host_launch(stream, empty, executor=executor)),
-        repeats,
-    )
+        rows[C_HOSTFN] = lambda: _c_round_trip(stream, n, 1)
+        rows[C_MEMOP] = lambda: _c_round_trip(stream, n, 2)
+        rows[C_BATCH] = lambda: _c_round_trip(stream, n, 3)
+    # One sample of every row per round: the host drifts over seconds (a shared
+    # machine), and the targets divide rows of the same rounds.
+    table = [Row(ROUND_TRIP, name, "µs/iter") for name in rows]
     if device.simulator:
-        for name in (C_HOSTFN, C_MEMOP):
-            ROWS.append(Row(ROUND_TRIP, name, "µs/iter", note="needs a GPU"))
-    else:
-        record(ROUND_TRIP, C_HOSTFN, "µs/iter", lambda: _c_round_trip(stream, n, 1), repeats)
-        record(ROUND_TRIP, C_MEMOP, "µs/iter", lambda: _c_round_trip(stream, n, 2), repeats)
+        table += [
+            Row(ROUND_TRIP, name, "µs/iter", note="needs a GPU")
+            for name in (C_HOSTFN, C_MEMOP, C_BATCH)
+        ]
+    interleaved(ROUND_TRIP, table, lambda row: rows[row.name](), repeats)
     _parallel(nh, device, tasks, repeats)
     _cpu_time(nh, device, executor, stream)
     _graph_replay(nh, stream, executor, empty, n, repeats)
@@ -289,6 +285,11 @@ def targets() -> list[Target]:
             1.5,
         ),
         target(
+            "executor round trip / raw C with the batched operation (the executor's own)",
+            ratio(find(ROUND_TRIP, EXECUTOR), find(ROUND_TRIP, C_BATCH)),
+            None,
+        ),
+        target(
             "executor round trip <= 0.35x host_launch",
             ratio(find(ROUND_TRIP, EXECUTOR), find(ROUND_TRIP, HOSTFN)),
             0.35,
@@ -338,6 +339,7 @@ C_ROUND_TRIP = r"""
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <pthread.h>
+#include <string.h>
 #include <time.h>
 
 __global__ void tiny(void) {}
@@ -371,7 +373,8 @@ static double now_us(void)
 }
 
 /* n iterations of tiny kernel -> host work -> ...; mode 1: cuLaunchHostFunc,
-   mode 2: write "reached", a spinning thread answers, wait for "done".
+   mode 2: write "reached", a spinning thread answers, wait for "done";
+   mode 3: mode 2's write and wait in one cuStreamBatchMemOp.
    Returns microseconds per iteration (-1 on error). */
 extern "C" double round_trip(unsigned long long stream_handle, int n, int mode)
 {
@@ -379,7 +382,9 @@ extern "C" double round_trip(unsigned long long stream_handle, int n, int mode)
     unsigned *words = 0;
     pthread_t thread;
     struct spinner s;
-    if (mode == 2) {
+    CUstreamBatchMemOpParams ops[2];
+    memset(ops, 0, sizeof ops);
+    if (mode >= 2) {
         unsigned flags = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP;
         if (cuMemHostAlloc((void **)&words, 8, flags)) return -1.0;
         words[0] = words[1] = 0;
@@ -391,15 +396,24 @@ extern "C" double round_trip(unsigned long long stream_handle, int n, int mode)
         tiny<<<1, 1, 0, (cudaStream_t)stream>>>();
         if (mode == 1) {
             if (cuLaunchHostFunc(stream, empty, 0)) return -1.0;
-        } else {
+        } else if (mode == 2) {
             if (cuStreamWriteValue32(stream, (CUdeviceptr)words, i, 0)) return -1.0;
             if (cuStreamWaitValue32(stream, (CUdeviceptr)(words + 1), i, CU_STREAM_WAIT_VALUE_GEQ))
                 return -1.0;
+        } else {
+            ops[0].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+            ops[0].writeValue.address = (CUdeviceptr)words;
+            ops[0].writeValue.value = i;
+            ops[1].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+            ops[1].waitValue.address = (CUdeviceptr)(words + 1);
+            ops[1].waitValue.value = i;
+            ops[1].waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+            if (cuStreamBatchMemOp(stream, 2, ops, 0)) return -1.0;
         }
     }
     if (cuStreamSynchronize(stream)) return -1.0;
     double per = (now_us() - start) / n;
-    if (mode == 2) { pthread_join(thread, 0); cuMemFreeHost(words); }
+    if (mode >= 2) { pthread_join(thread, 0); cuMemFreeHost(words); }
     return per;
 }
 """
