@@ -146,6 +146,11 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
             "host_launch() expected a HostFunction, a CUhostFn ctypes pointer or a "
             f"Python callable, got {type(fn).__name__}"
         )
+    if type(fn) in _WRAPPERS:  # what it needs is its own, not its type's: checked each time
+        inner = fn.__func__ if type(fn) is staticmethod else fn
+        refuse_coroutine_function(inner)
+        _refuse_required_arguments(inner)
+        return "python", 0, fn
     refuse_coroutine_function(fn)
     _refuse_required_arguments(fn)
     _FN_KINDS.remember(type(fn), "python")
@@ -156,6 +161,24 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
 _ASYNC_FLAGS = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 # Callables whose coroutine-ness differs from one instance to the next: checked each time.
 _PER_INSTANCE = (types.FunctionType, types.MethodType, functools.partial)
+# Callables of one type whose arguments differ from one instance to the next
+# (len needs one, time.time none; a staticmethod is its function's): checked each
+# time, never remembered by type (and so never taught to the fast path).
+_BUILTINS = (
+    types.BuiltinFunctionType,  # builtin functions and bound builtin methods
+    types.MethodWrapperType,
+    types.MethodDescriptorType,
+    types.WrapperDescriptorType,
+    types.ClassMethodDescriptorType,
+)
+_WRAPPERS = frozenset((staticmethod, *_BUILTINS))
+# (type, __text_signature__) -> the arguments it needs; bounded (see _builtin_required).
+_BUILTIN_REQUIRED: dict[tuple[type, str], int] = {}
+_REQUIRED_KINDS = (
+    inspect.Parameter.POSITIONAL_ONLY,
+    inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    inspect.Parameter.KEYWORD_ONLY,
+)
 
 
 def _call_method(fn: Any) -> Any:
@@ -182,20 +205,44 @@ def refuse_coroutine_function(fn: Any, caller: str = "host_launch") -> None:
         )
 
 
+def _builtin_required(fn: Any) -> int:
+    """The arguments a builtin needs, from its ``__text_signature__``, the text that
+    ``inspect.signature`` reads (0 where it has none: unknown, so not refused)."""
+    text = getattr(fn, "__text_signature__", None)
+    if not text:
+        return 0
+    key = (type(fn), text)
+    required = _BUILTIN_REQUIRED.get(key)
+    if required is None:
+        try:
+            parameters = inspect.signature(fn).parameters.values()
+        except (TypeError, ValueError):
+            parameters = ()
+        required = sum(
+            p.kind in _REQUIRED_KINDS and p.default is inspect.Parameter.empty for p in parameters
+        )
+        if len(_BUILTIN_REQUIRED) < 4096:  # distinct signatures, not objects
+            _BUILTIN_REQUIRED[key] = required
+    return required
+
+
 def _refuse_required_arguments(fn: Any) -> None:
-    """A plain function, bound method or callable object that cannot be called with
-    no arguments (positional or keyword-only ones without a default)."""
-    bound = type(fn) is types.MethodType
-    function = getattr(fn, "__func__", fn)
-    code = getattr(function, "__code__", None)
-    if code is None:  # a callable object: its class's __call__, bound to it
-        function = _call_method(fn)
+    """A plain function, bound method, builtin or callable object that cannot be
+    called with no arguments (positional or keyword-only ones without a default)."""
+    if type(fn) in _BUILTINS:
+        required, function = _builtin_required(fn), fn
+    else:
+        bound = type(fn) is types.MethodType
+        function = getattr(fn, "__func__", fn)
         code = getattr(function, "__code__", None)
-        bound = True
-    if code is None or type(fn) is functools.partial:
-        return
-    required = code.co_argcount - len(function.__defaults__ or ()) - bound
-    required += code.co_kwonlyargcount - len(function.__kwdefaults__ or {})
+        if code is None:  # a callable object: its class's __call__, bound to it
+            function = _call_method(fn)
+            code = getattr(function, "__code__", None)
+            bound = True
+        if code is None or type(fn) is functools.partial:
+            return
+        required = code.co_argcount - len(function.__defaults__ or ()) - bound
+        required += code.co_kwonlyargcount - len(function.__kwdefaults__ or {})
     if required > 0:
         raise TypeError(
             f"host_launch() got {function.__qualname__!r}, which takes {required} "
@@ -333,7 +380,9 @@ def host_launch(
     TypeError
         If ``stream``, ``fn`` or ``user_data`` has the wrong type (None, a bare
         int stream, a ctypes prototype other than CUhostFn, ...), or ``fn`` is
-        a coroutine function or a callable that needs arguments.
+        a coroutine function or a callable that needs arguments (a builtin
+        such as ``len`` included, where its signature says so; a
+        ``staticmethod`` is checked as its function).
     ValueError
         If user_data is given with a Python callable, or does not match the
         HostFunction's declared ``dtype`` (``0``, a NULL pointer to it,

@@ -252,6 +252,35 @@ def test_callables_that_need_arguments_rejected(stream, fn):
     stream.sync()
 
 
+def _takes_two(a, b):
+    pass
+
+
+async def _coroutine_function():
+    pass
+
+
+def test_what_a_builtin_or_staticmethod_needs_is_checked_per_object(stream):
+    """Instances of one type (builtins, staticmethods) need different arguments: one
+    accepted must not let the next through.  Each is checked on its own, on both
+    paths (a type-level cache once accepted len after time.time, and let every
+    staticmethod through after one that needed nothing)."""
+    calls = []
+    nh.host_launch(stream, calls.clear)  # a builtin method that needs nothing
+    nh.host_launch(stream, staticmethod(lambda: calls.append(1)))
+    stream.sync()
+    nh.drain()
+    assert calls == [1]
+    _rejects(stream, TypeError, "'len', which takes 1 argument", len)
+    _rejects(stream, TypeError, "'list.append', which takes 1 argument", calls.append)
+    _rejects(stream, TypeError, "'str.join', which takes 2 argument", str.join)
+    _rejects(stream, TypeError, "'_takes_two', which takes 2 argument", staticmethod(_takes_two))
+    _rejects(stream, TypeError, "'len', which takes 1 argument", staticmethod(len))
+    _rejects(stream, TypeError, "coroutine function", staticmethod(_coroutine_function))
+    nh.host_launch(stream, print)  # *args, every keyword has a default: needs none
+    stream.sync()
+
+
 def test_layout_mismatch_rejected_with_nothing_enqueued(stream):
     good = np.zeros(1, REC)
     _rejects(stream, ValueError, "declares user_data", typed, user_data=None)
