@@ -146,8 +146,9 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
             "host_launch() expected a HostFunction, a CUhostFn ctypes pointer or a "
             f"Python callable, got {type(fn).__name__}"
         )
-    if type(fn) in _WRAPPERS:  # what it needs is its own, not its type's: checked each time
-        inner = fn.__func__ if type(fn) is staticmethod else fn
+    if type(fn) in _BUILTINS or isinstance(fn, staticmethod):
+        # What it needs is its own, not its type's: checked each time.
+        inner = fn.__func__ if isinstance(fn, staticmethod) else fn
         refuse_coroutine_function(inner)
         _refuse_required_arguments(inner)
         return "python", 0, fn
@@ -171,7 +172,6 @@ _BUILTINS = (
     types.WrapperDescriptorType,
     types.ClassMethodDescriptorType,
 )
-_WRAPPERS = frozenset((staticmethod, *_BUILTINS))
 # (type, __text_signature__) -> the arguments it needs; bounded (see _builtin_required).
 _BUILTIN_REQUIRED: dict[tuple[type, str], int] = {}
 _REQUIRED_KINDS = (

@@ -260,6 +260,10 @@ async def _coroutine_function():
     pass
 
 
+class _Static(staticmethod):
+    pass
+
+
 def test_what_a_builtin_or_staticmethod_needs_is_checked_per_object(stream):
     """Instances of one type (builtins, staticmethods) need different arguments: one
     accepted must not let the next through.  Each is checked on its own, on both
@@ -268,9 +272,11 @@ def test_what_a_builtin_or_staticmethod_needs_is_checked_per_object(stream):
     calls = []
     nh.host_launch(stream, calls.clear)  # a builtin method that needs nothing
     nh.host_launch(stream, staticmethod(lambda: calls.append(1)))
+    nh.host_launch(stream, _Static(lambda: calls.append(2)))
     stream.sync()
     nh.drain()
-    assert calls == [1]
+    assert calls == [1, 2]
+    _rejects(stream, TypeError, "'_takes_two', which takes 2 argument", _Static(_takes_two))
     _rejects(stream, TypeError, "'len', which takes 1 argument", len)
     _rejects(stream, TypeError, "'list.append', which takes 1 argument", calls.append)
     _rejects(stream, TypeError, "'str.join', which takes 2 argument", str.join)
