@@ -172,8 +172,10 @@ _BUILTINS = (
     types.WrapperDescriptorType,
     types.ClassMethodDescriptorType,
 )
-# (type, __text_signature__) -> the arguments it needs; bounded (see _builtin_required).
-_BUILTIN_REQUIRED: dict[tuple[type, str], int] = {}
+_BOUND_BUILTINS = (types.BuiltinFunctionType, types.MethodWrapperType)
+# (type, __text_signature__, counts_self) -> the arguments it needs; bounded (see
+# _builtin_required).
+_BUILTIN_REQUIRED: dict[tuple[type, str, bool], int] = {}
 _REQUIRED_KINDS = (
     inspect.Parameter.POSITIONAL_ONLY,
     inspect.Parameter.POSITIONAL_OR_KEYWORD,
@@ -211,7 +213,11 @@ def _builtin_required(fn: Any) -> int:
     text = getattr(fn, "__text_signature__", None)
     if not text:
         return 0
-    key = (type(fn), text)
+    # A builtin function or method-wrapper is always bound to its leading "$"
+    # parameter, but inspect drops it only where __self__ is not None (it counts
+    # it for None.__sizeof__, which [].clear's text shares): counted, then taken off.
+    counts_self = type(fn) in _BOUND_BUILTINS and fn.__self__ is None and text.startswith("($")
+    key = (type(fn), text, counts_self)
     required = _BUILTIN_REQUIRED.get(key)
     if required is None:
         try:
@@ -221,6 +227,7 @@ def _builtin_required(fn: Any) -> int:
         required = sum(
             p.kind in _REQUIRED_KINDS and p.default is inspect.Parameter.empty for p in parameters
         )
+        required = max(0, required - counts_self)
         if len(_BUILTIN_REQUIRED) < 4096:  # distinct signatures, not objects
             _BUILTIN_REQUIRED[key] = required
     return required
@@ -229,12 +236,12 @@ def _builtin_required(fn: Any) -> int:
 def _refuse_required_arguments(fn: Any) -> None:
     """A plain function, bound method, builtin or callable object that cannot be
     called with no arguments (positional or keyword-only ones without a default)."""
-    if type(fn) in _BUILTINS:
-        required, function = _builtin_required(fn), fn
+    bound = type(fn) is types.MethodType
+    function = getattr(fn, "__func__", fn)
+    code = getattr(function, "__code__", None)
+    if code is None and type(fn) in _BUILTINS:
+        required = _builtin_required(fn)
     else:
-        bound = type(fn) is types.MethodType
-        function = getattr(fn, "__func__", fn)
-        code = getattr(function, "__code__", None)
         if code is None:  # a callable object: its class's __call__, bound to it
             function = _call_method(fn)
             code = getattr(function, "__code__", None)

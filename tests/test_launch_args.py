@@ -285,6 +285,13 @@ def test_what_a_builtin_or_staticmethod_needs_is_checked_per_object(stream):
     _rejects(stream, TypeError, "coroutine function", staticmethod(_coroutine_function))
     nh.host_launch(stream, print)  # *args, every keyword has a default: needs none
     stream.sync()
+    nh.drain()
+    # One text, "($self, /)": list.clear needs the list; [].clear and None.__sizeof__
+    # are bound (inspect counts the self of a method bound to None), and need nothing.
+    _rejects(stream, TypeError, "'list.clear', which takes 1 argument", list.clear)
+    nh.host_launch(stream, None.__sizeof__)
+    nh.host_launch(stream, calls.clear)
+    stream.sync()
 
 
 def test_layout_mismatch_rejected_with_nothing_enqueued(stream):
