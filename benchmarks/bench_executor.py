@@ -352,13 +352,13 @@ extern "C" int launch_tiny(unsigned long long stream_handle)
     return (int)cudaGetLastError();
 }
 
-struct spinner { volatile unsigned *reached; volatile unsigned *done; unsigned last; };
+struct spinner { volatile unsigned *reached; volatile unsigned *done; unsigned last; volatile int stop; };
 
 static void *spin(void *arg)
 {
     struct spinner *s = (struct spinner *)arg;
     unsigned seen = 0;
-    while (seen != s->last) {
+    while (seen != s->last && !s->stop) {
         unsigned r = *s->reached;
         if (r != seen) { seen = r; __sync_synchronize(); *s->done = r; }
     }
@@ -388,18 +388,19 @@ extern "C" double round_trip(unsigned long long stream_handle, int n, int mode)
         unsigned flags = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP;
         if (cuMemHostAlloc((void **)&words, 8, flags)) return -1.0;
         words[0] = words[1] = 0;
-        s.reached = words; s.done = words + 1; s.last = (unsigned)n;
+        s.reached = words; s.done = words + 1; s.last = (unsigned)n; s.stop = 0;
         pthread_create(&thread, 0, spin, &s);
     }
+    double per = -1.0;
     double start = now_us();
     for (int i = 1; i <= n; ++i) {
         tiny<<<1, 1, 0, (cudaStream_t)stream>>>();
         if (mode == 1) {
-            if (cuLaunchHostFunc(stream, empty, 0)) return -1.0;
+            if (cuLaunchHostFunc(stream, empty, 0)) goto out;
         } else if (mode == 2) {
-            if (cuStreamWriteValue32(stream, (CUdeviceptr)words, i, 0)) return -1.0;
+            if (cuStreamWriteValue32(stream, (CUdeviceptr)words, i, 0)) goto out;
             if (cuStreamWaitValue32(stream, (CUdeviceptr)(words + 1), i, CU_STREAM_WAIT_VALUE_GEQ))
-                return -1.0;
+                goto out;
         } else {
             ops[0].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
             ops[0].writeValue.address = (CUdeviceptr)words;
@@ -408,12 +409,20 @@ extern "C" double round_trip(unsigned long long stream_handle, int n, int mode)
             ops[1].waitValue.address = (CUdeviceptr)(words + 1);
             ops[1].waitValue.value = i;
             ops[1].waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
-            if (cuStreamBatchMemOp(stream, 2, ops, 0)) return -1.0;
+            if (cuStreamBatchMemOp(stream, 2, ops, 0)) goto out;
         }
     }
-    if (cuStreamSynchronize(stream)) return -1.0;
-    double per = (now_us() - start) / n;
-    if (mode >= 2) { pthread_join(thread, 0); cuMemFreeHost(words); }
+    if (cuStreamSynchronize(stream) == CUDA_SUCCESS) per = (now_us() - start) / n;
+out:
+    if (mode >= 2) {
+        if (per < 0) {  /* a call failed: answer every wait enqueued, then stop */
+            *s.done = (unsigned)n;
+            s.stop = 1;
+            cuStreamSynchronize(stream);
+        }
+        pthread_join(thread, 0);
+        cuMemFreeHost(words);
+    }
     return per;
 }
 """

@@ -510,43 +510,117 @@ def test_executor_nodes_in_an_explicit_graph_chain(executor, device, stream):
     assert executor.graph_nodes() == 0 and nh.pending() == 0
 
 
+class _MemOps:
+    """Stand-ins for the executor's driver entry points (ctypes callbacks that log
+    each call and forward it, or refuse it with a CUresult); restored on exit."""
+
+    _BATCH = ctypes.CFUNCTYPE(
+        ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p, ctypes.c_uint
+    )
+    _SINGLE = ctypes.CFUNCTYPE(
+        ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint, ctypes.c_uint
+    )
+
+    def __init__(self):
+        from numba_hostfn._backend import get_backend
+
+        self.backend = get_backend()
+        self.real = self.backend._memops  # write, wait, batch
+        assert self.real[2], "this driver has cuStreamBatchMemOp"
+        self.log = []
+        self._keep = []
+
+    def _stand_in(self, prototype, real, name, refuse):
+        forward = prototype(real)
+
+        def call(*args):
+            self.log.append(name)
+            if name == "batch":
+                count, ops = args[1], args[2]
+                raw = (ctypes.c_char * (48 * count)).from_address(ops)
+                entries = np.frombuffer(raw, np.uint32).reshape(count, 12)
+                self.log.append(entries[:, [0, 4, 6]].tolist())  # operation, value, flags
+            return refuse if refuse else forward(*args)
+
+        stand_in = prototype(call)
+        self._keep.append(stand_in)
+        return ctypes.cast(stand_in, ctypes.c_void_p).value
+
+    def install(self, batch=0, write=0, wait=0, no_batch=False):
+        """Each argument: 0 forwards (and logs) the call, else the CUresult to refuse with."""
+        write_real, wait_real, batch_real = self.real
+        self.backend.native.set_cuda_memops(
+            self._stand_in(self._SINGLE, write_real, "write", write),
+            self._stand_in(self._SINGLE, wait_real, "wait", wait),
+            None if no_batch else self._stand_in(self._BATCH, batch_real, "batch", batch),
+        )
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.backend.native.set_cuda_memops(*self.real)
+
+
 @pytest.mark.gpu
 def test_write_and_wait_go_in_one_batch_and_a_refused_batch_falls_back(executor, stream):
     """The "reached" write and the "done" wait are one cuStreamBatchMemOp of two
     entries laid out as the driver's union; if the driver refuses the batch, or has
-    none, the two single calls enqueue the task instead."""
-    from numba_hostfn._backend import get_backend
-
-    backend = get_backend()
-    write, wait, batch = backend._memops
-    assert batch, "this driver has cuStreamBatchMemOp"
-    c_uint, vp = ctypes.c_uint, ctypes.c_void_p
-    prototype = ctypes.CFUNCTYPE(ctypes.c_int, vp, c_uint, vp, c_uint)
-    real = prototype(batch)
-    seen = []
-
-    def forward(s, count, ops, flags):
-        entries = np.frombuffer((ctypes.c_char * (48 * count)).from_address(ops), np.uint32)
-        seen.append(entries.reshape(count, 12)[:, [0, 4, 6]].tolist())  # operation, value, flags
-        return real(s, count, ops, flags)
-
-    def refuse(s, count, ops, flags):
-        seen.append("refused")
-        return 1  # CUDA_ERROR_INVALID_VALUE
-
+    none, the two single calls enqueue the task instead.  A driver that answers
+    CUDA_ERROR_NOT_SUPPORTED is not asked again."""
     counter = np.zeros(1, np.int64)
-    callbacks = [prototype(forward), prototype(refuse), None]
-    try:
-        for callback in callbacks:
-            address = ctypes.cast(callback, vp).value if callback else None
-            backend.native.set_cuda_memops(write, wait, address)
-            nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=executor)
-            stream.sync()
-    finally:
-        backend.native.set_cuda_memops(*backend._memops)
+
+    def launch():
+        nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=executor)
+        stream.sync()
+
+    with _MemOps() as ops:
+        ops.install()
+        launch()
+        (write_entry, wait_entry) = ops.log[1]
+        assert ops.log[0] == "batch" and len(ops.log) == 2, ops.log
+        assert write_entry[0] == 2 and wait_entry[0] == 1  # WRITE_VALUE_32, WAIT_VALUE_32
+        assert write_entry[1] == wait_entry[1] > 0 and wait_entry[2] == 0  # one number; GEQ
+        for refusal, asked_again in ((1, True), (801, False)):  # INVALID_VALUE, NOT_SUPPORTED
+            ops.log.clear()
+            ops.install(batch=refusal)
+            launch()
+            launch()
+            calls = [c for c in ops.log if isinstance(c, str)]
+            second = ["batch", "write", "wait"] if asked_again else ["write", "wait"]
+            assert calls == ["batch", "write", "wait", *second], (refusal, calls)
+        ops.log.clear()
+        ops.install(no_batch=True)
+        launch()
+        assert ops.log == ["write", "wait"]
     nh.drain()
-    assert counter[0] == 3
-    (write_entry, wait_entry), refused = seen
-    assert write_entry[0] == 2 and wait_entry[0] == 1  # WRITE_VALUE_32, WAIT_VALUE_32
-    assert write_entry[1] == wait_entry[1] > 0 and wait_entry[2] == 0  # one number; GEQ
-    assert refused == "refused"
+    assert counter[0] == 6 and executor.outstanding() == 0
+
+
+@pytest.mark.gpu
+def test_a_refused_write_takes_the_task_back_and_a_refused_wait_still_runs_it(executor, stream):
+    """Write refused (after a refused batch): the CUresult is raised, the task taken
+    back, nothing kept, and the lane goes on.  Wait refused: the write is on the
+    stream, so the task runs when the stream reaches it (invariant 15), and the
+    error says the stream does not wait for it."""
+    counter = np.zeros(1, np.int64)
+    refs = sys.getrefcount(counter)
+    with _MemOps() as ops:
+        ops.install(batch=1, write=1)
+        with pytest.raises(nh.CudaDriverError, match="cuStreamWriteValue32 failed"):
+            nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=executor)
+        assert ops.log == ["batch", ops.log[1], "write"]
+        assert executor.outstanding() == 0
+        ops.install(no_batch=True, wait=1)
+        with pytest.raises(nh.CudaDriverError, match="does not wait for it"):
+            nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=executor)
+    stream.sync()
+    deadline = time.monotonic() + 10
+    while counter[0] != 1 and time.monotonic() < deadline:
+        time.sleep(0.001)  # the stream did not wait: the task may still be running
+    assert counter[0] == 1
+    nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=executor)
+    stream.sync()
+    nh.drain()
+    assert counter[0] == 2 and executor.outstanding() == 0
+    assert sys.getrefcount(counter) == refs

@@ -109,6 +109,7 @@
 @nhf.cu.write_default = internal constant i32 0 ; CU_STREAM_WRITE_VALUE_DEFAULT: after prior work
 @nhf.cu.op_wait_value32 = internal constant i32 1   ; CU_STREAM_MEM_OP_WAIT_VALUE_32
 @nhf.cu.op_write_value32 = internal constant i32 2  ; CU_STREAM_MEM_OP_WRITE_VALUE_32
+@nhf.cu.error_not_supported = internal constant i32 801  ; CUDA_ERROR_NOT_SUPPORTED
 
 ; One entry of cuStreamBatchMemOp's array (CUstreamBatchMemOpParams, a 48-byte
 ; union), as its writeValue and waitValue members lay it out.
@@ -1029,10 +1030,11 @@ out_of_memory:
   ret i64 %oom
 batch:
   ; Both operations in one driver call: cheaper to enqueue (1.1-1.6 us against
-  ; 1.7-2.6 for two calls, measured in C on the H200) and, as the driver's
-  ; documentation of cuStreamBatchMemOp says, to run.  A refused batch put
-  ; nothing on the stream; the two single calls below then follow, so a
-  ; driver without the batch still works and an error names its operation.
+  ; 1.7-1.9 for the two calls, in two C probes on the H200) and, as the
+  ; driver's documentation of cuStreamBatchMemOp says, to run.  If the batch is
+  ; refused, the two single calls follow, so a driver without it still works
+  ; and an error names its operation; writing "reached" again and waiting again
+  ; are harmless, should a refused batch have left anything on the stream.
   %reached = call ptr @nhf.exec.lane.reached(ptr %lane)
   %done = call ptr @nhf.exec.lane.done(ptr %lane)
   %write_flags = load i32, ptr @nhf.cu.write_default
@@ -1050,17 +1052,34 @@ batch_call:
   call void @nhf.cu.mem_op.set(ptr %wait_op, i32 %op_wait, ptr %done, i32 %seq, i32 %geq)
   %rcb = call i32 %batchf(ptr %stream, i32 2, ptr %ops, i32 0)
   %batched = icmp eq i32 %rcb, 0
-  br i1 %batched, label %batch_ok, label %write
+  br i1 %batched, label %batch_ok, label %batch_refused
 batch_ok:
   %ub = call i32 @pthread_mutex_unlock(ptr %emutex)
   ret i64 0
+batch_refused:
+  ; A driver without the batch says so once: later enqueues make two calls.
+  %unsupported = load i32, ptr @nhf.cu.error_not_supported
+  %lacks_batch = icmp eq i32 %rcb, %unsupported
+  br i1 %lacks_batch, label %forget_batch, label %write
+forget_batch:
+  store atomic ptr null, ptr @nhf.cu.batch_mem_op seq_cst, align 8
+  br label %write
 write:
+  %after_batch = phi i1 [ false, %batch ], [ true, %batch_refused ], [ true, %forget_batch ]
   %writef = load atomic ptr, ptr @nhf.cu.write_value32 seq_cst, align 8
   %rc1 = call i32 %writef(ptr %stream, ptr %reached, i32 %seq, i32 %write_flags)
   %write_failed = icmp ne i32 %rc1, 0
   br i1 %write_failed, label %fail_write, label %wait
 fail_write:
   call void @nhf.exec.unlink(ptr %lane, ptr %task)
+  br i1 %after_batch, label %keep_number, label %write_refused
+keep_number:
+  ; The task's number stays used: were a refused batch ever to leave its write
+  ; on the stream, that "reached" must not start the lane's next task.
+  %seqp = call ptr @nhf.exec.lane.seq(ptr %lane)
+  store i32 %seq, ptr %seqp
+  br label %write_refused
+write_refused:
   %u1 = call i32 @pthread_mutex_unlock(ptr %emutex)
   %code1 = zext i32 %rc1 to i64
   ret i64 %code1
