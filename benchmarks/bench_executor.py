@@ -352,7 +352,9 @@ extern "C" int launch_tiny(unsigned long long stream_handle)
     return (int)cudaGetLastError();
 }
 
-struct spinner { volatile unsigned *reached; volatile unsigned *done; unsigned last; volatile int stop; };
+struct spinner {
+    volatile unsigned *reached; volatile unsigned *done; unsigned last; volatile int stop;
+};
 
 static void *spin(void *arg)
 {
@@ -415,12 +417,14 @@ extern "C" double round_trip(unsigned long long stream_handle, int n, int mode)
     if (cuStreamSynchronize(stream) == CUDA_SUCCESS) per = (now_us() - start) / n;
 out:
     if (mode >= 2) {
-        if (per < 0) {  /* a call failed: answer every wait enqueued, then stop */
-            *s.done = (unsigned)n;
+        if (per < 0) {  /* a call failed: stop the spinner, then answer every wait */
             s.stop = 1;
+            pthread_join(thread, 0);
+            *s.done = (unsigned)n;
             cuStreamSynchronize(stream);
+        } else {
+            pthread_join(thread, 0);
         }
-        pthread_join(thread, 0);
         cuMemFreeHost(words);
     }
     return per;

@@ -577,10 +577,11 @@ def test_write_and_wait_go_in_one_batch_and_a_refused_batch_falls_back(executor,
     with _MemOps() as ops:
         ops.install()
         launch()
+        assert len(ops.log) == 2 and ops.log[0] == "batch", ops.log
         (write_entry, wait_entry) = ops.log[1]
-        assert ops.log[0] == "batch" and len(ops.log) == 2, ops.log
         assert write_entry[0] == 2 and wait_entry[0] == 1  # WRITE_VALUE_32, WAIT_VALUE_32
-        assert write_entry[1] == wait_entry[1] > 0 and wait_entry[2] == 0  # one number; GEQ
+        assert write_entry[1] == wait_entry[1] > 0  # one number
+        assert write_entry[2] == 0 and wait_entry[2] == 0  # WRITE_VALUE_DEFAULT; WAIT_VALUE_GEQ
         for refusal, asked_again in ((1, True), (801, False)):  # INVALID_VALUE, NOT_SUPPORTED
             ops.log.clear()
             ops.install(batch=refusal)
@@ -609,7 +610,7 @@ def test_a_refused_write_takes_the_task_back_and_a_refused_wait_still_runs_it(ex
         ops.install(batch=1, write=1)
         with pytest.raises(nh.CudaDriverError, match="cuStreamWriteValue32 failed"):
             nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=executor)
-        assert ops.log == ["batch", ops.log[1], "write"]
+        assert ops.log[0] == "batch" and ops.log[2:] == ["write"], ops.log
         assert executor.outstanding() == 0
         ops.install(no_batch=True, wait=1)
         with pytest.raises(nh.CudaDriverError, match="does not wait for it"):

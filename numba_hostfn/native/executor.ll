@@ -1031,10 +1031,10 @@ out_of_memory:
 batch:
   ; Both operations in one driver call: cheaper to enqueue (1.1-1.6 us against
   ; 1.7-1.9 for the two calls, in two C probes on the H200) and, as the
-  ; driver's documentation of cuStreamBatchMemOp says, to run.  If the batch is
-  ; refused, the two single calls follow, so a driver without it still works
-  ; and an error names its operation; writing "reached" again and waiting again
-  ; are harmless, should a refused batch have left anything on the stream.
+  ; driver's documentation of cuStreamBatchMemOp says, to run.  A call the
+  ; driver refuses enqueues nothing (the rule every step here relies on: a
+  ; refused write is taken back); the two single calls then follow, so a
+  ; driver without the batch still works and an error names its operation.
   %reached = call ptr @nhf.exec.lane.reached(ptr %lane)
   %done = call ptr @nhf.exec.lane.done(ptr %lane)
   %write_flags = load i32, ptr @nhf.cu.write_default
@@ -1065,21 +1065,12 @@ forget_batch:
   store atomic ptr null, ptr @nhf.cu.batch_mem_op seq_cst, align 8
   br label %write
 write:
-  %after_batch = phi i1 [ false, %batch ], [ true, %batch_refused ], [ true, %forget_batch ]
   %writef = load atomic ptr, ptr @nhf.cu.write_value32 seq_cst, align 8
   %rc1 = call i32 %writef(ptr %stream, ptr %reached, i32 %seq, i32 %write_flags)
   %write_failed = icmp ne i32 %rc1, 0
   br i1 %write_failed, label %fail_write, label %wait
 fail_write:
   call void @nhf.exec.unlink(ptr %lane, ptr %task)
-  br i1 %after_batch, label %keep_number, label %write_refused
-keep_number:
-  ; The task's number stays used: were a refused batch ever to leave its write
-  ; on the stream, that "reached" must not start the lane's next task.
-  %seqp = call ptr @nhf.exec.lane.seq(ptr %lane)
-  store i32 %seq, ptr %seqp
-  br label %write_refused
-write_refused:
   %u1 = call i32 @pthread_mutex_unlock(ptr %emutex)
   %code1 = zext i32 %rc1 to i64
   ret i64 %code1
