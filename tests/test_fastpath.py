@@ -18,22 +18,10 @@ import numpy as np
 import pytest
 from _device import Capture, Hold, rerun_on_simulator
 from numba import carray, cfunc
+from test_launch_args import REC, touch, typed  # the same host functions, compiled once
 
 import numba_hostfn as nh
 from numba_hostfn import _fastpath, _launch
-
-REC = np.dtype([("a", np.int64), ("b", np.float64)])
-
-
-@nh.host_callback
-def touch(p):
-    pass
-
-
-@nh.host_callback(dtype=REC)
-def typed(d):
-    d.a += 1
-
 
 _CFUNC = cfunc("void(voidptr)")(lambda p: None)
 
