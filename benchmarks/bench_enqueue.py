@@ -4,7 +4,9 @@ From a loop of N calls timed on the host (the stream is held by device work so t
 nothing runs meanwhile), the rows interleaved, one loop of each per round:
 host_launch with a HostFunction, a ctypes CUhostFn and a Python callable; the same
 loop calling a builtin that does nothing (the floor of any call from Python); a C loop
-over cuLaunchHostFunc (built with nvcc if present); cuda.bindings.driver's
+over cuLaunchHostFunc (built with nvcc if present), and the same C loop doing what any
+enqueue from Python must also do (check that the stream is not capturing, release the
+GIL around the driver's calls, as host_launch does: invariants 8 and 10); cuda.bindings.driver's
 cuLaunchHostFunc; ctypes straight to libcuda; CuPy's Stream.launch_host_func;
 numba-cuda's Stream.add_callback (once; a failure is reported as a row).  Ratios
 are to the raw C loop.
@@ -36,6 +38,7 @@ from _bench import (
 
 GROUP = "enqueue"
 RAW_C_LOOP = "raw C loop over cuLaunchHostFunc"
+SAFE_C_LOOP = "C loop with the capture check and the GIL released"
 NUMBA_CUDA = "numba-cuda add_callback"
 CALL_FLOOR = "a Python loop calling a builtin that does nothing (operator.is_)"
 PLOTS = [(GROUP, "enqueue.png")]
@@ -72,6 +75,7 @@ def run(nh, device, n: int, repeats: int) -> None:
     # On the H200 1,000 of them hung this section (docs/executor.md, Limits).
     peers = (
         RAW_C_LOOP,
+        SAFE_C_LOOP,
         "cuda.bindings cuLaunchHostFunc",
         "ctypes -> libcuda cuLaunchHostFunc",
         "CuPy launch_host_func",
@@ -102,6 +106,7 @@ def run(nh, device, n: int, repeats: int) -> None:
     rows.update(
         {
             RAW_C_LOOP: lambda: raw_c_loop(gate, stream, n),
+            SAFE_C_LOOP: lambda: raw_c_loop(gate, stream, n, safe=True),
             "cuda.bindings cuLaunchHostFunc": lambda: per_call(
                 driver.cuLaunchHostFunc, cu_stream, fn_obj, 0
             ),
@@ -168,32 +173,58 @@ def targets() -> list[Target]:
 C_LOOP = r"""
 #include <cuda.h>
 #include <time.h>
+extern "C" void *PyEval_SaveThread(void);      /* from the process's Python */
+extern "C" void PyEval_RestoreThread(void *);
 static void CUDA_CB empty(void *p) { (void)p; }
+static double since(const struct timespec *a, int n)
+{
+    struct timespec b;
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    return ((b.tv_sec - a->tv_sec) * 1e9 + (b.tv_nsec - a->tv_nsec)) / n / 1e3;
+}
 /* n enqueues of an empty host function; returns microseconds per call (-1 on error). */
 extern "C" double loop(unsigned long long stream, int n)
 {
-    struct timespec a, b;
+    struct timespec a;
     clock_gettime(CLOCK_MONOTONIC, &a);
     for (int i = 0; i < n; ++i)
         if (cuLaunchHostFunc((CUstream)stream, empty, 0) != CUDA_SUCCESS) return -1.0;
-    clock_gettime(CLOCK_MONOTONIC, &b);
-    return ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / n / 1e3;
+    return since(&a, n);
+}
+/* The same, as an enqueue from Python must do it (called with the GIL held): the
+   GIL released around a capture check and the launch, every call. */
+extern "C" double safe_loop(unsigned long long stream, int n)
+{
+    struct timespec a;
+    CUstreamCaptureStatus capture;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    for (int i = 0; i < n; ++i) {
+        void *thread = PyEval_SaveThread();
+        CUresult rc = cuStreamIsCapturing((CUstream)stream, &capture);
+        if (rc == CUDA_SUCCESS && capture == CU_STREAM_CAPTURE_STATUS_NONE)
+            rc = cuLaunchHostFunc((CUstream)stream, empty, 0);
+        PyEval_RestoreThread(thread);
+        if (rc != CUDA_SUCCESS || capture != CU_STREAM_CAPTURE_STATUS_NONE) return -1.0;
+    }
+    return since(&a, n);
 }
 """
-_C_LOOP_LIB = None
+_C_LOOPS: list = []  # (loop, safe_loop), built once
 
 
-def raw_c_loop(gate, stream, n: int) -> float:
-    """The C loop, built with nvcc as a shared library and called once through ctypes."""
-    global _C_LOOP_LIB
-    if _C_LOOP_LIB is None:
+def raw_c_loop(gate, stream, n: int, safe: bool = False) -> float:
+    """A C loop, built with nvcc as a shared library and called once through ctypes
+    (``safe_loop`` through ``ctypes.PyDLL``: it is called with the GIL held)."""
+    if not _C_LOOPS:
         lib = build_with_nvcc(C_LOOP, "loop")
-        lib.loop.argtypes = (ctypes.c_ulonglong, ctypes.c_int)
-        lib.loop.restype = ctypes.c_double
-        _C_LOOP_LIB = lib
+        with_gil = ctypes.PyDLL(lib._name)
+        for fn in (lib.loop, with_gil.safe_loop):
+            fn.argtypes = (ctypes.c_ulonglong, ctypes.c_int)
+            fn.restype = ctypes.c_double
+        _C_LOOPS.extend((lib.loop, with_gil.safe_loop))
     gate.close_on(stream)
     try:
-        per_call = _C_LOOP_LIB.loop(int(stream.handle), n)
+        per_call = _C_LOOPS[safe](int(stream.handle), n)
     finally:
         gate.open()
         stream.sync()

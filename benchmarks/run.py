@@ -14,7 +14,8 @@ full:
 1. enqueue (bench_enqueue.py): the cost of one enqueue call, from a loop of N calls
    timed on the host while device work holds the stream: host_launch with a
    HostFunction, a ctypes CUhostFn and a Python callable; a C loop over
-   cuLaunchHostFunc (built with nvcc if present); cuda.bindings; ctypes straight to
+   cuLaunchHostFunc (built with nvcc if present), and the same loop with the capture
+   check and the GIL released, as any safe enqueue from Python; cuda.bindings; ctypes straight to
    libcuda; CuPy's Stream.launch_host_func; numba-cuda's Stream.add_callback.
 2. throughput (bench_throughput.py): N host functions enqueued and run, per host
    function, on one stream and spread over 4 streams.
