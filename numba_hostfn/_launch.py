@@ -146,10 +146,10 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
             "host_launch() expected a HostFunction, a CUhostFn ctypes pointer or a "
             f"Python callable, got {type(fn).__name__}"
         )
-    if type(fn) in _BUILTINS or isinstance(fn, staticmethod):
+    if type(fn) in _BUILTINS or isinstance(fn, (staticmethod, type, _CACHED)):
         # What it needs is its own, not its type's: checked each time.
         inner = fn.__func__ if isinstance(fn, staticmethod) else fn
-        refuse_coroutine_function(inner)
+        refuse_coroutine_function(inner.__wrapped__ if type(inner) is _CACHED else inner)
         _refuse_required_arguments(inner)
         return "python", 0, fn
     refuse_coroutine_function(fn)
@@ -173,6 +173,9 @@ _BUILTINS = (
     types.ClassMethodDescriptorType,
 )
 _BOUND_BUILTINS = (types.BuiltinFunctionType, types.MethodWrapperType)
+# functools.lru_cache and functools.cache wrappers: they call the function they wrap
+# with the arguments they get.
+_CACHED = type(functools.lru_cache(None)(len))
 # (type, __text_signature__, counts_self) -> the arguments it needs; bounded (see
 # _builtin_required).
 _BUILTIN_REQUIRED: dict[tuple[type, str, bool], int] = {}
@@ -220,39 +223,88 @@ def _builtin_required(fn: Any) -> int:
     key = (type(fn), text, counts_self)
     required = _BUILTIN_REQUIRED.get(key)
     if required is None:
-        try:
-            parameters = inspect.signature(fn).parameters.values()
-        except (TypeError, ValueError):
-            parameters = ()
-        required = sum(
-            p.kind in _REQUIRED_KINDS and p.default is inspect.Parameter.empty for p in parameters
-        )
-        required = max(0, required - counts_self)
+        required = max(0, _signature_required(fn) - counts_self)
         if len(_BUILTIN_REQUIRED) < 4096:  # distinct signatures, not objects
             _BUILTIN_REQUIRED[key] = required
     return required
 
 
+def _code_required(function: Any, skipped: int, given: Any = ()) -> int:
+    """The arguments a plain function still needs when its first ``skipped``
+    positional parameters are filled (bound, or given by a partial) and the keywords
+    ``given`` are given: parameters without a default, not filled."""
+    code = function.__code__
+    names = code.co_varnames
+    first_default = code.co_argcount - len(function.__defaults__ or ())
+    required = sum(  # a positional-only parameter cannot be given as a keyword
+        names[i] not in given or i < code.co_posonlyargcount for i in range(skipped, first_default)
+    )
+    defaults = function.__kwdefaults__ or {}
+    keyword_only = names[code.co_argcount : code.co_argcount + code.co_kwonlyargcount]
+    return required + sum(name not in defaults and name not in given for name in keyword_only)
+
+
+def _signature_required(fn: Any) -> int:
+    """The arguments ``inspect.signature`` says ``fn`` needs (0 where it has none)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return 0
+    empty = inspect.Parameter.empty
+    return sum(p.kind in _REQUIRED_KINDS and p.default is empty for p in parameters)
+
+
+def _partial_required(fn: functools.partial) -> tuple[Any, int]:
+    """The function behind a partial, and the arguments it still needs."""
+    function, bound = fn.func, 0
+    if type(function) is types.MethodType:
+        function, bound = function.__func__, 1
+    if type(function) is not types.FunctionType:  # a builtin, a class, a callable object
+        return fn.func, _signature_required(fn)
+    return function, _code_required(function, bound + len(fn.args), fn.keywords)
+
+
+def _class_required(cls: type) -> int:
+    """The arguments ``cls()`` needs: its ``__init__``'s and ``__new__``'s, where
+    either is Python code (a builtin type's, or a metaclass's ``__call__``: unknown)."""
+    if type(cls).__call__ is not type.__call__:
+        return 0
+    required = 0
+    for name in ("__init__", "__new__"):
+        found = next((vars(c)[name] for c in cls.__mro__ if name in vars(c)), None)
+        found = getattr(found, "__func__", found)  # __new__ is a staticmethod
+        if type(found) is types.FunctionType:
+            required = max(required, _code_required(found, 1))
+    return required
+
+
 def _refuse_required_arguments(fn: Any) -> None:
-    """A plain function, bound method, builtin or callable object that cannot be
-    called with no arguments (positional or keyword-only ones without a default)."""
+    """A plain function, bound method, partial, class, cached function, builtin or
+    callable object that cannot be called with no arguments (positional or
+    keyword-only ones without a default)."""
     bound = type(fn) is types.MethodType
     function = getattr(fn, "__func__", fn)
+    if type(function) is _CACHED:  # lru_cache: its function gets the arguments
+        function = function.__wrapped__
     code = getattr(function, "__code__", None)
-    if code is None and type(fn) in _BUILTINS:
+    if type(fn) is functools.partial:
+        function, required = _partial_required(fn)
+    elif isinstance(fn, type):
+        required = _class_required(fn)
+    elif code is None and type(fn) in _BUILTINS:
         required = _builtin_required(fn)
     else:
         if code is None:  # a callable object: its class's __call__, bound to it
             function = _call_method(fn)
             code = getattr(function, "__code__", None)
             bound = True
-        if code is None or type(fn) is functools.partial:
+        if code is None:
             return
-        required = code.co_argcount - len(function.__defaults__ or ()) - bound
-        required += code.co_kwonlyargcount - len(function.__kwdefaults__ or {})
+        required = _code_required(function, bound)
     if required > 0:
+        name = getattr(function, "__qualname__", function)
         raise TypeError(
-            f"host_launch() got {function.__qualname__!r}, which takes {required} "
+            f"host_launch() got {name!r}, which takes {required} "
             "argument(s), but a Python callable is called with none. To run it as "
             "fn(user_data), compiled and without the GIL, decorate it with "
             "@numba_hostfn.host_callback; to call Python with data, bind the data: "

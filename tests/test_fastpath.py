@@ -92,6 +92,20 @@ def _partial():
     return functools.partial(plain)
 
 
+class _NoArguments:
+    pass
+
+
+@functools.lru_cache
+def _cached():
+    return None
+
+
+def _taught_then_launched(stream, fn):
+    _fastpath.teach(stream, fn)  # whatever the Python path would learn of it
+    nh.host_launch(stream, fn)
+
+
 FALLING_CASES = {
     "numpy user data": lambda s: nh.host_launch(s, typed, user_data=_record()),
     "a record": lambda s: nh.host_launch(s, typed, user_data=nh.record(REC, a=1, b=2.0)),
@@ -99,6 +113,9 @@ FALLING_CASES = {
     # What a builtin or a staticmethod needs is its own, not its type's: checked each time.
     "a builtin": lambda s: nh.host_launch(s, gc.collect),
     "a staticmethod": lambda s: nh.host_launch(s, staticmethod(plain)),
+    # So is what a class or an lru_cache function needs (taught first: still falls).
+    "a class": lambda s: _taught_then_launched(s, _NoArguments),
+    "an lru_cache function": lambda s: _taught_then_launched(s, _cached),
     "blocking=False": lambda s: nh.host_launch(s, plain, blocking=False),
     "stream by keyword": lambda s: nh.host_launch(stream=s, fn=touch),
     "a keyword that is not interned": lambda s: nh.host_launch(

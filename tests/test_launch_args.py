@@ -1,6 +1,7 @@
 """Every bad argument raises the documented error, with nothing enqueued or kept."""
 
 import ctypes
+import dataclasses
 import functools
 import gc
 import sys
@@ -291,6 +292,100 @@ def test_what_a_builtin_or_staticmethod_needs_is_checked_per_object(stream):
     _rejects(stream, TypeError, "'list.clear', which takes 1 argument", list.clear)
     nh.host_launch(stream, None.__sizeof__)
     nh.host_launch(stream, calls.clear)
+    stream.sync()
+
+
+class _NeedsOne:
+    def __init__(self, a):
+        pass
+
+    def method(self, a, b=2):
+        pass
+
+    @functools.lru_cache  # noqa: B019 - the instance is the test's
+    def cached_method(self, a):
+        pass
+
+
+class _NewNeedsOne:
+    def __new__(cls, a):
+        return object.__new__(cls)
+
+
+@dataclasses.dataclass
+class _Field:
+    x: int
+
+
+@dataclasses.dataclass
+class _FieldWithDefault:
+    x: int = 1
+
+
+def _keyword_only(a, *, k):
+    pass
+
+
+def _positional_only(a, /, b=1):
+    pass
+
+
+@functools.lru_cache
+def _cached_needs_one(a):
+    pass
+
+
+@functools.lru_cache
+def _cached_needs_none():
+    return None
+
+
+@functools.lru_cache
+async def _cached_coroutine():
+    pass
+
+
+def test_what_a_partial_class_or_cached_function_needs_is_checked(stream):
+    """A partial needs what its function needs less what it binds; a class, what its
+    __init__ and __new__ need; an lru_cache function, what the function it wraps
+    needs. Each is refused when that is not nothing, with nothing enqueued, and is
+    never learned by type (a class accepted once let every class through)."""
+    calls = []
+    instance = _NeedsOne(1)
+    accepted = [
+        functools.partial(_takes_two, 1, 2),
+        functools.partial(_takes_two, 1, b=2),
+        functools.partial(_keyword_only, 1, k=2),
+        functools.partial(_positional_only, 1),
+        functools.partial(instance.method, 1),
+        functools.partial(len, "ab"),
+        functools.partial(_NeedsOne, 1),
+        _FieldWithDefault,
+        _cached_needs_none,
+        functools.partial(calls.append, 1),
+    ]
+    for fn in accepted:
+        nh.host_launch(stream, fn)
+    stream.sync()
+    nh.drain()
+    assert calls == [1]
+    one = "which takes 1 argument"
+    _rejects(stream, TypeError, f"'_takes_two', {one}", functools.partial(_takes_two, 1))
+    _rejects(stream, TypeError, f"'_takes_two', {one}", functools.partial(_takes_two, b=2))
+    _rejects(stream, TypeError, f"'_keyword_only', {one}", functools.partial(_keyword_only, 1))
+    # a positional-only parameter cannot be given as a keyword
+    _rejects(
+        stream, TypeError, f"'_positional_only', {one}", functools.partial(_positional_only, a=1)
+    )
+    _rejects(stream, TypeError, f"'_NeedsOne.method', {one}", functools.partial(instance.method))
+    _rejects(stream, TypeError, f"'len', {one}", functools.partial(len))
+    _rejects(stream, TypeError, f"'_NeedsOne', {one}", functools.partial(_NeedsOne))
+    _rejects(stream, TypeError, f"'_NeedsOne', {one}", _NeedsOne)
+    _rejects(stream, TypeError, f"'_NewNeedsOne', {one}", _NewNeedsOne)
+    _rejects(stream, TypeError, f"'_Field', {one}", _Field)
+    _rejects(stream, TypeError, f"'_cached_needs_one', {one}", _cached_needs_one)
+    _rejects(stream, TypeError, f"'_NeedsOne.cached_method', {one}", instance.cached_method)
+    _rejects(stream, TypeError, "coroutine function", _cached_coroutine)
     stream.sync()
 
 
