@@ -146,10 +146,10 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
             "host_launch() expected a HostFunction, a CUhostFn ctypes pointer or a "
             f"Python callable, got {type(fn).__name__}"
         )
-    if type(fn) in _BUILTINS or isinstance(fn, (staticmethod, type, _CACHED)):
+    if type(fn) in _BUILTINS or issubclass(type(fn), (staticmethod, type, _CACHED)):
         # What it needs is its own, not its type's: checked each time.
-        inner = fn.__func__ if isinstance(fn, staticmethod) else fn
-        refuse_coroutine_function(inner.__wrapped__ if type(inner) is _CACHED else inner)
+        inner = fn.__func__ if issubclass(type(fn), staticmethod) else fn
+        refuse_coroutine_function(inner)
         _refuse_required_arguments(inner)
         return "python", 0, fn
     refuse_coroutine_function(fn)
@@ -196,11 +196,29 @@ def _call_method(fn: Any) -> Any:
     return call if type(call) is types.FunctionType else None
 
 
+def _function_of(fn: Any) -> tuple[Any, int]:
+    """The plain function that calling ``fn`` runs, and how many of its leading
+    parameters are bound: ``fn`` itself, a bound method's function, the function an
+    lru_cache wrapper calls (itself perhaps a bound method), or the ``__call__`` of
+    a callable object's class; (None, 0) where it is none of these."""
+    if type(fn) not in (types.FunctionType, types.MethodType, _CACHED):
+        call = _call_method(fn)  # a callable object: its class's __call__, bound to it
+        return (call, 1) if call is not None else (None, 0)
+    bound = 0
+    if type(fn) is types.MethodType:
+        fn, bound = fn.__func__, 1
+    if type(fn) is _CACHED:
+        fn = getattr(fn, "__wrapped__", None)
+        if type(fn) is types.MethodType:
+            fn, bound = fn.__func__, bound + 1
+    return (fn, bound) if type(fn) is types.FunctionType else (None, 0)
+
+
 def refuse_coroutine_function(fn: Any, caller: str = "host_launch") -> None:
-    code = getattr(fn, "__code__", None)
-    if code is None:  # an object whose class's __call__ may be async def
-        code = getattr(_call_method(fn), "__code__", None)
-    is_async = code is not None and code.co_flags & _ASYNC_FLAGS
+    function, _ = _function_of(fn)
+    # Else whatever code the object has (a Cython or numba function's).
+    code = getattr(function if function is not None else fn, "__code__", None)
+    is_async = isinstance(code, types.CodeType) and code.co_flags & _ASYNC_FLAGS
     if is_async or (type(fn) is functools.partial and inspect.iscoroutinefunction(fn)):
         raise TypeError(
             f"{caller}() got a coroutine function ({getattr(fn, '__qualname__', fn)!r}): "
@@ -255,50 +273,52 @@ def _signature_required(fn: Any) -> int:
 
 
 def _partial_required(fn: functools.partial) -> tuple[Any, int]:
-    """The function behind a partial, and the arguments it still needs."""
-    function, bound = fn.func, 0
-    if type(function) is types.MethodType:
-        function, bound = function.__func__, 1
-    if type(function) is not types.FunctionType:  # a builtin, a class, a callable object
-        return fn.func, _signature_required(fn)
-    return function, _code_required(function, bound + len(fn.args), fn.keywords)
+    """What a partial calls, and the arguments it still needs.  Exact for a Python
+    function however reached (_function_of); for a builtin or a class, what it needs
+    less what the partial gives, counted as if every keyword filled one (so never
+    more than it needs); 0 for anything else."""
+    target = fn.func
+    function, bound = _function_of(target)
+    if function is not None:
+        return function, _code_required(function, bound + len(fn.args), fn.keywords)
+    if type(target) in _BUILTINS:
+        needs = _builtin_required(target)
+    elif issubclass(type(target), type):
+        needs = _class_required(target)
+    else:
+        return target, 0
+    return target, max(0, needs - len(fn.args) - len(fn.keywords))
 
 
 def _class_required(cls: type) -> int:
-    """The arguments ``cls()`` needs: its ``__init__``'s and ``__new__``'s, where
-    either is Python code (a builtin type's, or a metaclass's ``__call__``: unknown)."""
+    """The arguments ``cls()`` needs: its ``__new__``'s where that is Python code (it
+    may return something else, and then ``__init__`` is not called), else its
+    ``__init__``'s where that is; 0 for a builtin type's, or a metaclass's
+    ``__call__`` (unknown)."""
     if type(cls).__call__ is not type.__call__:
         return 0
-    required = 0
-    for name in ("__init__", "__new__"):
+    for name in ("__new__", "__init__"):
         found = next((vars(c)[name] for c in cls.__mro__ if name in vars(c)), None)
-        found = getattr(found, "__func__", found)  # __new__ is a staticmethod
+        if type(found) is staticmethod:  # __new__
+            found = found.__func__
         if type(found) is types.FunctionType:
-            required = max(required, _code_required(found, 1))
-    return required
+            return _code_required(found, 1)
+    return 0
 
 
 def _refuse_required_arguments(fn: Any) -> None:
     """A plain function, bound method, partial, class, cached function, builtin or
     callable object that cannot be called with no arguments (positional or
     keyword-only ones without a default)."""
-    bound = type(fn) is types.MethodType
-    function = getattr(fn, "__func__", fn)
-    if type(function) is _CACHED:  # lru_cache: its function gets the arguments
-        function = function.__wrapped__
-    code = getattr(function, "__code__", None)
     if type(fn) is functools.partial:
         function, required = _partial_required(fn)
-    elif isinstance(fn, type):
-        required = _class_required(fn)
-    elif code is None and type(fn) in _BUILTINS:
-        required = _builtin_required(fn)
+    elif issubclass(type(fn), type):
+        function, required = fn, _class_required(fn)
+    elif type(fn) in _BUILTINS:
+        function, required = fn, _builtin_required(fn)
     else:
-        if code is None:  # a callable object: its class's __call__, bound to it
-            function = _call_method(fn)
-            code = getattr(function, "__code__", None)
-            bound = True
-        if code is None:
+        function, bound = _function_of(fn)
+        if function is None:
             return
         required = _code_required(function, bound)
     if required > 0:

@@ -7,6 +7,7 @@ import gc
 import sys
 import weakref
 
+import numba
 import numpy as np
 import pytest
 from numba import cfunc
@@ -302,6 +303,9 @@ class _NeedsOne:
     def method(self, a, b=2):
         pass
 
+    def method_needing_none(self):
+        pass
+
     @functools.lru_cache  # noqa: B019 - the instance is the test's
     def cached_method(self, a):
         pass
@@ -310,6 +314,33 @@ class _NeedsOne:
 class _NewNeedsOne:
     def __new__(cls, a):
         return object.__new__(cls)
+
+
+class _NewReturnsAnother:
+    """Its __new__ returns no instance of it, so __init__ is never called."""
+
+    def __new__(cls, *args):
+        return 0
+
+    def __init__(self, a):
+        pass
+
+
+class _HoldsAFunction:
+    """A callable object with an attribute named __func__ (not a method)."""
+
+    def __init__(self, function):
+        self.__func__ = function
+
+    def __call__(self):
+        pass
+
+
+class _CodeAttribute:
+    __code__ = 5  # not a code object
+
+    def __call__(self):
+        pass
 
 
 @dataclasses.dataclass
@@ -340,6 +371,10 @@ def _cached_needs_none():
     return None
 
 
+def _returns_none():
+    return None
+
+
 @functools.lru_cache
 async def _cached_coroutine():
     pass
@@ -363,6 +398,16 @@ def test_what_a_partial_class_or_cached_function_needs_is_checked(stream):
         _FieldWithDefault,
         _cached_needs_none,
         functools.partial(calls.append, 1),
+        # What these need is found, not guessed (a review found each refused or
+        # crashing): a cached bound method needs no self; a partial of a builtin bound
+        # to None, neither; a class whose __new__ returns another object never calls
+        # its __init__; an object's own __func__ attribute is not what calling it runs.
+        functools.cache(instance.method_needing_none),
+        functools.partial(None.__sizeof__),
+        _NewReturnsAnother,
+        _HoldsAFunction(_cached_needs_one),
+        _CodeAttribute(),
+        functools.lru_cache(numba.njit(_returns_none)),
     ]
     for fn in accepted:
         nh.host_launch(stream, fn)
