@@ -149,10 +149,16 @@ def _raise_status(status: int, executor: Any) -> None:
     get_backend().refused(status, call)
 
 
-def _ob_type_offset_holds() -> bool:
-    """Py_TYPE is where the native code reads it (not so in a Py_TRACE_REFS build)."""
+def _layout_holds() -> bool:
+    """Py_TYPE, and a tuple's size and items, are where the native code reads them
+    (not so in a Py_TRACE_REFS build)."""
     read = ctypes.c_void_p.from_address
-    return all(read(id(x) + OB_TYPE_OFFSET).value == id(type(x)) for x in (1, (), None, _Entry))
+    if not all(read(id(x) + OB_TYPE_OFFSET).value == id(type(x)) for x in (1, (), None, _Entry)):
+        return False
+    pair = (_Entry, _NAMES)
+    size = ctypes.c_ssize_t.from_address(id(pair) + OB_TYPE_OFFSET + 8).value
+    items = [read(id(pair) + OB_TYPE_OFFSET + 16 + 8 * i).value for i in range(2)]
+    return size == 2 and items == [id(_Entry), id(_NAMES)]
 
 
 class FastPath:
@@ -193,7 +199,7 @@ class FastPath:
             return
         self._configured = True
         native_layer = backend.native
-        if native_layer is not self._native or not _ob_type_offset_holds():  # pragma: no cover
+        if native_layer is not self._native or not _layout_holds():  # pragma: no cover
             return  # another native layer (cannot happen: one per process), a Py_TRACE_REFS build
         self._set("raise_status", _raise_status)
         self._word("enqueue_fn", backend.enqueue_fn)

@@ -309,6 +309,47 @@ def test_any_cuda_stream_protocol_object_takes_the_fast_path(stream, how):
     assert counter[0] == 2
 
 
+@pytest.mark.parametrize("handle", [-1, 1 << 64, (1 << 64) - 1, "7"])
+def test_a_handle_that_is_no_stream_of_this_type_falls_through_to_python(
+    stream, monkeypatch, handle
+):
+    """A learned stream type whose __cuda_stream__ gives a negative, too large or
+    non-int handle: the fast path hands the call, with no error of its own left set,
+    to Python, which raises its error, with nothing enqueued. All ones is a valid
+    address, converted as one; on the simulator the registry then refuses it (on
+    CUDA it is not tried: the driver would be given a stream that does not exist)."""
+    simulator = nh.backend_name() == "simulator"
+    if not simulator and handle == (1 << 64) - 1:
+        return
+    if simulator:  # only the simulator's own Stream type is learned there
+        target = stream
+        nh.host_launch(target, touch)
+        monkeypatch.setattr(type(stream), "__cuda_stream__", lambda self: (0, handle))
+    else:
+        real = int(stream.handle)
+
+        class Switch:
+            def __init__(self, value):
+                self.value = value
+
+            def __cuda_stream__(self):
+                return (0, self.value)
+
+        nh.host_launch(Switch(real), touch)  # the type is learned
+        target = Switch(handle)
+    pending = nh.pending()
+    before = _fastpath.counts()
+    with pytest.raises((TypeError, ValueError)):
+        nh.host_launch(target, touch)
+    after = _fastpath.counts()
+    assert after["fell_through"] == before["fell_through"] + 1
+    assert after["compiled"] == before["compiled"]
+    assert nh.pending() == pending
+    monkeypatch.undo()
+    stream.sync()
+    nh.drain()
+
+
 def test_learning_from_many_threads_never_accepts_what_python_refuses():
     """Threads that learn new code objects all the time (the tables churn) while they
     launch functions that need arguments: every such launch must raise, as in Python."""

@@ -103,6 +103,27 @@ define internal ptr @nhf.fast.type_of(ptr %object) alwaysinline {
   ret ptr %type
 }
 
+; A tuple's size and items, read as PyTuple_GET_SIZE and PyTuple_GET_ITEM read
+; them (ob_size follows ob_type; the items follow ob_size: _fastpath.py checks
+; both before the fast path is enabled).  Only for an object known to be a tuple.
+define internal i64 @nhf.fast.tuple_size(ptr %tuple) alwaysinline {
+  %offset = load i64, ptr @nhf.fast.ob_type_offset
+  %at = add i64 %offset, 8
+  %field = getelementptr inbounds i8, ptr %tuple, i64 %at
+  %size = load i64, ptr %field
+  ret i64 %size
+}
+
+define internal ptr @nhf.fast.tuple_item(ptr %tuple, i64 %i) alwaysinline {
+  %offset = load i64, ptr @nhf.fast.ob_type_offset
+  %items = add i64 %offset, 16
+  %skip = mul i64 %i, 8
+  %at = add i64 %items, %skip
+  %field = getelementptr inbounds i8, ptr %tuple, i64 %at
+  %item = load ptr, ptr %field
+  ret ptr %item
+}
+
 ; After a failed call: an ordinary error (an Exception) is cleared, and the
 ; launch falls through to the Python path, which raises its own; anything else
 ; (KeyboardInterrupt from a signal handler, SystemExit) stays set, and
@@ -155,27 +176,16 @@ entry:
   %missing = icmp eq ptr %value, null
   br i1 %missing, label %fail, label %convert
 convert:
-  %type = call ptr @nhf.fast.type_of(ptr %value)
-  %is_int = icmp eq ptr %type, @PyLong_Type
-  br i1 %is_int, label %as_int, label %not_int
-not_int:
+  %converted = call i1 @nhf.fast.exact_u64(ptr %value, ptr %out)
   call void @Py_DecRef(ptr %value)
-  ret i1 false
-as_int:
-  %n = call i64 @PyLong_AsUnsignedLongLong(ptr %value)
-  call void @Py_DecRef(ptr %value)
-  %error = call ptr @PyErr_Occurred()
-  %bad = icmp ne ptr %error, null
-  br i1 %bad, label %fail, label %ok
-ok:
-  store i64 %n, ptr %out
-  ret i1 true
+  ret i1 %converted
 fail:
   call void @nhf.fast.clear_error()
   ret i1 false
 }
 
 ; An exact int as an unsigned 64-bit value; false (no error set) if it is not one.
+; Only an answer of all ones can be an error (negative, or too large).
 define internal i1 @nhf.fast.exact_u64(ptr %value, ptr %out) {
 entry:
   %type = call ptr @nhf.fast.type_of(ptr %value)
@@ -183,6 +193,9 @@ entry:
   br i1 %is_int, label %as_int, label %no
 as_int:
   %n = call i64 @PyLong_AsUnsignedLongLong(ptr %value)
+  %all_ones = icmp eq i64 %n, -1
+  br i1 %all_ones, label %check, label %ok
+check:
   %error = call ptr @PyErr_Occurred()
   %bad = icmp ne ptr %error, null
   br i1 %bad, label %clear, label %ok
@@ -212,7 +225,7 @@ defaults:
   %none = icmp eq ptr %tuple, null
   br i1 %none, label %count, label %sized
 sized:
-  %size = call i64 @PyTuple_Size(ptr %tuple)
+  %size = call i64 @nhf.fast.tuple_size(ptr %tuple)
   br label %count
 count:
   %given = phi i64 [ 0, %defaults ], [ %size, %sized ]
@@ -252,11 +265,11 @@ check_tuple:
   %is_tuple = icmp eq ptr %types_type, @PyTuple_Type
   br i1 %is_tuple, label %check_size, label %drop_types
 check_size:
-  %n = call i64 @PyTuple_Size(ptr %types)
+  %n = call i64 @nhf.fast.tuple_size(ptr %types)
   %one = icmp eq i64 %n, 1
   br i1 %one, label %check_item, label %drop_types
 check_item:
-  %item = call ptr @PyTuple_GetItem(ptr %types, i64 0)
+  %item = call ptr @nhf.fast.tuple_item(ptr %types, i64 0)
   %c_void_p = call ptr @nhf.fast.object(ptr @nhf.fast.slot.c_void_p)
   %is_void_p = icmp eq ptr %item, %c_void_p
   call void @Py_DecRef(ptr %types)
@@ -505,9 +518,10 @@ no:
 
 ; The handle from stream.__cuda_stream__ (version 0 of the protocol), called
 ; as a method or read as an attribute (%how, from the stream type's table
-; entry): true, with the handle and the handle's int object (a new
-; reference); false (no error set) for anything else.
-define internal i1 @nhf.fast.stream_handle(ptr %stream, i64 %how, ptr %handle_out, ptr %key_out) {
+; entry): true, with the handle, the handle's int object (borrowed from the
+; tuple) and the tuple (a new reference, which keeps it); false (no error set)
+; for anything else.
+define internal i1 @nhf.fast.stream_handle(ptr %stream, i64 %how, ptr %handle_out, ptr %key_out, ptr %tuple_out) {
 entry:
   %version_value = alloca i64, align 8
   %self = alloca ptr, align 8
@@ -532,11 +546,11 @@ check_tuple:
   %is_tuple = icmp eq ptr %type, @PyTuple_Type
   br i1 %is_tuple, label %check_size, label %drop
 check_size:
-  %size = call i64 @PyTuple_Size(ptr %result)
+  %size = call i64 @nhf.fast.tuple_size(ptr %result)
   %pair = icmp eq i64 %size, 2
   br i1 %pair, label %check_version, label %drop
 check_version:
-  %version = call ptr @PyTuple_GetItem(ptr %result, i64 0)
+  %version = call ptr @nhf.fast.tuple_item(ptr %result, i64 0)
   %version_int = call i1 @nhf.fast.exact_u64(ptr %version, ptr %version_value)
   br i1 %version_int, label %check_zero, label %drop
 check_zero:
@@ -544,13 +558,12 @@ check_zero:
   %zero = icmp eq i64 %v, 0
   br i1 %zero, label %check_handle, label %drop
 check_handle:
-  %handle = call ptr @PyTuple_GetItem(ptr %result, i64 1)
+  %handle = call ptr @nhf.fast.tuple_item(ptr %result, i64 1)
   %handle_int = call i1 @nhf.fast.exact_u64(ptr %handle, ptr %handle_out)
   br i1 %handle_int, label %ok, label %drop
 ok:
-  call void @Py_IncRef(ptr %handle)
   store ptr %handle, ptr %key_out
-  call void @Py_DecRef(ptr %result)
+  store ptr %result, ptr %tuple_out
   ret i1 true
 drop:
   call void @Py_DecRef(ptr %result)
@@ -662,6 +675,7 @@ entry:
   %data_owner = alloca ptr, align 8
   %handle = alloca i64, align 8
   %key = alloca ptr, align 8
+  %stream_tuple = alloca ptr, align 8
   %lane = alloca i64, align 8
   %made_owner = alloca ptr, align 8
   %result = alloca i64, align 8
@@ -673,6 +687,7 @@ entry:
   store ptr null, ptr %layout
   store ptr null, ptr %data_owner
   store ptr null, ptr %key
+  store ptr null, ptr %stream_tuple
   store ptr null, ptr %made_owner
   store i64 1, ptr %result
   %stream_type = call ptr @nhf.fast.type_of(ptr %stream)
@@ -705,7 +720,7 @@ check_executor:
   %usable = call i1 @nhf.fast.open_executor(ptr %executor)
   br i1 %usable, label %read_handle, label %cleanup
 read_handle:
-  %has_handle = call i1 @nhf.fast.stream_handle(ptr %stream, i64 %stream_kind, ptr %handle, ptr %key)
+  %has_handle = call i1 @nhf.fast.stream_handle(ptr %stream, i64 %stream_kind, ptr %handle, ptr %key, ptr %stream_tuple)
   br i1 %has_handle, label %vet, label %cleanup
 vet:
   %vetted_key = load ptr, ptr %key
@@ -795,21 +810,36 @@ cleanup:
   ; Falling through with an error still set: it is one to raise (clear_error).
   %outcome = load i64, ptr %result
   %falling = icmp eq i64 %outcome, 1
+  br i1 %falling, label %check_error, label %release
+check_error:
   %pending_error = call ptr @PyErr_Occurred()
   %has_error = icmp ne ptr %pending_error, null
-  %raise_it = and i1 %falling, %has_error
-  %final = select i1 %raise_it, i64 2, i64 %outcome
+  %final = select i1 %has_error, i64 2, i64 1
   store i64 %final, ptr %result
+  br label %release
+release:
   %layout_ref = load ptr, ptr %layout
-  call void @Py_DecRef(ptr %layout_ref)
+  call void @nhf.fast.release(ptr %layout_ref)
   %data_ref = load ptr, ptr %data_owner
-  call void @Py_DecRef(ptr %data_ref)
-  %key_ref = load ptr, ptr %key
-  call void @Py_DecRef(ptr %key_ref)
+  call void @nhf.fast.release(ptr %data_ref)
+  %tuple_ref = load ptr, ptr %stream_tuple
+  call void @nhf.fast.release(ptr %tuple_ref)
   %owner_ref = load ptr, ptr %made_owner
-  call void @Py_DecRef(ptr %owner_ref)
+  call void @nhf.fast.release(ptr %owner_ref)
   %answer = load i64, ptr %result
   ret i64 %answer
+}
+
+; Py_XDECREF without a call for null (most of a launch's references are).
+define internal void @nhf.fast.release(ptr %object) alwaysinline {
+entry:
+  %null = icmp eq ptr %object, null
+  br i1 %null, label %done, label %decref
+decref:
+  call void @Py_DecRef(ptr %object)
+  br label %done
+done:
+  ret void
 }
 
 ; The call, unchanged, to the Python implementation: fallback(*args, **kwargs).
@@ -884,7 +914,7 @@ keywords:
   %has_keywords = icmp ne ptr %kwnames, null
   br i1 %has_keywords, label %count_keywords, label %launch
 count_keywords:
-  %nkw = call i64 @PyTuple_Size(ptr %kwnames)
+  %nkw = call i64 @nhf.fast.tuple_size(ptr %kwnames)
   %user_data_name = call ptr @nhf.fast.object(ptr @nhf.fast.slot.name_user_data)
   %executor_name = call ptr @nhf.fast.object(ptr @nhf.fast.slot.name_executor)
   %blocking_name = call ptr @nhf.fast.object(ptr @nhf.fast.slot.name_blocking)
@@ -896,7 +926,7 @@ keyword:
   %more = icmp slt i64 %i, %nkw
   br i1 %more, label %match, label %launch
 match:
-  %name = call ptr @PyTuple_GetItem(ptr %kwnames, i64 %i)
+  %name = call ptr @nhf.fast.tuple_item(ptr %kwnames, i64 %i)
   %value_index = add i64 %i, 2
   %value_slot = getelementptr ptr, ptr %args, i64 %value_index
   %value = load ptr, ptr %value_slot
