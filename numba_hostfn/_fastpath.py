@@ -34,7 +34,7 @@ from typing import Any
 from ._backend import get_backend
 from ._decorator import HostFunction
 from ._executor import HostExecutor
-from ._native import OB_TYPE_OFFSET, Fast, native
+from ._native import OB_TYPE_OFFSET, TUPLE_ITEMS_OFFSET, Fast, native
 from ._simulator import Stream as SimulatedStream
 from ._userdata import ByRef
 
@@ -157,7 +157,7 @@ def _layout_holds() -> bool:
         return False
     pair = (_Entry, _NAMES)
     size = ctypes.c_ssize_t.from_address(id(pair) + OB_TYPE_OFFSET + 8).value
-    items = [read(id(pair) + OB_TYPE_OFFSET + 16 + 8 * i).value for i in range(2)]
+    items = [read(id(pair) + TUPLE_ITEMS_OFFSET + 8 * i).value for i in range(2)]
     return size == 2 and items == [id(_Entry), id(_NAMES)]
 
 

@@ -110,12 +110,12 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
         learn_type(type(fn), kind)
         learn_host_function(fn)
         return kind, fn.address, fn
-    if isinstance(fn, HostFunction):
+    if issubclass(type(fn), HostFunction):
         _FN_KINDS.remember(type(fn), "compiled")
         learn_type(type(fn), "compiled")
         learn_host_function(fn)
         return "compiled", fn.address, fn
-    if isinstance(fn, CFuncPtr):
+    if issubclass(type(fn), CFuncPtr):
         flags = type(fn)._flags_
         if flags != _CDECL:
             kind = "PYFUNCTYPE" if flags & FUNCFLAG_PYTHONAPI else f"flags {flags:#x}"
@@ -127,7 +127,7 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
             raise ValueError("host_launch() got a NULL ctypes function pointer")
         learn_type(type(fn), "pointer")
         return "pointer", address, fn
-    if isinstance(fn, CFunc):
+    if issubclass(type(fn), CFunc):
         if cfunc_signature(fn) != _SIGNATURE:
             raise TypeError(
                 f"host_launch() got a numba cfunc with signature {cfunc_signature(fn)}; a CUhostFn "
@@ -146,7 +146,11 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
             "host_launch() expected a HostFunction, a CUhostFn ctypes pointer or a "
             f"Python callable, got {type(fn).__name__}"
         )
-    if type(fn) in _BUILTINS or issubclass(type(fn), (staticmethod, type, _CACHED)):
+    if (
+        type(fn) in _BUILTINS
+        or issubclass(type(fn), (staticmethod, type, _CACHED))
+        or _function_like(fn)  # a Cython function, say
+    ):
         # What it needs is its own, not its type's: checked each time.
         inner = fn.__func__ if issubclass(type(fn), staticmethod) else fn
         refuse_coroutine_function(inner)
@@ -186,10 +190,31 @@ _REQUIRED_KINDS = (
 )
 
 
+def _attribute(obj: Any, name: str) -> Any:
+    """``getattr(obj, name, None)``, and None where reading it raises anything (an
+    object's own ``__getattr__`` or property may): classifying never fails on it."""
+    try:
+        return getattr(obj, name, None)
+    except Exception:
+        return None
+
+
+def _code_of(obj: Any) -> Any:
+    """The code object ``obj`` has (a function's, a Cython or numba function's), or None."""
+    code = _attribute(obj, "__code__")
+    return code if isinstance(code, types.CodeType) else None
+
+
+def _function_like(obj: Any) -> bool:
+    """``obj``'s type gives it a code object, as a function's type does (Cython's
+    functions): not an object that merely forwards attributes to a function."""
+    return _attribute(type(obj), "__code__") is not None and _code_of(obj) is not None
+
+
 def _call_method(fn: Any) -> Any:
     """The plain function behind calling ``fn``, an instance whose class defines
     ``__call__`` in Python; else None (a function, a class, a builtin)."""
-    if isinstance(fn, type) or hasattr(fn, "__code__"):
+    if issubclass(type(fn), type) or _function_like(fn):
         return None
     # The class's own attribute (as the call finds it), not one bound to fn.
     call = next((vars(c)["__call__"] for c in type(fn).__mro__ if "__call__" in vars(c)), None)
@@ -197,29 +222,37 @@ def _call_method(fn: Any) -> Any:
 
 
 def _function_of(fn: Any) -> tuple[Any, int]:
-    """The plain function that calling ``fn`` runs, and how many of its leading
-    parameters are bound: ``fn`` itself, a bound method's function, the function an
-    lru_cache wrapper calls (itself perhaps a bound method), or the ``__call__`` of
-    a callable object's class; (None, 0) where it is none of these."""
-    if type(fn) not in (types.FunctionType, types.MethodType, _CACHED):
-        call = _call_method(fn)  # a callable object: its class's __call__, bound to it
-        return (call, 1) if call is not None else (None, 0)
-    bound = 0
+    """The function that calling ``fn`` runs, and how many of its leading parameters
+    are bound: ``fn`` itself (a plain function, or one with a code object: Cython's),
+    a bound method's function, the function an lru_cache wrapper calls (itself
+    perhaps a bound method), or the ``__call__`` of a callable object's class;
+    (None, 0) where it is none of these."""
+    original, bound = fn, 0
     if type(fn) is types.MethodType:
         fn, bound = fn.__func__, 1
     if type(fn) is _CACHED:
-        fn = getattr(fn, "__wrapped__", None)
+        fn = _attribute(fn, "__wrapped__")
         if type(fn) is types.MethodType:
             fn, bound = fn.__func__, bound + 1
-    return (fn, bound) if type(fn) is types.FunctionType else (None, 0)
+    if type(fn) is types.FunctionType or _function_like(fn):
+        return fn, bound
+    call = _call_method(fn) if fn is original else None
+    return (call, 1) if call is not None else (None, 0)  # its class's __call__, bound
+
+
+def _is_coroutine_partial(fn: Any) -> bool:
+    try:
+        return type(fn) is functools.partial and inspect.iscoroutinefunction(fn)
+    except Exception:  # what its function's own attributes raise
+        return False
 
 
 def refuse_coroutine_function(fn: Any, caller: str = "host_launch") -> None:
     function, _ = _function_of(fn)
-    # Else whatever code the object has (a Cython or numba function's).
-    code = getattr(function if function is not None else fn, "__code__", None)
-    is_async = isinstance(code, types.CodeType) and code.co_flags & _ASYNC_FLAGS
-    if is_async or (type(fn) is functools.partial and inspect.iscoroutinefunction(fn)):
+    # Else whatever code object it has (unittest.mock.AsyncMock sets one).
+    code = _code_of(function if function is not None else fn)
+    is_async = code is not None and code.co_flags & _ASYNC_FLAGS
+    if is_async or _is_coroutine_partial(fn):
         raise TypeError(
             f"{caller}() got a coroutine function ({getattr(fn, '__qualname__', fn)!r}): "
             "a host function is called, not awaited, so it would only make a coroutine that "
@@ -253,11 +286,13 @@ def _code_required(function: Any, skipped: int, given: Any = ()) -> int:
     ``given`` are given: parameters without a default, not filled."""
     code = function.__code__
     names = code.co_varnames
-    first_default = code.co_argcount - len(function.__defaults__ or ())
+    defaults = _attribute(function, "__defaults__")
+    first_default = code.co_argcount - len(defaults if isinstance(defaults, tuple) else ())
     required = sum(  # a positional-only parameter cannot be given as a keyword
         names[i] not in given or i < code.co_posonlyargcount for i in range(skipped, first_default)
     )
-    defaults = function.__kwdefaults__ or {}
+    defaults = _attribute(function, "__kwdefaults__")  # numba's functions have none
+    defaults = defaults if isinstance(defaults, dict) else {}
     keyword_only = names[code.co_argcount : code.co_argcount + code.co_kwonlyargcount]
     return required + sum(name not in defaults and name not in given for name in keyword_only)
 
@@ -266,44 +301,46 @@ def _signature_required(fn: Any) -> int:
     """The arguments ``inspect.signature`` says ``fn`` needs (0 where it has none)."""
     try:
         parameters = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
+    except Exception:  # none (ValueError), or what the object's own attributes raise
         return 0
     empty = inspect.Parameter.empty
     return sum(p.kind in _REQUIRED_KINDS and p.default is empty for p in parameters)
 
 
 def _partial_required(fn: functools.partial) -> tuple[Any, int]:
-    """What a partial calls, and the arguments it still needs.  Exact for a Python
-    function however reached (_function_of); for a builtin or a class, what it needs
-    less what the partial gives, counted as if every keyword filled one (so never
-    more than it needs); 0 for anything else."""
+    """What a partial calls, and the arguments it still needs: exact for a function
+    with code however reached (_function_of); for a builtin or a class whose needs
+    are known, those less what the partial gives, counted as if every keyword filled
+    one (never more than it needs); else what ``inspect.signature`` says of it."""
     target = fn.func
     function, bound = _function_of(target)
     if function is not None:
         return function, _code_required(function, bound + len(fn.args), fn.keywords)
+    needs = None
     if type(target) in _BUILTINS:
         needs = _builtin_required(target)
     elif issubclass(type(target), type):
         needs = _class_required(target)
-    else:
-        return target, 0
+    if needs is None:  # a builtin type, a callable object (a numpy ufunc)
+        return target, _signature_required(fn)
     return target, max(0, needs - len(fn.args) - len(fn.keywords))
 
 
-def _class_required(cls: type) -> int:
-    """The arguments ``cls()`` needs: its ``__new__``'s where that is Python code (it
-    may return something else, and then ``__init__`` is not called), else its
-    ``__init__``'s where that is; 0 for a builtin type's, or a metaclass's
-    ``__call__`` (unknown)."""
+def _class_required(cls: type) -> int | None:
+    """The arguments ``cls()`` needs, from its ``__new__`` and ``__init__`` where they
+    are Python code (both are called with the same arguments; a ``__new__`` that
+    returns no instance of ``cls``, so that ``__init__`` is skipped, is not seen);
+    None where neither is, or a metaclass has its own ``__call__`` (unknown here)."""
     if type(cls).__call__ is not type.__call__:
-        return 0
+        return None
+    required = None
     for name in ("__new__", "__init__"):
         found = next((vars(c)[name] for c in cls.__mro__ if name in vars(c)), None)
         if type(found) is staticmethod:  # __new__
             found = found.__func__
         if type(found) is types.FunctionType:
-            return _code_required(found, 1)
-    return 0
+            required = max(required or 0, _code_required(found, 1))
+    return required
 
 
 def _refuse_required_arguments(fn: Any) -> None:
@@ -312,8 +349,9 @@ def _refuse_required_arguments(fn: Any) -> None:
     keyword-only ones without a default)."""
     if type(fn) is functools.partial:
         function, required = _partial_required(fn)
-    elif issubclass(type(fn), type):
-        function, required = fn, _class_required(fn)
+    elif issubclass(type(fn), type):  # a builtin type: its text signature, if any
+        required = _class_required(fn)
+        function, required = fn, _signature_required(fn) if required is None else required
     elif type(fn) in _BUILTINS:
         function, required = fn, _builtin_required(fn)
     else:

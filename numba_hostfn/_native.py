@@ -121,6 +121,7 @@ class Fast:
             f"@nhf.fast.table_entries = internal constant i64 {cls.TABLE_ENTRIES}",
             f"@nhf.fast.table_count = internal constant i64 {len(cls.TABLES)}",
             f"@nhf.fast.ob_type_offset = internal constant i64 {OB_TYPE_OFFSET}",
+            f"@nhf.fast.tuple_items_offset = internal constant i64 {TUPLE_ITEMS_OFFSET}",
             f"@nhf.fast.stream_method = internal constant i64 {cls.STREAM_METHOD}",
         ]
         for prefix, group in (
@@ -137,6 +138,9 @@ class Fast:
 
 #: Where PyObject's ob_type is (Py_TYPE): after ob_refcnt, in every build with the GIL.
 OB_TYPE_OFFSET = ctypes.sizeof(ctypes.c_ssize_t)
+#: Where a tuple's items start (PyTuple_GET_ITEM): its basic size, as for every
+#: variable-size type (3.14 put a cached hash before them).
+TUPLE_ITEMS_OFFSET = tuple.__basicsize__
 
 # name -> LLVM declaration; each is bound to this process's address.
 _LIBC = {

@@ -316,13 +316,36 @@ class _NewNeedsOne:
         return object.__new__(cls)
 
 
-class _NewReturnsAnother:
-    """Its __new__ returns no instance of it, so __init__ is never called."""
+class _PassingNew:
+    def __new__(cls, *args, **kwargs):
+        return super().__new__(cls)
 
-    def __new__(cls, *args):
-        return 0
+
+class _InitAfterPassingNew(_PassingNew):
+    """A base's __new__ that takes anything does not hide this __init__."""
 
     def __init__(self, a):
+        pass
+
+
+class _Forwarding:
+    """Forwards every attribute, __code__ included, to what it wraps."""
+
+    def __init__(self, wrapped):
+        self._wrapped = wrapped
+
+    def __getattr__(self, name):
+        return getattr(self._wrapped, name)
+
+    def __call__(self, *args):
+        return self._wrapped(*args)
+
+
+class _RaisingAttributes:
+    def __getattr__(self, name):
+        raise RuntimeError(name)
+
+    def __call__(self):
         pass
 
 
@@ -340,6 +363,13 @@ class _CodeAttribute:
     __code__ = 5  # not a code object
 
     def __call__(self):
+        pass
+
+
+class _CodeAttributeNeedsOne:
+    __code__ = 5
+
+    def __call__(self, a):
         pass
 
 
@@ -398,16 +428,20 @@ def test_what_a_partial_class_or_cached_function_needs_is_checked(stream):
         _FieldWithDefault,
         _cached_needs_none,
         functools.partial(calls.append, 1),
-        # What these need is found, not guessed (a review found each refused or
+        # What these need is found, not guessed (reviews found each refused or
         # crashing): a cached bound method needs no self; a partial of a builtin bound
-        # to None, neither; a class whose __new__ returns another object never calls
-        # its __init__; an object's own __func__ attribute is not what calling it runs.
+        # to None, neither; an object's own __func__ or __code__ attribute, or one it
+        # forwards, is not what calling it runs; attributes that raise are unknown.
         functools.cache(instance.method_needing_none),
         functools.partial(None.__sizeof__),
-        _NewReturnsAnother,
         _HoldsAFunction(_cached_needs_one),
         _CodeAttribute(),
+        _Forwarding(instance.method_needing_none),
+        _RaisingAttributes(),
+        functools.partial(_RaisingAttributes()),
         functools.lru_cache(numba.njit(_returns_none)),
+        functools.partial(np.random.randint, 5),  # a Cython method
+        functools.partial(enumerate, [1]),
     ]
     for fn in accepted:
         nh.host_launch(stream, fn)
@@ -431,6 +465,18 @@ def test_what_a_partial_class_or_cached_function_needs_is_checked(stream):
     _rejects(stream, TypeError, f"'_cached_needs_one', {one}", _cached_needs_one)
     _rejects(stream, TypeError, f"'_NeedsOne.cached_method', {one}", instance.cached_method)
     _rejects(stream, TypeError, "coroutine function", _cached_coroutine)
+    _rejects(stream, TypeError, f"'_InitAfterPassingNew', {one}", _InitAfterPassingNew)
+    _rejects(
+        stream,
+        TypeError,
+        "'_CodeAttributeNeedsOne.__call__', which takes 1",
+        _CodeAttributeNeedsOne(),
+    )
+    # Cython functions, and what inspect knows of builtin types and callable objects
+    _rejects(stream, TypeError, "'RandomState.randint', which takes 1", np.random.randint)
+    _rejects(stream, TypeError, f"'enumerate', {one}", enumerate)
+    _rejects(stream, TypeError, f"'enumerate', {one}", functools.partial(enumerate))
+    _rejects(stream, TypeError, "'sum', which takes 1", functools.partial(np.sum))
     stream.sync()
 
 

@@ -104,8 +104,9 @@ define internal ptr @nhf.fast.type_of(ptr %object) alwaysinline {
 }
 
 ; A tuple's size and items, read as PyTuple_GET_SIZE and PyTuple_GET_ITEM read
-; them (ob_size follows ob_type; the items follow ob_size: _fastpath.py checks
-; both before the fast path is enabled).  Only for an object known to be a tuple.
+; them (ob_size follows ob_type; the items start at the tuple type's basic size:
+; _fastpath.py checks both before the fast path is enabled).  Only for an object
+; known to be a tuple.
 define internal i64 @nhf.fast.tuple_size(ptr %tuple) alwaysinline {
   %offset = load i64, ptr @nhf.fast.ob_type_offset
   %at = add i64 %offset, 8
@@ -115,8 +116,7 @@ define internal i64 @nhf.fast.tuple_size(ptr %tuple) alwaysinline {
 }
 
 define internal ptr @nhf.fast.tuple_item(ptr %tuple, i64 %i) alwaysinline {
-  %offset = load i64, ptr @nhf.fast.ob_type_offset
-  %items = add i64 %offset, 16
+  %items = load i64, ptr @nhf.fast.tuple_items_offset
   %skip = mul i64 %i, 8
   %at = add i64 %items, %skip
   %field = getelementptr inbounds i8, ptr %tuple, i64 %at
