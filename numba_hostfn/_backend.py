@@ -87,19 +87,22 @@ class Backend:
         owner: Any,
         enqueue_fn: int = 0,
         call: str = "cuLaunchHostFunc",
+        builtin: Any = None,
     ) -> bool:
         """Enqueue ``trampoline`` for ``fn(arg)`` with a record that owns ``owner``.
 
         Returns False, having enqueued nothing, if the stream is capturing.
         ``enqueue_fn`` replaces the backend's own (simulated device work, an
-        executor's lane); ``call`` names the driver call in errors.
+        executor's lane); ``call`` names the driver call in errors; ``builtin``
+        replaces the enqueue builtin (``enqueue_signal``: ``fn`` and ``arg`` are
+        then a channel and a key).
         """
-        native = self.native
+        enqueue = builtin or self.native.enqueue
         enqueue_fn = enqueue_fn or self.enqueue_fn
-        status = native.enqueue(enqueue_fn, handle, trampoline, fn, arg, owner)
+        status = enqueue(enqueue_fn, handle, trampoline, fn, arg, owner)
         while status == Status.NO_RECORD:
             self.records.grow()
-            status = native.enqueue(enqueue_fn, handle, trampoline, fn, arg, owner)
+            status = enqueue(enqueue_fn, handle, trampoline, fn, arg, owner)
         if status == Status.CAPTURING:
             return False
         if status:

@@ -533,12 +533,15 @@ def host_launch(
     return enqueue(stream, fn, user_data, None, executor=executor)
 
 
-def enqueue_signal(target: Any, signal: int, executor: Any, refusal: str) -> None:
-    """Enqueue ``nhf_signal(signal)`` on a stream (``native/notify.ll``).
+def enqueue_signal(target: Any, channel: int, key: int, executor: Any, refusal: str) -> None:
+    """Enqueue a signal of ``channel`` saying ``key`` on a stream (``native/notify.ll``).
 
     A signal says "the stream got here" once, so it is only for streams:
     a graph target or a capturing stream raises ``RuntimeError(refusal)``,
-    having enqueued nothing.  The caller discards the signal if this raises.
+    having enqueued nothing.  The signal is made, and freed if refused, by the
+    native enqueue: an exception that reaches the caller after the enqueue (a
+    Ctrl-C, or one raised by a pending call at a bytecode boundary) leaves it
+    with the stream.
     """
     if _target_kind(target) != "stream":
         raise RuntimeError(refusal)
@@ -549,12 +552,13 @@ def enqueue_signal(target: Any, signal: int, executor: Any, refusal: str) -> Non
     if backend.checks_streams:
         handle = backend.stream_handle(target, handle)
     native = backend.native
+    run, signal = native.run_compiled, native.enqueue_signal
     if executor is not None:
         enqueued = _executor_enqueue(
-            backend, executor, handle, native.run_compiled, native.signal, signal, executor, False
+            backend, executor, handle, run, channel, key, executor, False, builtin=signal
         )
     else:
-        enqueued = backend.enqueue(handle, native.run_compiled, native.signal, signal, None)
+        enqueued = backend.enqueue(handle, run, channel, key, None, builtin=signal)
     if not enqueued:
         raise RuntimeError(refusal)
 
@@ -646,13 +650,21 @@ def _executor_enqueue(
     arg: int,
     owner: Any,
     copy: bool,
+    builtin: Any = None,
 ) -> bool:
     """Enqueue on the executor's lane for stream ``handle``; False if it is capturing."""
     lane = executor._lane(handle)
     if copy:  # the executor's copy trampoline finds its pool in the record's fn
         trampoline, fn = backend.native.exec_copy, executor._pool
     return backend.enqueue(
-        lane, trampoline, fn, arg, owner, backend.executor_enqueue_fn, "cuStreamWriteValue32"
+        lane,
+        trampoline,
+        fn,
+        arg,
+        owner,
+        backend.executor_enqueue_fn,
+        "cuStreamWriteValue32",
+        builtin,
     )
 
 

@@ -424,8 +424,8 @@ class Native:
         self.channel_new = c(_vp, ctypes.c_int32, ctypes.c_int32)(fn("nhf_channel_new"))
         self.channel_release = c(None, _vp)(fn("nhf_channel_release"))
         self.channel_take = c(_i64, _vp, _vp, _i64)(fn("nhf_channel_take"))
-        self.signal_new = c(_vp, _vp, _u64)(fn("nhf_signal_new"))
-        self.signal_discard = c(None, _vp)(fn("nhf_signal_discard"))
+        # The enqueue builtin for signals: it makes the signal, and frees it if refused.
+        self.enqueue_signal = self.builtin("enqueue_signal", fn("nhf_py_enqueue_signal"))
         self.set_notify_callable = py(None, ctypes.py_object)(fn("nhf_py_set_notify_callable"))
         self.call_reporting = py(None, ctypes.py_object)(fn("nhf_py_call_reporting"))
         self.set_any_thread_pending = c(None, _vp, _vp)(fn("nhf_set_any_thread_pending"))

@@ -68,15 +68,9 @@ class _Channel:
         return next(self._keys)
 
     def launch(self, key: int, target: Any, executor: Any, refusal: str) -> None:
-        """Enqueue a signal saying ``key`` on ``target``."""
-        signal = self._native.signal_new(self.address, key)
-        if not signal:  # pragma: no cover - malloc of 24 bytes
-            raise MemoryError("numba_hostfn could not allocate a signal")
-        try:
-            enqueue_signal(target, signal, executor, refusal)
-        except BaseException:
-            self._native.signal_discard(signal)
-            raise
+        """Enqueue a signal saying ``key`` on ``target`` (made, and freed if refused,
+        natively: nothing here to undo if an exception comes after the enqueue)."""
+        enqueue_signal(target, self.address, key, executor, refusal)
 
     def take(self) -> list[int]:
         """The keys of the signals that have run since the last take, oldest first."""
@@ -114,7 +108,10 @@ class _Callbacks:
         try:
             self._channel.launch(key, target, executor, refusal)
         except BaseException:
-            del self._waiting[key]
+            # Refused, or interrupted (Ctrl-C, a pending call's exception) perhaps
+            # after the enqueue, even after fn ran: the launch raised, so fn is not
+            # to run; a signal that still comes finds nothing, and is skipped.
+            self._waiting.pop(key, None)
             raise
 
     def run(self, block: bool = True) -> int:
@@ -135,8 +132,10 @@ class _Callbacks:
                     return ran
                 waiting, call = self._waiting, self._call
                 for key in keys:
-                    call(waiting.pop(key))
-                ran += len(keys)
+                    fn = waiting.pop(key, None)  # None: its launch raised (see launch)
+                    if fn is not None:
+                        call(fn)
+                        ran += 1
         finally:
             self._runner = None
             self._lock.release()
@@ -408,7 +407,7 @@ def async_done(stream: Any, *, executor: Any = None) -> asyncio.Future:
     try:
         waits.channel.launch(key, stream, executor, _IN_GRAPH.format(what="async_done()"))
     except BaseException:
-        del waits.futures[key]
+        waits.futures.pop(key, None)  # perhaps after the enqueue: see _Callbacks.launch
         raise
     return future
 

@@ -219,8 +219,8 @@ INTERRUPT_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     def interrupt():
         raise KeyboardInterrupt
 
-    nh.host_launch(stream, interrupt, blocking=False)
-    try:
+    try:  # Ctrl-C may come at any bytecode: inside host_launch too, once enqueued
+        nh.host_launch(stream, interrupt, blocking=False)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             time.sleep(0.001)
@@ -235,6 +235,69 @@ def test_a_keyboard_interrupt_in_a_callback_reaches_the_main_thread():
     thread) is not swallowed as an unraisable error: the main thread gets it again."""
     out = run_child(INTERRUPT_SCRIPT)
     assert "DELIVERED" in out and "NOT DELIVERED" not in out, out
+
+
+AFTER_ENQUEUE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import sys
+    import threading
+    import time
+
+    errors = []
+    sys.unraisablehook = lambda u: errors.append(f"{u.exc_type.__name__}: {u.exc_value}")
+    threading.excepthook = lambda a: errors.append(f"{a.exc_type.__name__}: {a.exc_value}")
+    native = nh._backend.get_backend().native
+    real = native.enqueue_signal
+
+    def interrupted(*args):
+        status = real(*args)
+        if status == 0:  # enqueued: the signal is the stream's now
+            raise KeyboardInterrupt  # as a Ctrl-C would at the next bytecode
+        return status  # no free record yet: the caller adds a slab and asks again
+
+    ran = []
+    interrupts = 0
+    for i in range(200):
+        native.enqueue_signal = interrupted
+        try:
+            if i % 2:
+                nh.host_launch(stream, lambda: ran.append(1), blocking=False)
+            else:
+                nh.done_future(stream)
+        except KeyboardInterrupt:
+            interrupts += 1
+        finally:
+            native.enqueue_signal = real
+    last = nh.done_future(stream)
+    nh.host_launch(stream, lambda: ran.append("last"), blocking=False)
+    stream.sync()
+    deadline = time.monotonic() + 10
+    while "last" not in ran and time.monotonic() < deadline:
+        nh.drain()
+        time.sleep(0.01)
+    last.result(timeout=10)
+    print("interrupts", interrupts, "last ran", "last" in ran, "pending", nh.pending(),
+          "errors", errors)
+""")
+
+
+def test_an_exception_just_after_a_signal_is_enqueued_frees_nothing_twice():
+    """A Ctrl-C (or an exception a pending call raises) that reaches host_launch(
+    blocking=False) or done_future after its signal was enqueued: the signal stays
+    the stream's (made and, if refused, freed natively, never from the exception
+    path: freeing it there crashed the process), its callback is dropped with the
+    launch that raised, and later launches run. Each time, 200 times."""
+    out = run_child(AFTER_ENQUEUE_SCRIPT)
+    assert out.split() == [
+        "interrupts",
+        "200",
+        "last",
+        "ran",
+        "True",
+        "pending",
+        "0",
+        "errors",
+        "[]",
+    ], out
 
 
 def test_nonblocking_callbacks_own_their_callable_until_run(stream):

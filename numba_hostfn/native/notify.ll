@@ -129,6 +129,65 @@ define void @nhf_signal_discard(ptr %node) {
   ret void
 }
 
+@nhf.enqueue_signal.usage = internal constant [86 x i8]
+  c"enqueue_signal(enqueue_fn, handle, trampoline, channel, key, owner) takes 6 arguments\00"
+
+; The enqueue builtin for signals, METH_FASTCALL, as the enqueue builtin
+; (enqueue.ll) with a signal of (channel, key) in place of fn(arg):
+;   enqueue_signal(enqueue_fn, handle, trampoline, channel, key, owner) -> status
+; The signal is made here and, if the enqueue refused it, freed here: it never
+; reaches Python, so no exception raised in Python around this call (a Ctrl-C, or
+; one a pending call raises, after the enqueue) can free a signal that the
+; stream, and then the channel's reader, owns.
+define ptr @nhf_py_enqueue_signal(ptr %self, ptr %args, i64 %nargs) {
+entry:
+  %six = icmp eq i64 %nargs, 6
+  br i1 %six, label %unpack, label %usage
+usage:
+  %type_error = load ptr, ptr @PyExc_TypeError
+  call void @PyErr_SetString(ptr %type_error, ptr @nhf.enqueue_signal.usage)
+  ret ptr null
+unpack:
+  %enqueue_fn = call i64 @nhf.arg_u64(ptr %args, i64 0)
+  %handle = call i64 @nhf.arg_u64(ptr %args, i64 1)
+  %trampoline = call i64 @nhf.arg_u64(ptr %args, i64 2)
+  %channel = call i64 @nhf.arg_u64(ptr %args, i64 3)
+  %key = call i64 @nhf.arg_u64(ptr %args, i64 4)
+  %owner_slot = getelementptr ptr, ptr %args, i64 5
+  %owner = load ptr, ptr %owner_slot
+  %error = call ptr @PyErr_Occurred()
+  %bad_int = icmp ne ptr %error, null
+  br i1 %bad_int, label %fail, label %make
+fail:
+  ret ptr null
+make:
+  %channelp = inttoptr i64 %channel to ptr
+  %node = call ptr @nhf_signal_new(ptr %channelp, i64 %key)
+  %nomem = icmp eq ptr %node, null
+  br i1 %nomem, label %no_memory, label %enqueue
+no_memory:
+  %oom = load i64, ptr @nhf.status.out_of_memory
+  br label %answer
+enqueue:
+  %enqueue_fnp = inttoptr i64 %enqueue_fn to ptr
+  %stream = inttoptr i64 %handle to ptr
+  %tramp = inttoptr i64 %trampoline to ptr
+  %status = call i64 @nhf.enqueue_record(ptr %enqueue_fnp, ptr %stream, ptr %tramp, ptr @nhf_signal, ptr %node, ptr %owner)
+  %ok = icmp eq i64 %status, 0
+  %kept_flag = load i64, ptr @nhf.status.kept
+  %kept_bits = and i64 %status, %kept_flag
+  %kept = icmp ne i64 %kept_bits, 0
+  %enqueued = or i1 %ok, %kept
+  br i1 %enqueued, label %answer, label %discard
+discard:
+  call void @nhf_signal_discard(ptr %node)
+  br label %answer
+answer:
+  %result_status = phi i64 [ %oom, %no_memory ], [ %status, %enqueue ], [ %status, %discard ]
+  %result = call ptr @PyLong_FromUnsignedLongLong(i64 %result_status)
+  ret ptr %result
+}
+
 ; The CUhostFn of a signal: push it, wake the reader if the stack was empty,
 ; then drop the signal's reference.  The node belongs to the reader once
 ; pushed: it is not touched again here.
