@@ -22,6 +22,7 @@ calls, each bound by name to its address in this process.
 
 from __future__ import annotations
 
+import builtins
 import ctypes
 import ctypes.util
 import platform
@@ -209,9 +210,12 @@ _PYTHON = {
     "PyByteArray_Size": "declare i64 @PyByteArray_Size(ptr)",
     "PyByteArray_AsString": "declare ptr @PyByteArray_AsString(ptr)",
     "PyByteArray_FromStringAndSize": "declare ptr @PyByteArray_FromStringAndSize(ptr, i64)",
-    "PyExc_TypeError": "@PyExc_TypeError = external global ptr",
-    "PyExc_Exception": "@PyExc_Exception = external global ptr",
-    "PyExc_KeyboardInterrupt": "@PyExc_KeyboardInterrupt = external global ptr",
+    # Exception types, as numba declares them: the symbol is the type object itself
+    # (bound to id(type) in _bind_symbols, as numba binds every PyExc_* name when its
+    # CPU target starts), not CPython's PyObject* variable of that name.
+    "PyExc_TypeError": "@PyExc_TypeError = external global i8",
+    "PyExc_Exception": "@PyExc_Exception = external global i8",
+    "PyExc_KeyboardInterrupt": "@PyExc_KeyboardInterrupt = external global i8",
     "_Py_NoneStruct": "@_Py_NoneStruct = external global i8",
     "_Py_TrueStruct": "@_Py_TrueStruct = external global i8",
     "_Py_FalseStruct": "@_Py_FalseStruct = external global i8",
@@ -301,6 +305,11 @@ def _bind_symbols() -> None:
         llvm.add_symbol(name, _address_in(libc, (name,)))
     python = [ctypes.pythonapi]
     for name in _PYTHON:
+        if name.startswith("PyExc_"):
+            # The symbol table is the process's: numba binds these names to the type
+            # objects, whichever of us binds first; binding the same keeps both right.
+            llvm.add_symbol(name, id(getattr(builtins, name[len("PyExc_") :])))
+            continue
         names = (name, *PYTHON_ALIASES.get(name, ()))
         llvm.add_symbol(name, _address_in(python, names))
 

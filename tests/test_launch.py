@@ -537,3 +537,81 @@ def test_a_record_owns_the_buffers_its_fields_point_to(stream, device):
         nh.record(SUM, values=np.zeros((4, 4))[:, 0], n=4, out=out)
     with pytest.raises(ValueError, match="has dtype"):
         nh.host_launch(stream, total, user_data=nh.record(np.dtype([("x", np.uint64)]), x=out))
+
+
+NATIVE_FIRST_SCRIPT = """
+import time
+
+import numba_hostfn as nh
+from numba_hostfn._backend import get_backend
+
+native = get_backend().native  # built before numba has compiled anything in this process
+try:
+    native.enqueue(1, 2, 3)
+except TypeError as e:
+    print("usage", "takes 6 arguments" in str(e))
+stream = nh.create_stream()
+
+
+def noop():
+    pass
+
+
+class Raising:
+    # A stream type the fast path learns, whose __cuda_stream__ then raises.
+
+    def __init__(self, stream):
+        self.stream, self.fail = stream, False
+
+    def __cuda_stream__(self):
+        if self.fail:
+            raise ValueError("no handle")
+        return self.stream.__cuda_stream__()
+
+
+if nh.backend_name() == "simulator":  # only the simulator's own Stream is learned there
+    target = stream
+    nh.host_launch(target, noop)
+    real = type(stream).__cuda_stream__
+    type(stream).__cuda_stream__ = lambda self: (_ for _ in ()).throw(ValueError("no handle"))
+else:
+    target = Raising(stream)
+    nh.host_launch(target, noop)
+    target.fail = True
+try:
+    nh.host_launch(target, noop)
+except ValueError as e:
+    print("fell", e)
+if nh.backend_name() == "simulator":
+    type(stream).__cuda_stream__ = real
+
+
+def interrupt():
+    raise KeyboardInterrupt
+
+
+try:
+    nh.host_launch(stream, interrupt, blocking=False)
+    time.sleep(10)
+    print("NOT DELIVERED")
+except KeyboardInterrupt:
+    print("delivered")
+stream.sync()
+"""
+
+
+def test_native_error_paths_work_when_the_native_layer_is_built_before_numba_compiles():
+    """numba binds every PyExc_* symbol to the exception type itself when its CPU target
+    starts; the native layer declares and binds them the same way. Before, it read them
+    as CPython's PyObject* variables, so in a process whose first numba_hostfn call came
+    before any numba compilation each native error path (a usage error, a fall-through
+    clearing an ordinary exception, a Ctrl-C re-raised from a callback) segfaulted."""
+    run = subprocess.run(
+        [sys.executable, "-c", NATIVE_FIRST_SCRIPT],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr + run.stdout
+    assert run.stdout.split("\n") == ["usage True", "fell no handle", "delivered", ""], run.stdout

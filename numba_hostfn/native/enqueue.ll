@@ -104,7 +104,7 @@ entry:
   %six = icmp eq i64 %nargs, 6
   br i1 %six, label %unpack, label %usage
 usage:
-  %type_error = load ptr, ptr @PyExc_TypeError
+  %type_error = getelementptr i8, ptr @PyExc_TypeError, i64 0
   call void @PyErr_SetString(ptr %type_error, ptr @nhf.enqueue.usage)
   ret ptr null
 unpack:

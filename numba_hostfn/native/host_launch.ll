@@ -130,7 +130,7 @@ define internal ptr @nhf.fast.tuple_item(ptr %tuple, i64 %i) alwaysinline {
 ; host_launch raises it (nhf.fast.launch's outcome 2).
 define internal void @nhf.fast.clear_error() {
 entry:
-  %exception = load ptr, ptr @PyExc_Exception
+  %exception = getelementptr i8, ptr @PyExc_Exception, i64 0
   %ordinary = call i32 @PyErr_ExceptionMatches(ptr %exception)
   %is_ordinary = icmp ne i32 %ordinary, 0
   br i1 %is_ordinary, label %clear, label %keep

@@ -144,7 +144,7 @@ entry:
   %six = icmp eq i64 %nargs, 6
   br i1 %six, label %unpack, label %usage
 usage:
-  %type_error = load ptr, ptr @PyExc_TypeError
+  %type_error = getelementptr i8, ptr @PyExc_TypeError, i64 0
   call void @PyErr_SetString(ptr %type_error, ptr @nhf.enqueue_signal.usage)
   ret ptr null
 unpack:
@@ -364,7 +364,7 @@ entry:
   %raised = icmp eq ptr %result, null
   br i1 %raised, label %which, label %release
 which:
-  %kbi = load ptr, ptr @PyExc_KeyboardInterrupt
+  %kbi = getelementptr i8, ptr @PyExc_KeyboardInterrupt, i64 0
   %is_kbi = call i32 @PyErr_ExceptionMatches(ptr %kbi)
   %interrupt = icmp ne i32 %is_kbi, 0
   br i1 %interrupt, label %again, label %report
