@@ -92,6 +92,9 @@ class _Callbacks:
     def __init__(self, *, wake_main: bool = True, name: str = "numba_hostfn-callbacks") -> None:
         self._channel = _Channel(wake_main=wake_main, nonblocking=False)
         self._waiting: dict[int, Any] = {}  # key -> callable, until it has run
+        # Keys taken from the channel and not yet run: an exception in the middle of
+        # a batch (a callback's Ctrl-C) leaves the rest here for the next run.
+        self._due: collections.deque[int] = collections.deque()
         self._lock = threading.Lock()  # one batch at a time: stream order
         self._runner: int | None = None
         native = get_backend().native
@@ -126,16 +129,17 @@ class _Callbacks:
         try:
             self._runner = threading.get_ident()
             ran = 0
+            due, waiting, call = self._due, self._waiting, self._call
             while True:
-                keys = self._channel.take()
-                if not keys:
-                    return ran
-                waiting, call = self._waiting, self._call
-                for key in keys:
-                    fn = waiting.pop(key, None)  # None: its launch raised (see launch)
-                    if fn is not None:
-                        call(fn)
-                        ran += 1
+                if not due:
+                    due.extend(self._channel.take())
+                    if not due:
+                        return ran
+                fn = waiting.pop(due[0], None)  # None: its launch raised (see launch)
+                due.popleft()
+                if fn is not None:
+                    call(fn)
+                    ran += 1
         finally:
             self._runner = None
             self._lock.release()

@@ -300,6 +300,61 @@ def test_an_exception_just_after_a_signal_is_enqueued_frees_nothing_twice():
     ], out
 
 
+INTERRUPTED_BATCH_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import ctypes
+    import sys
+    import time
+
+    from _device import Hold
+    from numba_hostfn import _notify
+
+    ran = []
+
+    def ctrl_c():
+        raise KeyboardInterrupt
+
+    hold = Hold(stream)
+    nh.host_launch(stream, ctrl_c, blocking=False)
+    for i in range(5):
+        nh.host_launch(stream, lambda i=i: ran.append(i), blocking=False)
+    sys.setswitchinterval(1.0)  # the main thread, not the helper, runs the batch
+    interrupted = 0
+    deadline = time.monotonic() + 5
+    try:
+        hold.release()
+        ctypes.PyDLL(None).usleep(200000)  # the GIL held while all six signal
+    except KeyboardInterrupt:
+        interrupted += 1
+    while len(ran) < 5 and time.monotonic() < deadline:
+        try:
+            nh.drain()
+            time.sleep(0.01)
+        except KeyboardInterrupt:
+            interrupted += 1
+    sys.setswitchinterval(0.005)
+    print("ran", ran, "interrupted", interrupted, "waiting", _notify._callbacks.outstanding())
+""")
+
+
+def test_a_ctrl_c_in_the_middle_of_a_batch_loses_none_of_the_rest():
+    """A callback's Ctrl-C stops its batch: the callbacks after it, whose keys the
+    batch had already taken from the channel, run at the next drain (they were
+    dropped, and kept in the table of waiting callbacks for ever)."""
+    out = run_child(INTERRUPTED_BATCH_SCRIPT)
+    assert out.split() == [
+        "ran",
+        "[0,",
+        "1,",
+        "2,",
+        "3,",
+        "4]",
+        "interrupted",
+        "1",
+        "waiting",
+        "0",
+    ], out
+
+
 def test_nonblocking_callbacks_own_their_callable_until_run(stream):
     import weakref
 
