@@ -11,7 +11,7 @@ import weakref
 
 import numpy as np
 import pytest
-from _device import Hold, child_env, rerun_on_simulator, thread_state_count
+from _device import Hold, child_env, rerun_on_simulator, run_child, thread_state_count
 from numba import carray
 
 import numba_hostfn as nh
@@ -606,12 +606,5 @@ def test_native_error_paths_work_when_the_native_layer_is_built_before_numba_com
     as CPython's PyObject* variables, so in a process whose first numba_hostfn call came
     before any numba compilation each native error path (a usage error, a fall-through
     clearing an ordinary exception, a Ctrl-C re-raised from a callback) segfaulted."""
-    run = subprocess.run(
-        [sys.executable, "-c", NATIVE_FIRST_SCRIPT],
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert run.returncode == 0, run.stderr + run.stdout
-    assert run.stdout.split("\n") == ["usage True", "fell no handle", "delivered", ""], run.stdout
+    out = run_child(NATIVE_FIRST_SCRIPT)
+    assert out.split("\n") == ["usage True", "fell no handle", "delivered", ""], out
