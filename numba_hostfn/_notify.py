@@ -224,8 +224,16 @@ def _the_futures() -> _Callbacks:
 
 def run_callbacks() -> int:
     """Run the non-blocking callbacks and done_future results that are due (for
-    ``drain()``); return how many."""
-    return sum(c.run() for c in (_callbacks, _futures) if c is not None)
+    ``drain()``); return how many.
+
+    Called from inside a batch (a callback or a done-callback that drains), it
+    never waits for the other batch's lock: the thread running that batch may be
+    draining too, and waiting for this one.
+    """
+    runners = [c for c in (_callbacks, _futures) if c is not None]
+    me = threading.get_ident()
+    inside = any(c._runner == me for c in runners)
+    return sum(c.run(block=not inside) for c in runners)
 
 
 _IN_GRAPH = (

@@ -355,6 +355,48 @@ def test_a_ctrl_c_in_the_middle_of_a_batch_loses_none_of_the_rest():
     ], out
 
 
+BOTH_BATCHES_DRAIN_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import threading
+    import time
+
+    in_future, in_callback = threading.Event(), threading.Event()
+
+    def on_done(future):  # on the futures' thread, inside their batch
+        in_future.set()
+        in_callback.wait(5)
+        nh.drain()
+        print("done-callback drained", flush=True)
+
+    def callback():  # a non-blocking callback, inside the callbacks' batch
+        in_callback.set()
+        in_future.wait(5)
+        nh.drain()
+        print("callback drained", flush=True)
+
+    nh.done_future(stream).add_done_callback(on_done)
+    nh.host_launch(stream, callback, blocking=False)
+    stream.sync()
+    deadline = time.monotonic() + 10
+    while not (in_future.is_set() and in_callback.is_set()) and time.monotonic() < deadline:
+        nh.drain()
+        time.sleep(0.01)
+    time.sleep(0.5)
+    nh.drain()
+    print("main drained", flush=True)
+""")
+
+
+def test_a_callback_and_a_done_callback_that_both_drain_do_not_deadlock():
+    """Each batch holds its own lock while its callback drains; a drain from inside a
+    batch does not wait for the other batch's lock (they waited for each other)."""
+    out = run_child(BOTH_BATCHES_DRAIN_SCRIPT, timeout=60)
+    assert sorted(out.strip().split("\n")) == [
+        "callback drained",
+        "done-callback drained",
+        "main drained",
+    ], out
+
+
 def test_nonblocking_callbacks_own_their_callable_until_run(stream):
     import weakref
 
