@@ -214,7 +214,7 @@ def _function_like(obj: Any) -> bool:
 def _call_method(fn: Any) -> Any:
     """The plain function behind calling ``fn``, an instance whose class defines
     ``__call__`` in Python; else None (a function, a class, a builtin)."""
-    if issubclass(type(fn), type) or _function_like(fn):
+    if issubclass(type(fn), type):  # (a function-like fn: _function_of has taken it)
         return None
     # The class's own attribute (as the call finds it), not one bound to fn.
     call = next((vars(c)["__call__"] for c in type(fn).__mro__ if "__call__" in vars(c)), None)
