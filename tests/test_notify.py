@@ -360,18 +360,19 @@ BOTH_BATCHES_DRAIN_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     import time
 
     in_future, in_callback = threading.Event(), threading.Event()
+    drained = []  # printed by the main thread: two threads' prints interleave
 
     def on_done(future):  # on the futures' thread, inside their batch
         in_future.set()
         in_callback.wait(5)
         nh.drain()
-        print("done-callback drained", flush=True)
+        drained.append("done-callback drained")
 
     def callback():  # a non-blocking callback, inside the callbacks' batch
         in_callback.set()
         in_future.wait(5)
         nh.drain()
-        print("callback drained", flush=True)
+        drained.append("callback drained")
 
     nh.done_future(stream).add_done_callback(on_done)
     nh.host_launch(stream, callback, blocking=False)
@@ -382,7 +383,8 @@ BOTH_BATCHES_DRAIN_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
         time.sleep(0.01)
     time.sleep(0.5)
     nh.drain()
-    print("main drained", flush=True)
+    drained.append("main drained")
+    print(" | ".join(drained))
 """)
 
 
@@ -390,7 +392,7 @@ def test_a_callback_and_a_done_callback_that_both_drain_do_not_deadlock():
     """Each batch holds its own lock while its callback drains; a drain from inside a
     batch does not wait for the other batch's lock (they waited for each other)."""
     out = run_child(BOTH_BATCHES_DRAIN_SCRIPT, timeout=60)
-    assert sorted(out.strip().split("\n")) == [
+    assert sorted(out.strip().split(" | ")) == [
         "callback drained",
         "done-callback drained",
         "main drained",
