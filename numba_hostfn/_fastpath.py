@@ -77,7 +77,9 @@ class _Table:
         self._addresses = [0] * Fast.TABLE_ENTRIES  # the key address each entry was given
         # key address -> (its weak reference, value, entry)
         self._known: dict[int, tuple[weakref.ref, int, int]] = {}
-        self._next = 0  # the entry a full table reuses next
+        # When each entry was given its key: a full table reuses its oldest entry.
+        self._ages = [0] * Fast.TABLE_ENTRIES
+        self._clock = 0
         self._lock = threading.RLock()
 
     def remember(self, key: Any, value: int) -> None:
@@ -104,6 +106,8 @@ class _Table:
             entry.key = address  # last: the entry is valid from here
             self._refs[slot] = ref
             self._addresses[slot] = address
+            self._clock += 1
+            self._ages[slot] = self._clock
             self._known[address] = (ref, value, slot)
 
     def _free_slot(self) -> int:
@@ -111,9 +115,7 @@ class _Table:
         for slot, ref in enumerate(self._refs):
             if ref is None or ref() is None:
                 return slot
-        slot = self._next
-        self._next = (slot + 1) % Fast.TABLE_ENTRIES
-        return slot
+        return min(range(Fast.TABLE_ENTRIES), key=self._ages.__getitem__)
 
     def _clear(self, slot: int) -> None:
         entry = self._entries[slot]
