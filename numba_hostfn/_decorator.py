@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import builtins
 import ctypes
+import dis
 import inspect
 import sys
 import threading
@@ -47,6 +48,7 @@ __all__ = ["CUhostFn", "HostFunction", "host_callback"]
 CUhostFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 _SIGNATURE = types.void(types.voidptr)
+_MISSING = object()  # HostFunction.__call__ without user_data
 
 
 class _NamedCPUContext(CPUContext):
@@ -196,6 +198,33 @@ def _view_wrapper(py_func: Callable, body: Callable, layout: np.dtype) -> Callab
     return wrapper
 
 
+# Instructions that name a local without reading it.
+_STORES = frozenset({"STORE_FAST", "STORE_FAST_MAYBE_NULL"})
+
+
+def reads_its_argument(py_func: Callable) -> bool:
+    """Whether ``py_func``'s code may read its first parameter (user_data).
+
+    Read off the bytecode, conservatively: any instruction that names the
+    parameter, other than a plain store, counts as a read (so does a closure
+    over it).  A body that never names it cannot follow the pointer.
+    """
+    code = py_func.__code__
+    name = code.co_varnames[0]
+    if name in code.co_cellvars:
+        return True
+    for instruction in dis.get_instructions(code):
+        if instruction.opname in _STORES:
+            continue
+        named = instruction.argval
+        if named == name or (isinstance(named, tuple) and name in named):
+            if "FAST" in instruction.opname or "DEREF" in instruction.opname:
+                return True
+            if "CLOSURE" in instruction.opname:
+                return True
+    return False
+
+
 def _check_layout(dtype: Any) -> np.dtype | None:
     if dtype is None:
         return None
@@ -224,6 +253,9 @@ class HostFunction:
         The original Python function.
     dtype : numpy.dtype or None
         The declared user_data layout, if any (read-only).
+    reads_user_data : bool
+        Whether the body reads its argument (read-only): then ``user_data=None``,
+        which would give it NULL, is refused at launch.
     """
 
     def __init__(
@@ -250,6 +282,7 @@ class HostFunction:
             ) from None
         self.py_func = py_func
         self._dtype = _check_layout(dtype)
+        self._reads_user_data = self._dtype is not None or reads_its_argument(py_func)
         self.__name__ = py_func.__name__
         self.__qualname__ = py_func.__qualname__
         self.__module__ = py_func.__module__
@@ -293,6 +326,11 @@ class HostFunction:
         return self._dtype
 
     @property
+    def reads_user_data(self) -> bool:
+        """Whether the body reads its argument (then ``user_data=None`` is refused)."""
+        return self._reads_user_data
+
+    @property
     def ctypes(self) -> Any:
         """A ``CFUNCTYPE(None, c_void_p)`` pointer to the code that keeps it alive.
 
@@ -314,18 +352,25 @@ class HostFunction:
         """Return the LLVM IR of the compiled function and its C wrapper."""
         return self._cfunc.inspect_llvm()
 
-    def __call__(self, user_data: Any = None) -> None:
+    def __call__(self, user_data: Any = _MISSING) -> None:
         """Run the body now, on the calling thread (GIL released), and raise what it raises.
 
-        ``user_data`` takes the forms :func:`host_launch` accepts and is checked
-        against the declared ``dtype`` the same way.  The body is the same
+        ``user_data`` is required, and takes the forms :func:`host_launch`
+        accepts, checked the same way: against the declared ``dtype``, and
+        ``None`` only for a body that does not read it.  The body is the same
         numba code with the same options, compiled once more (on the first
         direct call) as a jitted function, so that an exception propagates to
         the caller: a host function can be unit-tested with ``pytest.raises``.
         On a stream, where nobody can catch it, the exception is reported to
         ``sys.unraisablehook`` instead.
         """
-        address, owner = resolve_user_data(user_data, self.dtype, self)
+        if user_data is _MISSING:
+            raise TypeError(
+                f"host function {self.__qualname__!r} takes one argument, user_data: call "
+                "it as fn(user_data) with what a launch would pass (nh.by_ref(array), "
+                "bytes, an int address; None only if its body does not read it)"
+            )
+        address, owner = resolve_user_data(user_data, self.dtype, self, self._reads_user_data)
         if self._direct is None:
             self._direct = _direct_caller(self._target, self._options)
         try:

@@ -464,11 +464,15 @@ def host_launch(
         What to run.  A ctypes pointer must be declared exactly as
         ``ctypes.CFUNCTYPE(None, ctypes.c_void_p)``; a numba cfunc must have
         the signature ``void(voidptr)``.
-    user_data : None, int, bytes-like or ByRef, optional
-        Only for compiled functions and pointers.  ``None`` passes NULL, an
-        ``int`` a raw address you keep valid, a bytes-like object a copy taken
-        now (in a graph: taken once, and every replay sees that copy),
-        :func:`by_ref` the buffer itself (every replay sees it live).
+    user_data : None, int, bytes-like, ByRef or Record, optional
+        Only for compiled functions and pointers.  ``None`` passes NULL (refused
+        for a HostFunction whose body reads its argument), an ``int`` a raw
+        address you keep valid, a read-only bytes-like object (``bytes``) a copy
+        taken now (in a graph: taken once, and every replay sees that copy).  A
+        writable buffer (numpy array, ``bytearray``, ...) is never copied, since
+        the host function's writes would be lost: it is shared, as
+        :func:`by_ref` shares it (every replay sees it live), and so is a
+        :func:`record`; pass ``bytes(a)`` for a copy (docs/user_data.md).
     executor : HostExecutor, optional
         Run ``fn`` on the executor's threads instead of the driver's
         host-function thread: the stream writes a word when it reaches this
@@ -503,7 +507,8 @@ def host_launch(
     ValueError
         If user_data is given with a Python callable, or does not match the
         HostFunction's declared ``dtype`` (``0``, a NULL pointer to it,
-        included), or ``blocking=False`` is given
+        included), is NULL (``None`` or ``0``) for a body that reads it, is a
+        writable buffer that cannot be shared (not C-contiguous), or ``blocking=False`` is given
         with compiled code (it never takes the GIL: it needs no such option).
     RuntimeError
         If a capture cannot take a node (it is invalidated), a GraphBuilder is
@@ -585,7 +590,8 @@ def enqueue(
         arg, data_owner = id(fn), None  # the PyObject*, kept alive by fn_owner
     else:
         layout = fn.dtype if kind == "compiled" else None
-        arg, data_owner = resolve_user_data(user_data, layout, fn)
+        reads = kind == "compiled" and fn.reads_user_data
+        arg, data_owner = resolve_user_data(user_data, layout, fn, reads)
     target_kind = _target_kind(target)
     if executor is not None:
         check_executor(executor)

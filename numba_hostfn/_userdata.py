@@ -1,13 +1,20 @@
 """user_data: what a launch passes as the host function's ``void *``, and what it owns.
 
-=====================  =========================================  ==============
-``user_data``          the host function receives                 owned until run
-=====================  =========================================  ==============
-``None``               NULL                                       nothing
-``int``                that address, as is                        nothing (yours)
-bytes-like object      a private copy taken at launch             the copy
-``by_ref(buffer)``     the buffer itself (writable, contiguous)   the buffer
-=====================  =========================================  ==============
+==========================  =========================================  ==============
+``user_data``               the host function receives                 owned until run
+==========================  =========================================  ==============
+``None``                    NULL (refused if the body reads it)        nothing
+``int``                     that address, as is                        nothing (yours)
+read-only bytes-like        a private copy taken at launch             the copy
+writable buffer             the buffer itself (as ``by_ref``)          the buffer
+``by_ref(buffer)``          the buffer itself (writable, contiguous)   the buffer
+``record(...)``             the record itself                          it, and what its
+                                                                       fields point to
+==========================  =========================================  ==============
+
+A writable buffer is never copied: a copy would take the host function's writes
+and drop them.  It is shared, as ``by_ref`` shares it; pass ``bytes(a)`` (or
+``a.tobytes()``) for a copy.
 """
 
 from __future__ import annotations
@@ -37,14 +44,15 @@ class ByRef:
 
     __slots__ = ("obj", "address", "nbytes", "dtype", "_export")
 
-    def __init__(self, obj: Any) -> None:
-        try:
-            view = memoryview(obj)
-        except TypeError:
-            raise TypeError(
-                "by_ref() expected an object with the buffer protocol (a numpy "
-                f"array, bytearray, ...), got {type(obj).__name__}"
-            ) from None
+    def __init__(self, obj: Any, view: memoryview | None = None, what: str = "by_ref()") -> None:
+        if view is None:
+            try:
+                view = memoryview(obj)
+            except TypeError:
+                raise TypeError(
+                    "by_ref() expected an object with the buffer protocol (a numpy "
+                    f"array, bytearray, ...), got {type(obj).__name__}"
+                ) from None
         if view.readonly:
             raise ValueError(
                 "by_ref() needs a writable buffer, because the host function may write "
@@ -52,14 +60,15 @@ class ByRef:
             )
         if not view.c_contiguous:
             raise ValueError(
-                "by_ref() needs a C-contiguous buffer; pass np.ascontiguousarray(a) "
-                "and read the result from that array"
+                f"{what} needs a C-contiguous buffer to share with the host function (a "
+                "writable buffer is shared, never copied); pass np.ascontiguousarray(a) "
+                "and read the result from that array, or bytes(a) for a copy"
             )
         if view.nbytes == 0:
-            raise ValueError("by_ref() needs a buffer of at least one byte")
+            raise ValueError(f"{what} needs a buffer of at least one byte")
         if isinstance(obj, np.ndarray) and obj.dtype.hasobject:
             raise TypeError(
-                f"by_ref() got an array of Python objects (dtype {obj.dtype}); a host "
+                f"{what} got an array of Python objects (dtype {obj.dtype}); a host "
                 "function cannot use object pointers without the GIL: pass numeric data"
             )
         # The ctypes view holds a buffer export: a bytearray cannot be resized
@@ -106,9 +115,10 @@ def by_ref(obj: Any) -> ByRef:
 class Record:
     """User data of a structured dtype whose address fields point at buffers it owns.
 
-    Made by :func:`record`.  Passed as ``user_data``, the record is copied like
-    any bytes-like object, and the launch also keeps every buffer a field
-    points to alive until the host function has run.
+    Made by :func:`record`.  Passed as ``user_data``, the record is shared with
+    the host function, as :func:`by_ref` shares a buffer: the body reads and
+    writes the record's own memory (``data``), and the launch keeps the record
+    and every buffer a field points to alive until the host function has run.
     """
 
     __slots__ = ("data", "keep")
@@ -134,7 +144,9 @@ def record(dtype: Any, **fields: Any) -> Record:
     holds only the number.  Give the buffer itself for such a field: its
     address goes into the record, and a launch with this record as
     ``user_data`` owns the buffer until the host function has run (in a
-    graph: as long as the graph).
+    graph: as long as the graph).  The record itself is shared, not copied:
+    what the host function writes into its fields is in ``data`` once the
+    stream has passed the launch.
 
     Parameters
     ----------
@@ -240,21 +252,38 @@ def _check_layout(nbytes: int, dtype: Any, layout: np.dtype | None, what: str, f
         )
 
 
-def resolve_user_data(user_data: Any, layout: np.dtype | None, fn: Any) -> tuple[int, Any]:
-    """Return ``(address, owner)`` for ``user_data`` of ``fn``; ``owner`` must outlive the call."""
+def _null_for_a_reader(fn: Any, what: str) -> ValueError:
+    return ValueError(
+        f"host function {_name(fn)} reads its argument, and {what} would give it NULL; "
+        "pass the data: nh.by_ref(array) (or the writable array itself) to share a "
+        "buffer, bytes to copy, or the int address of memory you keep valid"
+    )
+
+
+def resolve_user_data(
+    user_data: Any, layout: np.dtype | None, fn: Any, reads: bool = False
+) -> tuple[int, Any]:
+    """Return ``(address, owner)`` for ``user_data`` of ``fn``; ``owner`` must outlive the call.
+
+    ``reads``: the body reads its argument, so None (a NULL it would follow) is refused.
+    """
     if user_data is None:
         if layout is not None:
             raise ValueError(
                 f"host function {_name(fn)} declares user_data {_describe(layout)}; pass a "
                 "value of that layout (bytes-like to copy, or by_ref(array))"
             )
+        if reads:
+            raise _null_for_a_reader(fn, "user_data=None")
         return 0, None
     if isinstance(user_data, ByRef):
         _check_layout(user_data.nbytes, user_data.dtype, layout, "by_ref(...)", fn)
         return user_data.address, user_data
     if isinstance(user_data, Record):
-        address, copy = resolve_user_data(user_data.data, layout, fn)
-        return address, (copy, user_data.keep)  # the copy, and what its fields point to
+        # Shared, as by_ref shares a buffer: the body's writes land in the record.
+        shared = ByRef(user_data.data, what="record()")
+        _check_layout(shared.nbytes, shared.dtype, layout, "the record", fn)
+        return shared.address, (shared, user_data.keep)
     if isinstance(user_data, bool):
         raise TypeError(
             "user_data must be None, an int address, bytes-like or by_ref(...); got a bool"
@@ -262,6 +291,8 @@ def resolve_user_data(user_data: Any, layout: np.dtype | None, fn: Any) -> tuple
     if isinstance(user_data, int):
         if not 0 <= user_data < _MAX_ADDRESS:
             raise ValueError(f"user_data address must be in [0, 2**64), got {user_data}")
+        if user_data == 0 and layout is None and reads:
+            raise _null_for_a_reader(fn, "user_data=0")
         if user_data == 0 and layout is not None:  # the body would read fields at NULL
             raise ValueError(
                 f"host function {_name(fn)} declares user_data {_describe(layout)}, and "
@@ -289,8 +320,9 @@ def resolve_user_data(user_data: Any, layout: np.dtype | None, fn: Any) -> tuple
         view = memoryview(user_data)
     except TypeError:
         raise TypeError(
-            "user_data must be None, an int (a raw address, not owned), a bytes-like "
-            "object (copied), or by_ref(buffer) (passed by reference); got "
+            "user_data must be None, an int (a raw address, not owned), a read-only "
+            "bytes-like object (copied), a writable buffer or by_ref(buffer) (shared), or "
+            "a record(...) (shared); got "
             f"{type(user_data).__name__}"
         ) from None
     dtype = user_data.dtype if isinstance(user_data, (np.ndarray, np.generic)) else None
@@ -306,6 +338,10 @@ def resolve_user_data(user_data: Any, layout: np.dtype | None, fn: Any) -> tuple
             "least one byte"
         )
     _check_layout(view.nbytes, dtype, layout, "user_data", fn)
+    if not view.readonly:
+        # Never copied: the host function's writes would go to the copy, and be lost.
+        shared = ByRef(user_data, view, what="writable user_data")
+        return shared.address, shared
     data = view.tobytes()  # C-order copy, whatever the source's strides
     copy = (ctypes.c_char * max(len(data), 1)).from_buffer_copy(data.ljust(1, b"\0"))
     return ctypes.addressof(copy), copy

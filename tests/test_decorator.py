@@ -123,7 +123,7 @@ def test_exception_in_body_is_reported_naming_the_host_function(unraisables):
 def test_a_direct_call_raises_what_the_body_raises(unraisables):
     """Called directly, on the caller's thread, a host function raises like a function."""
     with pytest.raises(ValueError, match="raised inside a host function"):
-        raises()
+        raises(None)
 
     @nh.host_callback(boundscheck=True)
     def out_of_bounds(p):

@@ -43,6 +43,11 @@ def increment(p):
     carray(p, (1,), np.int64)[0] += 1
 
 
+@nh.host_callback
+def ignore(p):  # never reads its argument: launched with None
+    pass
+
+
 @nh.host_callback(dtype=REC)
 def typed(d):
     d.a += 1
@@ -96,7 +101,7 @@ class Call:
     watched: list = field(default_factory=list)
 
 
-def _launch(stream, fn=increment, **kw):
+def _launch(stream, fn=ignore, **kw):
     return lambda: nh.host_launch(stream, fn, **kw)
 
 
@@ -117,22 +122,22 @@ def _closed_executor():
 BAD_INPUTS: dict[str, Callable] = {
     # -- the stream --
     "stream is None": lambda d, s: Call(
-        lambda: nh.host_launch(None, increment), (TypeError,), "stream"
+        lambda: nh.host_launch(None, ignore), (TypeError,), "stream"
     ),
     "stream is a bare int": lambda d, s: Call(
-        (lambda h: lambda: nh.host_launch(h, increment))(d(st.integers(0, 2**63))),
+        (lambda h: lambda: nh.host_launch(h, ignore))(d(st.integers(0, 2**63))),
         (TypeError,),
         "stream|Stream",
     ),
     "stream has no __cuda_stream__": lambda d, s: Call(
-        (lambda o: lambda: nh.host_launch(o, increment))(
+        (lambda o: lambda: nh.host_launch(o, ignore))(
             d(st.sampled_from(["s", 1.5, [1], {"a": 1}, object(), b"x"]))
         ),
         (TypeError,),
         "stream",
     ),
     "__cuda_stream__ returns a bad value": lambda d, s: Call(
-        (lambda v: lambda: nh.host_launch(_BadProtocol(v), increment))(
+        (lambda v: lambda: nh.host_launch(_BadProtocol(v), ignore))(
             d(st.sampled_from([None, 5, (0,), (1, 2, 3), ("0", 1), (0, "h"), (0, -1), (0, 2**64)]))
         ),
         (TypeError, ValueError),
@@ -599,14 +604,15 @@ def test_user_data_runs_or_is_refused(stream, data, fn):
     record = np.zeros(1, REC)
     host_fn = increment if fn == "increment" else typed
     live = False  # the function sees counter (increment) or record (typed) itself
+    shared = None  # a writable buffer given as it is: shared, never copied
     if data == "by_ref":
         data, live = nh.by_ref(counter), fn == "increment"
     elif data == "by_ref-rec":
         data, live = nh.by_ref(record), fn == "typed"
     elif data == "rec":
-        data = np.zeros(1, REC)  # copied: the launch sees a copy
+        data = shared = np.zeros(1, REC)
     elif data == "array":
-        data = np.zeros(2, np.int64)
+        data = shared = np.zeros(2, np.int64)
     elif data == "empty":
         data = b""
     elif fn == "increment" and (data is None or isinstance(data, int) and 0 <= data < 2**64):
@@ -626,3 +632,5 @@ def test_user_data_runs_or_is_refused(stream, data, fn):
     nh.drain()
     if live:
         assert (counter[0] if fn == "increment" else record[0]["a"]) == 1
+    if shared is not None:  # both functions add 1 to the first int64: seen in place
+        assert (shared[0]["a"] if shared.dtype == REC else shared[0]) == 1

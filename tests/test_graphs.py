@@ -89,7 +89,9 @@ def test_graph_builder_host_nodes_run_at_every_replay(device, stream):
 def test_copied_user_data_is_copied_once_at_capture(device, stream):
     out = np.zeros(1, np.int64)
     data = np.array([(out.ctypes.data, 5)], ADD)
-    builder, graph = _build(stream, lambda b: nh.host_launch(b, add_value, user_data=data))
+    frozen = data.view()
+    frozen.flags.writeable = False  # read-only user data: copied
+    builder, graph = _build(stream, lambda b: nh.host_launch(b, add_value, user_data=frozen))
     data[0]["value"] = 1000  # after capture: no replay sees it
     for _ in range(3):
         graph.launch(stream)
@@ -110,7 +112,8 @@ def test_any_capture_of_a_plain_stream_owns_every_kind(device, stream, mode):
     nh.host_launch(stream, increment, user_data=nh.by_ref(counter))
     nh.host_launch(stream, increment, user_data=by_address.ctypes.data)
     nh.host_launch(stream, lambda: calls.append(1))
-    nh.host_launch(stream, add_value, user_data=np.array([(copied_out.ctypes.data, 2)], ADD))
+    copy = np.array([(copied_out.ctypes.data, 2)], ADD).tobytes()
+    nh.host_launch(stream, add_value, user_data=copy)
     nh.host_launch(stream, increment.ctypes, user_data=by_address.ctypes.data)
     capture.end()
     assert nh.pending() == 5
@@ -231,7 +234,7 @@ def test_host_copy_and_release_after_under_capture(device, stream):
 def test_not_building_builder_is_refused(device, stream):
     builder = stream.create_graph_builder()
     with pytest.raises(RuntimeError, match="begin_building"):
-        nh.host_launch(builder, increment, user_data=0)
+        nh.host_launch(builder, increment, user_data=np.zeros(1, np.int64))
     assert nh.pending() == 0
     builder.close()
 
@@ -314,7 +317,8 @@ def test_torch_cuda_graph_owns_every_kind(device):
         nh.host_launch(stream, increment, user_data=nh.by_ref(counter))
         nh.host_launch(stream, increment, user_data=by_address.ctypes.data)
         nh.host_launch(stream, lambda: calls.append(1))
-        nh.host_launch(stream, add_value, user_data=np.array([(copied_out.ctypes.data, 3)], ADD))
+        copy = np.array([(copied_out.ctypes.data, 3)], ADD).tobytes()
+        nh.host_launch(stream, add_value, user_data=copy)
     for replays in (10, 1000):
         for _ in range(replays):
             g.replay()
@@ -475,5 +479,7 @@ def test_explicit_graphs_need_a_gpu(request):
     from cuda.core.graph import GraphDefinition
 
     with pytest.raises(nh.SimulatorUnsupportedError, match="explicit graphs"):
-        nh.host_launch(GraphDefinition.__new__(GraphDefinition), increment, user_data=0)
+        nh.host_launch(
+            GraphDefinition.__new__(GraphDefinition), increment, user_data=np.zeros(1, np.int64)
+        )
     assert nh.pending() == 0

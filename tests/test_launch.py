@@ -42,6 +42,11 @@ def write_value(d):
 
 
 @nh.host_callback
+def nothing(p):
+    pass
+
+
+@nh.host_callback
 def append_value(p):
     """p -> [count, values...]: append 1 + the count so far."""
     a = carray(p, (1001,), np.int64)
@@ -166,24 +171,104 @@ def test_by_ref_buffer_kept_alive_until_run_then_released(stream, device):
     assert alive() is None
 
 
-def test_bytes_user_data_is_copied_at_launch(stream, device):
+def test_read_only_user_data_is_copied_at_launch(stream, device):
     result = np.zeros(1, np.int64)
-    data = bytearray(struct.pack("=Qq", result.ctypes.data, 1234))
+    source = bytearray(struct.pack("=Qq", result.ctypes.data, 1234))
     device.delay(stream, 0.05)
-    nh.host_launch(stream, write_value, user_data=data)
-    data[8:16] = struct.pack("=q", 999)  # changing the source after the launch...
+    nh.host_launch(stream, write_value, user_data=memoryview(source).toreadonly())
+    source[8:16] = struct.pack("=q", 999)  # changing the source after the launch...
     stream.sync()
     assert result[0] == 1234  # ...does not change what the function saw
-    assert struct.unpack("=q", data[8:16])[0] == 999  # and it wrote only its own copy
+    assert struct.unpack("=q", source[8:16])[0] == 999  # and it wrote only its own copy
 
 
-def test_numpy_user_data_is_copied_and_checked_against_layout(stream):
+@pytest.mark.parametrize("kind", ["bytearray", "numpy", "memoryview", "ctypes"])
+def test_writable_user_data_is_shared_not_copied(stream, device, kind):
+    """A writable buffer is shared, as by_ref shares it: the body's writes land in it
+    (a copy would have taken them and dropped them), and the launch owns it until run."""
+    result = np.zeros(1, np.int64)
+    packed = struct.pack("=Qq", result.ctypes.data, 1234)
+    data = {
+        "bytearray": lambda: bytearray(packed),
+        "numpy": lambda: np.frombuffer(bytearray(packed), OUT).copy(),
+        "memoryview": lambda: memoryview(bytearray(packed)),
+        "ctypes": lambda: (ctypes.c_char * 16).from_buffer_copy(packed),
+    }[kind]()
+    device.delay(stream, 0.05)
+    before = nh.pending()
+    nh.host_launch(stream, write_value, user_data=data)
+    assert nh.pending() == before + 1
+    stream.sync()
+    nh.drain()
+    assert result[0] == 1234
+    assert struct.unpack("=q", bytes(memoryview(data).cast("B"))[8:16])[0] == -1  # its write
+
+
+def test_writable_user_data_that_cannot_be_shared_is_refused(stream):
+    """A strided writable buffer cannot be shared, and is not copied either."""
+    strided = np.zeros((4, 4), np.int64)[:, :2]
+    before = nh.pending()
+    with pytest.raises(ValueError, match=r"C-contiguous.*bytes\(a\) for a copy"):
+        nh.host_launch(stream, increment, user_data=strided)
+    assert nh.pending() == before
+
+
+def test_numpy_user_data_is_shared_and_checked_against_layout(stream):
     result = np.zeros(1, np.int64)
     record = np.array([(result.ctypes.data, 55)], OUT)
     nh.host_launch(stream, write_value, user_data=record)
     stream.sync()
     assert result[0] == 55
-    assert record[0]["value"] == 55
+    assert record[0]["value"] == -1  # the body's write, in the caller's array
+    frozen = record.copy()
+    frozen[0]["value"] = 56
+    frozen.flags.writeable = False  # read-only: a copy
+    nh.host_launch(stream, write_value, user_data=frozen)
+    stream.sync()
+    assert result[0] == 56 and frozen[0]["value"] == 56
+
+
+def test_a_record_is_shared_with_the_body(stream):
+    """A record is shared, as a writable buffer is: what the body writes into its
+    fields is in the record's own data once the stream has passed the launch."""
+    result = np.zeros(1, np.int64)
+    rec = nh.record(OUT, out=result, value=21)
+    nh.host_launch(stream, write_value, user_data=rec)
+    stream.sync()
+    assert result[0] == 21
+    assert rec.data[0]["value"] == -1  # the body's write, not lost in a copy
+    write_value(rec)  # a direct call shares it too
+    assert result[0] == -1
+
+
+def test_a_body_that_reads_its_argument_is_never_given_null_by_accident(stream):
+    """user_data=None would give NULL to a body that follows the pointer: refused at
+    launch (and in a direct call); a direct call without user_data is a TypeError.
+    A body that never reads its argument launches with None, and user_data=0 is an
+    NULL as an int address, 0, is refused for it too."""
+    assert increment.reads_user_data and not nothing.reads_user_data
+    _refused_none = "reads its argument, and user_data=None would give it NULL"
+    before = nh.pending()
+    with pytest.raises(ValueError, match=_refused_none):
+        nh.host_launch(stream, increment)
+    with pytest.raises(ValueError, match=_refused_none):
+        nh.host_launch(stream, increment, user_data=None)
+    with pytest.raises(ValueError, match=_refused_none):
+        increment(None)
+    with pytest.raises(ValueError, match="user_data=0 would give it NULL"):
+        nh.host_launch(stream, increment, user_data=0)
+    with pytest.raises(TypeError, match="takes one argument, user_data"):
+        increment()
+    with pytest.raises(TypeError, match="takes one argument, user_data"):
+        nothing()
+    assert nh.pending() == before
+    nh.host_launch(stream, nothing)
+    nh.host_launch(stream, nothing, user_data=None)
+    nh.host_launch(stream, nothing, user_data=0)
+    nothing(None)
+    stream.sync()
+    nh.drain()
+    assert nh.pending() == before
 
 
 def test_int_user_data_is_passed_through(stream):

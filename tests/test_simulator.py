@@ -43,7 +43,7 @@ def test_stream_surface(request):
     s.close()  # idempotent
     assert "closed" in repr(s)
     with pytest.raises(RuntimeError, match="closed"):
-        nh.host_launch(s, increment, user_data=0)
+        nh.host_launch(s, increment, user_data=np.zeros(1, np.int64))
     with pytest.raises(RuntimeError, match="closed"):
         s.sync()
     assert nh.pending() == 0
@@ -69,7 +69,7 @@ def test_foreign_stream_objects_are_refused(request):
             return (0, 0xDEAD0000)
 
     with pytest.raises(TypeError, match="simulator.Stream"):
-        nh.host_launch(Foreign(), increment, user_data=0)
+        nh.host_launch(Foreign(), increment, user_data=np.zeros(1, np.int64))
     assert nh.pending() == 0
 
 

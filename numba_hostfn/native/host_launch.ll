@@ -427,25 +427,22 @@ entry:
   %is_none = icmp eq ptr %data, @_Py_NoneStruct
   br i1 %is_none, label %none, label %not_none
 none:
-  ; A declared layout needs a value (the Python path says so).
-  br i1 %declared, label %no, label %null
-null:
-  store i64 0, ptr %arg_out
-  ret i1 true
+  ; NULL: the Python path decides (a declared layout, or a body that reads its
+  ; argument, is refused there).
+  br label %no
 not_none:
   %type = call ptr @nhf.fast.type_of(ptr %data)
   %is_int = icmp eq ptr %type, @PyLong_Type
   br i1 %is_int, label %int, label %not_int
 int:
-  ; An address, as is (out of range, or NULL for a declared layout, falls
-  ; through to the Python path's ValueError).
+  ; An address, as is (out of range, or NULL, falls through: the Python path
+  ; refuses NULL for a declared layout or a body that reads its argument).
   %is_address = call i1 @nhf.fast.exact_u64(ptr %data, ptr %arg_out)
   br i1 %is_address, label %check_null, label %no
 check_null:
   %address = load i64, ptr %arg_out
   %zero = icmp eq i64 %address, 0
-  %null_record = and i1 %zero, %declared
-  br i1 %null_record, label %no, label %address_ok
+  br i1 %zero, label %no, label %address_ok
 address_ok:
   ret i1 true
 not_int:
@@ -488,15 +485,11 @@ bytes:
   %bytes_data = call ptr @PyBytes_AsString(ptr %data)
   br label %sized
 not_bytes:
-  %is_bytearray = icmp eq ptr %type, @PyByteArray_Type
-  br i1 %is_bytearray, label %bytearray, label %no
-bytearray:
-  %bytearray_size = call i64 @PyByteArray_Size(ptr %data)
-  %bytearray_data = call ptr @PyByteArray_AsString(ptr %data)
-  br label %sized
+  ; A writable buffer (bytearray, numpy) is shared, never copied: the Python path.
+  br label %no
 sized:
-  %size = phi i64 [ %bytes_size, %bytes ], [ %bytearray_size, %bytearray ]
-  %source = phi ptr [ %bytes_data, %bytes ], [ %bytearray_data, %bytearray ]
+  %size = phi i64 [ %bytes_size, %bytes ]
+  %source = phi ptr [ %bytes_data, %bytes ]
   ; Empty data, or a size other than the declared layout's: the Python path raises.
   %empty = icmp sle i64 %size, 0
   br i1 %empty, label %no, label %check_layout

@@ -1,0 +1,217 @@
+/* The native core of numba_hostfn: what the CUDA driver's (or a pool's, or the
+ * simulator's) threads run, and host_launch's common cases.
+ *
+ * One header for the whole extension module (numba_hostfn._core).  Each .c file
+ * is one concern, as DESIGN.md beside this file lists; LIFETIME.md (in the
+ * package) states the invariants, and names the function that keeps each.
+ *
+ * Threads.  A function marked "any thread" may run on a thread that Python did
+ * not create and that holds no GIL (the driver's host-function thread, a pool
+ * thread, a simulated stream's thread).  Such a function touches CPython only
+ * between nhf_guard_enter() and nhf_guard_leave(), and only after taking the GIL
+ * with nhf_gil_take().  A function marked "GIL held" is called from Python.
+ *
+ * Locks.  Native data has its own locks or atomics, never the GIL alone: the
+ * free list of launch records has a mutex, the completed stack is lock-free,
+ * counters are atomics.  No thread holds a native mutex while it waits for the
+ * GIL, so holding the GIL while taking one never deadlocks.
+ */
+#ifndef NHF_H
+#define NHF_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+/* ---- status words of the enqueue functions ---------------------------------
+ * 0, a CUresult in the low 32 bits where a driver call failed, and these flags. */
+#define NHF_CAPTURE_CHECK_FAILED (UINT64_C(1) << 32) /* cuStreamIsCapturing failed */
+#define NHF_CAPTURING (UINT64_C(1) << 33)            /* capturing: nothing enqueued */
+#define NHF_QUEUE_STOPPED (UINT64_C(1) << 34)        /* closed stream or executor */
+#define NHF_OUT_OF_MEMORY (UINT64_C(1) << 36)        /* no memory for an entry or task */
+#define NHF_KEPT (UINT64_C(1) << 37)                 /* enqueued after all: it will run */
+#define NHF_CURESULT_MASK UINT64_C(0xFFFFFFFF)
+
+/* A CUhostFn: void (*)(void *). */
+typedef void (*nhf_hostfn)(void *);
+
+/* An enqueue function: put trampoline(record) on `target` (a stream, or an
+ * executor's lane), without the GIL; returns a status word. */
+typedef uint64_t (*nhf_enqueue_fn)(void *target, nhf_hostfn trampoline, void *record);
+
+/* ---- launch records (records.c) ---------------------------------------------- */
+
+/* What one launch owns, from its enqueue until the drain after it has run. */
+typedef struct nhf_record {
+    nhf_hostfn fn;           /* what a trampoline calls (NULL for a Python callable) */
+    void *arg;               /* its user_data, or the PyObject* of the Python callable */
+    void *context;           /* the executor's pool, for its copy trampoline */
+    struct nhf_record *next; /* link: free list, completed stack, or a keeper's list */
+    PyObject *result;        /* what a Python callable returned (released by the drain) */
+    PyObject *owner;         /* strong reference to what the launch keeps alive */
+} nhf_record;
+
+/* GIL held.  Take a free record for fn(arg) with a new reference to owner;
+ * NULL (MemoryError set) if no memory. */
+nhf_record *nhf_record_take(nhf_hostfn fn, void *arg, PyObject *owner);
+/* GIL held.  Put a record back and drop its references (its enqueue failed, or
+ * the drain releases it). */
+void nhf_record_release(nhf_record *record);
+/* GIL held.  Release every completed record and deferred object; returns how
+ * many records were released. */
+Py_ssize_t nhf_drain(void);
+/* Any thread.  The record has run, or its graph is gone: hand it to Python. */
+void nhf_record_complete(nhf_record *record);
+/* Any thread, GIL held by the caller.  Release object on the main thread's next
+ * drain instead of here. */
+void nhf_defer_release(PyObject *object);
+/* Any thread.  Whether a drain would find work (a hint). */
+bool nhf_drain_wanted(void);
+/* Records taken and not released. */
+Py_ssize_t nhf_records_held(void);
+/* Py_AddPendingCall refusals (each retried later). */
+Py_ssize_t nhf_schedule_failures(void);
+
+/* ---- the interpreter guard, and the GIL on foreign threads (guard.c) --------- */
+
+/* Any thread: count this thread in before touching CPython; false once the
+ * guard is closed (interpreter exit). */
+bool nhf_guard_enter(void);
+void nhf_guard_leave(void);
+bool nhf_guard_open(void);
+/* GIL held: close the guard and wait, GIL released, at most ms milliseconds
+ * for the threads inside; returns how many are left. */
+long nhf_guard_close(long ms);
+
+/* Any thread, inside the guard: take the GIL (a foreign thread gets a thread
+ * state that it keeps); returns what nhf_gil_give gives back. */
+PyGILState_STATE nhf_gil_take(void);
+void nhf_gil_give(PyGILState_STATE state);
+/* Any thread: give back the thread state nhf_gil_take kept for this thread,
+ * before the thread ends (a pool's threads). */
+void nhf_gil_forget(void);
+/* Any thread: after a compiled body, undo a PyGILState_Ensure the body left. */
+void nhf_gil_give_back_leaked(void);
+
+/* ---- trampolines (trampolines.c): what the driver calls ------------------------ */
+
+void nhf_run_compiled(void *record);
+void nhf_run_python(void *record);
+void nhf_replay_python(void *record);
+void nhf_user_object_release(void *record);
+/* GIL held: call callable(), reporting an exception (KeyboardInterrupt is
+ * delivered again to the main thread); a new reference, or NULL. */
+PyObject *nhf_call_reporting(PyObject *callable);
+
+/* ---- the enqueue (enqueue.c) --------------------------------------------------- */
+
+/* GIL held on entry and exit.  Take a record owning `owner`, drop the GIL only
+ * for enqueue_fn(target, trampoline, record), release the record if that
+ * refused, and drain what has run meanwhile.  *record_out, if given, gets the
+ * record (NULL if none was taken).  Returns the status word; UINT64_MAX with a
+ * Python error set if no record could be taken. */
+uint64_t nhf_enqueue_record(nhf_enqueue_fn enqueue_fn, void *target, nhf_hostfn trampoline,
+                            nhf_hostfn fn, void *arg, PyObject *owner);
+#define NHF_NO_RECORD UINT64_MAX
+
+/* The CUDA driver's entry points, set once by the backend (cuGetProcAddress). */
+typedef int (*nhf_cu_is_capturing)(void *stream, int *status);
+typedef int (*nhf_cu_launch_host_func)(void *stream, nhf_hostfn fn, void *data);
+typedef int (*nhf_cu_write_value32)(void *stream, uint64_t address, uint32_t value,
+                                    unsigned flags);
+typedef int (*nhf_cu_wait_value32)(void *stream, uint64_t address, uint32_t value,
+                                   unsigned flags);
+typedef int (*nhf_cu_batch_mem_op)(void *stream, unsigned count, void *params, unsigned flags);
+
+struct nhf_cuda {
+    _Atomic(nhf_cu_is_capturing) is_capturing;
+    _Atomic(nhf_cu_launch_host_func) launch_host_func;
+    _Atomic(nhf_cu_write_value32) write_value32;
+    _Atomic(nhf_cu_wait_value32) wait_value32;
+    _Atomic(nhf_cu_batch_mem_op) batch_mem_op; /* NULL: two calls, never a batch */
+};
+extern struct nhf_cuda nhf_cuda;
+
+uint64_t nhf_cuda_enqueue(void *stream, nhf_hostfn trampoline, void *record);
+
+/* ---- host_launch (host_launch.c) ----------------------------------------------- */
+
+/* The compiled-function base type: HostFunction subclasses it in Python. */
+typedef struct {
+    PyObject_HEAD
+    uintptr_t address;        /* the CUhostFn's machine code */
+    PyObject *layout;         /* the declared numpy dtype, or NULL */
+    Py_ssize_t layout_bytes;  /* its itemsize (0 without a layout) */
+    int reads_user_data;      /* the body reads its argument: NULL is refused */
+    PyObject *weakrefs;
+    PyObject *dict;
+} nhf_compiled_object;
+extern PyTypeObject nhf_compiled_type;
+
+/* ByRef: a writable buffer exported for as long as a launch owns it. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *obj;     /* the buffer's object */
+    PyObject *dtype;   /* obj.dtype for a numpy array, else None */
+    Py_buffer view;    /* the export: a bytearray cannot be resized while it lives */
+    int exported;
+} nhf_byref_object;
+extern PyTypeObject nhf_byref_type;
+
+PyObject *nhf_host_launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                          PyObject *kwnames);
+PyObject *nhf_py_configure_launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                  PyObject *kwnames);
+PyObject *nhf_py_launch_counts(PyObject *self, PyObject *unused);
+PyObject *nhf_py_classify(PyObject *self, PyObject *fn);
+int nhf_host_launch_init(PyObject *module);
+
+/* ---- the simulator (simulator.c) ----------------------------------------------- */
+
+typedef struct nhf_sim_stream nhf_sim_stream;
+uint64_t nhf_sim_enqueue(void *stream, nhf_hostfn fn, void *arg);
+uint64_t nhf_sim_enqueue_device(void *stream, nhf_hostfn fn, void *arg);
+void nhf_sim_delay(void *arg);
+void nhf_sim_keeper_release(void *keeper);
+int nhf_simulator_init(PyObject *module);
+
+/* ---- the HostExecutor (executor.c) --------------------------------------------- */
+
+typedef struct nhf_pool nhf_pool;
+typedef struct {
+    PyObject_HEAD
+    nhf_pool *pool; /* NULL until started */
+    PyObject *weakrefs;
+    PyObject *dict;
+} nhf_executor_object;
+extern PyTypeObject nhf_executor_type;
+void *nhf_exec_find_lane(nhf_pool *pool, void *stream);
+uint64_t nhf_exec_cuda_enqueue(void *lane, nhf_hostfn trampoline, void *record);
+uint64_t nhf_exec_sim_enqueue(void *lane, nhf_hostfn trampoline, void *record);
+void nhf_exec_copy(void *record);
+int nhf_executor_init(PyObject *module);
+
+/* ---- signals to Python (notify.c) ---------------------------------------------- */
+
+int nhf_notify_init(PyObject *module);
+
+/* ---- the module (module.c) ----------------------------------------------------- */
+
+/* An int argument as an address; -1 and an error set if it is not one. */
+int nhf_address_arg(PyObject *value, void **out);
+/* Add name = address (an int) to the module. */
+int nhf_add_address(PyObject *module, const char *name, void *address);
+/* Relax the CPU in a spin-wait. */
+static inline void nhf_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+#endif /* NHF_H */
