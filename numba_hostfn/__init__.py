@@ -28,8 +28,7 @@ from ._hostcopy import (
     host_memcpy_2d,
     release_after,
 )
-from ._intrinsics import as_voidptr
-from ._launch import drain, pending
+from ._launch import drain, host_launch, pending
 from ._notify import add_callback, async_done, done_future
 from ._userdata import ByRef, Record, by_ref, record
 
@@ -70,22 +69,18 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # host_launch is a native builtin (_fastpath.py): building it compiles the
-    # native layer, which importing the package should not pay for.
-    if name != "host_launch":
+    # as_voidptr is a numba intrinsic: importing it imports numba, which importing
+    # the package does not (numba comes with the first compiled function).
+    if name != "as_voidptr":
         raise AttributeError(f"module 'numba_hostfn' has no attribute {name!r}")
-    from ._fastpath import fast_path
+    from ._intrinsics import as_voidptr
 
-    try:
-        fn = fast_path().builtin
-    except RuntimeError:  # no native layer here (a free-threaded build): the
-        from ._launch import host_launch as fn  # Python one says why when called
-    globals()["host_launch"] = fn
-    return fn
+    globals()["as_voidptr"] = as_voidptr
+    return as_voidptr
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | {"host_launch"})
+    return sorted(set(globals()) | {"as_voidptr"})
 
 
 def backend_name() -> str:

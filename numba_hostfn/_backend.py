@@ -2,9 +2,9 @@
 
 The backend is chosen once per process, from ``NUMBA_HOSTFN_SIMULATOR`` as it
 is at the first call that needs one (import does not touch the driver).  Both
-backends enqueue the same native trampolines from ``_native``, share one set
-of launch records, and let a graph being captured own its nodes' records the
-same way, so a launch means the same thing on both.
+backends enqueue the same native trampolines (``_core``, the C extension),
+share one set of launch records, and let a graph being captured own its nodes'
+records the same way, so a launch means the same thing on both.
 """
 
 from __future__ import annotations
@@ -15,14 +15,17 @@ import threading
 import weakref
 from typing import Any
 
+from . import _core
 from ._errors import SIMULATOR_ENV, BackendUnavailableError, CudaDriverError
-from ._native import Native, Status, calloc, native
 from ._records import LaunchRecords
 
 __all__ = [
     "Backend",
     "cuda_driver_usable",
+    "forked",
     "get_backend",
+    "on_backend",
+    "on_fork",
     "simulator_requested",
     "simulator_unless_driver",
     "use_simulator",
@@ -30,6 +33,23 @@ __all__ = [
 
 _lock = threading.Lock()
 _backend: Backend | None = None
+#: Called with the backend once it is made (``_launch`` points the native
+#: host_launch at it): the layers above register here instead of being imported.
+_on_backend: list = []
+#: Called in a child forked from a process that had used numba_hostfn.
+_on_fork: list = []
+
+
+def on_backend(callback: Any) -> None:
+    """Call ``callback(backend)`` when the process's backend is made."""
+    _on_backend.append(callback)
+
+
+def on_fork(callback: Any) -> None:
+    """Call ``callback()`` in a child forked from a process that had used numba_hostfn."""
+    _on_fork.append(callback)
+
+
 _CAPTURE_ACTIVE, _CAPTURE_INVALIDATED = 1, 2  # CUstreamCaptureStatus
 _HOSTALLOC_PORTABLE_DEVICEMAP = 0x01 | 0x02  # CU_MEMHOSTALLOC_PORTABLE | _DEVICEMAP
 
@@ -65,10 +85,11 @@ class Backend:
     device_enqueue_fn = 0
     #: Whether ``stream_handle`` must vet each stream (the simulator's registry).
     checks_streams = False
+    #: The backend's own stream type, whose launches the native host_launch takes.
+    stream_type: Any = None
 
-    def __init__(self, native: Native) -> None:
-        self.native = native
-        self.records = LaunchRecords(native)
+    def __init__(self) -> None:
+        self.records = LaunchRecords()
 
     def stream_handle(self, stream: Any, handle: int) -> int:
         """Vet ``stream`` (whose ``__cuda_stream__`` gave ``handle``); return the handle."""
@@ -88,6 +109,7 @@ class Backend:
         enqueue_fn: int = 0,
         call: str = "cuLaunchHostFunc",
         builtin: Any = None,
+        context: tuple = (),
     ) -> bool:
         """Enqueue ``trampoline`` for ``fn(arg)`` with a record that owns ``owner``.
 
@@ -95,15 +117,13 @@ class Backend:
         ``enqueue_fn`` replaces the backend's own (simulated device work, an
         executor's lane); ``call`` names the driver call in errors; ``builtin``
         replaces the enqueue builtin (``enqueue_signal``: ``fn`` and ``arg`` are
-        then a channel and a key).
+        then a channel and a key); ``context`` is the record's context (an
+        executor's copy: its pool).
         """
-        enqueue = builtin or self.native.enqueue
+        enqueue = builtin or _core.enqueue
         enqueue_fn = enqueue_fn or self.enqueue_fn
-        status = enqueue(enqueue_fn, handle, trampoline, fn, arg, owner)
-        while status == Status.NO_RECORD:
-            self.records.grow()
-            status = enqueue(enqueue_fn, handle, trampoline, fn, arg, owner)
-        if status == Status.CAPTURING:
+        status = enqueue(enqueue_fn, handle, trampoline, fn, arg, owner, *context)
+        if status == _core.CAPTURING:
             return False
         if status:
             self.refused(status, call)
@@ -160,7 +180,7 @@ class CudaBackend(Backend):
 
     name = "cuda"
 
-    def __init__(self, native: Native) -> None:
+    def __init__(self) -> None:
         try:
             from cuda.bindings import driver
         except ImportError as exc:  # pragma: no cover - cuda-bindings is a dependency
@@ -173,7 +193,10 @@ class CudaBackend(Backend):
                 "numba_hostfn found no usable CUDA driver or device; set "
                 f"{SIMULATOR_ENV}=1 before importing numba_hostfn to run on the simulator"
             )
-        super().__init__(native)
+        super().__init__()
+        from cuda.core import Stream
+
+        self.stream_type = Stream
         self._driver = driver
         err, version = driver.cuDriverGetVersion()
         self._check(err, "cuDriverGetVersion")
@@ -204,9 +227,14 @@ class CudaBackend(Backend):
                 proc[name] = self._proc(name)
             except (BackendUnavailableError, CudaDriverError):
                 proc[name] = 0
-        native.set_cuda(proc["cuStreamIsCapturing"], proc["cuLaunchHostFunc"])
-        self.enqueue_fn = native.cuda_enqueue
-        self.device_enqueue_fn = native.cuda_enqueue
+        self._memops = (
+            proc["cuStreamWriteValue32"],
+            proc["cuStreamWaitValue32"],
+            proc["cuStreamBatchMemOp"],
+        )
+        _core.set_cuda(proc["cuStreamIsCapturing"], proc["cuLaunchHostFunc"], *self._memops)
+        self.enqueue_fn = _core.CUDA_ENQUEUE
+        self.device_enqueue_fn = _core.CUDA_ENQUEUE
         # The capture path calls these through ctypes on the raw driver
         # pointers (foreign calls: the GIL is released), because cuda.bindings
         # wraps any CUhostFn argument in a trampoline that takes the GIL.
@@ -230,13 +258,7 @@ class CudaBackend(Backend):
             c_int, vp, ctypes.POINTER(c_int), vp, ctypes.POINTER(vp), vp, vp, vp
         )(proc["cuStreamGetCaptureInfo"])
         self._no_destructor_sync = int(driver.CUuserObject_flags.CU_USER_OBJECT_NO_DESTRUCTOR_SYNC)
-        self._memops = (
-            proc["cuStreamWriteValue32"],
-            proc["cuStreamWaitValue32"],
-            proc["cuStreamBatchMemOp"],
-        )
-        native.set_cuda_memops(*self._memops)
-        self.executor_enqueue_fn = native.exec_cuda_enqueue
+        self.executor_enqueue_fn = _core.EXEC_CUDA_ENQUEUE
         self._host_alloc = ctypes.CFUNCTYPE(c_int, ctypes.POINTER(vp), ctypes.c_size_t, c_uint)(
             proc["cuMemHostAlloc"]
         )
@@ -295,15 +317,17 @@ class CudaBackend(Backend):
 
     def refused(self, status: int, call: str) -> None:
         code = int(status & 0xFFFFFFFF)
-        if status & Status.KEPT:
+        if status & _core.EXECUTOR_CLOSED:
+            raise RuntimeError("the HostExecutor is closed; create a new one")
+        if status & _core.KEPT:
             raise CudaDriverError(
                 f"cuStreamWaitValue32 failed: {self.error_text(code)}; the task was enqueued "
                 "and runs when the stream reaches it, but the stream does not wait for it",
                 code,
             )
-        if status & Status.OUT_OF_MEMORY:
+        if status & _core.OUT_OF_MEMORY:
             raise MemoryError("numba_hostfn could not allocate an executor task")
-        if status & Status.CAPTURE_CHECK_FAILED:
+        if status & _core.CAPTURE_CHECK_FAILED:
             call = "cuStreamIsCapturing"
         raise CudaDriverError(f"{call} failed: {self.error_text(code)}", code)
 
@@ -338,7 +362,7 @@ class CudaBackend(Backend):
         rc = self._user_object_create(
             ctypes.byref(user_object),
             record,
-            self.native.user_object_release,
+            _core.USER_OBJECT_RELEASE,
             1,
             self._no_destructor_sync,
         )
@@ -453,17 +477,14 @@ class SimulatorBackend(Backend):
     name = "simulator"
     checks_streams = True
 
-    def __init__(self, native: Native) -> None:
-        super().__init__(native)
-        if native.sim_context_start():
+    def __init__(self) -> None:
+        super().__init__()
+        if _core.sim_context_start():
             raise RuntimeError("the simulator could not start its host-function thread")
-        self.enqueue_fn = native.sim_enqueue
-        self.device_enqueue_fn = native.sim_enqueue_device
-        self.executor_enqueue_fn = native.exec_sim_enqueue
+        self.enqueue_fn = _core.SIM_ENQUEUE
+        self.device_enqueue_fn = _core.SIM_ENQUEUE_DEVICE
+        self.executor_enqueue_fn = _core.EXEC_SIM_ENQUEUE
         self.streams: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
-        #: handle -> weak reference to its Stream: the same registry, for host_launch's
-        #: fast path, which checks that a handle is its stream's (_fastpath.py).
-        self.stream_refs: dict[int, weakref.ref] = {}
         #: handle -> the simulator's capture object, while that stream captures.
         self.captures: dict[int, Any] = {}
 
@@ -477,8 +498,10 @@ class SimulatorBackend(Backend):
         return handle
 
     def refused(self, status: int, call: str = "") -> None:
-        if status & Status.QUEUE_STOPPED:
-            if status & Status.KEPT:
+        if status & _core.EXECUTOR_CLOSED:
+            raise RuntimeError("the HostExecutor is closed; create a new one")
+        if status & _core.QUEUE_STOPPED:
+            if status & _core.KEPT:
                 raise RuntimeError(
                     "the simulated stream closed while a HostExecutor task was enqueued: the "
                     "task runs when the stream reaches it, but the stream does not wait for it"
@@ -496,31 +519,25 @@ class SimulatorBackend(Backend):
         return capture
 
     def own_by_graph(self, graph: Any, record: int) -> Any:
-        self.native.sim_keeper_own(graph.keeper, record)
+        _core.sim_keeper_own(graph.keeper.keeper, record)
         return record
 
     def disown(self, graph: Any, token: Any) -> None:
-        self.native.sim_keeper_disown(graph.keeper, token)
+        _core.sim_keeper_disown(graph.keeper.keeper, token)
         self.records.release(token)
 
     def add_captured_node(
         self, graph: Any, handle: int, fn: int, arg: int, device: bool = False
     ) -> None:
-        graph.nodes.append((device, fn, arg))
+        _core.sim_keeper_add_node(graph.keeper.keeper, device, fn, arg)
 
     def add_slot_nodes(self, graph: Any, handle: int, slot: Any) -> None:
-        native = self.native
-        graph.nodes += [
-            (True, native.exec_sim_set, native.exec_slot_op(slot.address, 0)),
-            (True, native.exec_sim_await, native.exec_slot_op(slot.address, 1)),
-            (True, native.exec_sim_set, native.exec_slot_op(slot.address, 2)),
-        ]
+        keeper = graph.keeper.keeper
+        for i, fn in enumerate((_core.EXEC_SIM_SET, _core.EXEC_SIM_AWAIT, _core.EXEC_SIM_SET)):
+            _core.sim_keeper_add_node(keeper, True, fn, _core.exec_slot_op(slot.address, i))
 
     def executor_memory(self, nbytes: int) -> int:
-        memory = calloc(1, nbytes)  # never freed: a stream may still wait on it
-        if not memory:
-            raise MemoryError("the simulator could not allocate a HostExecutor's words")
-        return memory
+        return _core.host_words(nbytes)  # never freed: a stream may still wait on it
 
 
 def get_backend() -> Backend:
@@ -539,7 +556,10 @@ def get_backend() -> Backend:
     with _lock:
         if _backend is None:
             cls = SimulatorBackend if simulator_requested() else CudaBackend
-            _backend = cls(native())
+            backend = cls()
+            for callback in _on_backend:
+                callback(backend)
+            _backend = backend
         return _backend
 
 
@@ -559,9 +579,8 @@ def _after_fork_in_child() -> None:
     if _backend is not None:
         _forked = True
         _backend.records.abandon()
-        from ._fastpath import after_fork
-
-        after_fork()
+        for callback in _on_fork:
+            callback()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

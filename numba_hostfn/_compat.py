@@ -2,95 +2,116 @@
 
 The rest of the package reaches these only through this module, so a release of
 Python, numba or ctypes that moves one breaks here, by name, and nowhere else.
-``tests/test_compat.py`` checks that each is still there and that no other
-module imports a private name.  Checked on Python 3.11 (CI) and 3.12 (GPU
-image), with numba 0.62.0, llvmlite 0.45.0, numpy 1.24.4, cuda-bindings 13.0.0
-and cuda-core 1.2.0 (the oldest that pyproject declares: CI runs the suite
-against them, ``.ci/oldest.txt``), numba 0.68.0 (GPU image) and 0.68.1 (CI,
-newest).  numba 0.61 cannot work: its llvmlite 0.44 (LLVM 15) does not parse
-the opaque pointers (``ptr``) of the native layer's IR.
+``tests/test_compat.py`` checks that each is still there, that no other module
+reaches a private name of another package, and that the native core (C, in
+``native/``) uses no private CPython API but the ones listed here.  numba is
+imported only when a compiled function is made (:func:`numba_hooks`).
+Checked on Python 3.10-3.13 (CI) and 3.12 (GPU image), with numba 0.62.0,
+llvmlite 0.45.0, numpy 1.24.4, cuda-bindings 13.0.0 and cuda-core 1.2.0 (the
+oldest that pyproject declares: CI runs the suite against them,
+``.ci/oldest.txt``), numba 0.68.0 (GPU image) and 0.68.1 (CI, newest).
 docs/compatibility.md has the table.
 
-================================  ==========================================================
-hook                              why
-================================  ==========================================================
-``threading._register_atexit``    close the launch records before any ``atexit`` handler,
-                                  which may block in a driver call holding the GIL while the
-                                  driver's thread waits for the GIL (LIFETIME.md, inv. 6);
-                                  ``atexit`` is the fallback if it is missing
-``ctypes._CFuncPtr``,             recognise any ctypes function pointer (a ``CUhostFn``, or
-``ctypes._Pointer``               one of another prototype to refuse), and refuse pointers
-                                  as ``user_data``; ctypes has no public base classes
-``ctypes._FUNCFLAG_CDECL``,       check a pointer's calling convention: a ``CUhostFn`` is
-``_FUNCFLAG_PYTHONAPI``           ``cdecl`` and not a ``PYFUNCTYPE``
-numba ``CFunc._sig``              refuse a ``numba.cfunc`` whose signature is not
-                                  ``void(voidptr)``
-numba ``CFunc`` internals         ``_targetdescr``, ``_cache``, ``_compile_uncached``,
-                                  ``_library``, ``_wrapper_name``, ``_wrapper_address``: a
-                                  host function is a ``CFunc`` compiled with a named CPU
-                                  context, whose Environment is registered (inv. 13)
-numba ``_CFuncCompiler``          its ``_customize_flags``: compile a lifted ``objmode`` block
-``compiler.Flags._values``        read ``no_compile`` and ``force_pyobject`` of the flags
-``BaseContext.subtarget``, a      a copy of numba's CPU context whose ``repr`` names the host
-``__class__`` swap                function in numba's exception reports
-``codegen.set_env``               register a cfunc's Environment (numba does it only for
-                                  functions with a CPython wrapper)
-``cpu_target`` codegen            compile the native layer (LLVM IR) with numba's own JIT
-``PyCFunction_NewEx``             the enqueue builtin and ``host_launch`` itself: a
-                                  ``METH_FASTCALL`` function over a ctypes ``PyMethodDef``
-                                  (CPython's stable C API, reached through ctypes)
-``PyObject.ob_type`` offset       ``host_launch``'s fast path reads ``Py_TYPE`` there
-                                  (``native/host_launch.ll``); ``_fastpath`` checks it at
-                                  first use and leaves the fast path off if it does not hold
-``_PyThreadState_UncheckedGet``   the pre-3.13 name of ``PyThreadState_GetUnchecked``
-``threading._DummyThread``        what ``current_thread()`` is on a thread Python did not
-                                  start (the driver's, a pool's): 3.12 runs a pending call on
-                                  any thread, and non-blocking callbacks never run on those
-``_PyEval_AddPendingCall``        3.12 only: a pending call that any thread runs, with the
-                                  eval breaker set at once; 3.12's ``Py_AddPendingCall``
-                                  from a thread foreign to Python is seen only at the next
-                                  GIL switch (non-blocking callbacks, ``native/notify.ll``)
-``asyncio._get_running_loop``     in a pending call, the loop running on this thread, if any,
-                                  whose ``async_done`` waits it resolves (the public
-                                  ``get_running_loop`` raises without a loop; inv. 19)
-================================  ==========================================================
+=====================================  =====================================================
+hook                                   why
+=====================================  =====================================================
+**Python**
+``threading._register_atexit``         close the launch records before any ``atexit``
+                                       handler, which may block in a driver call holding the
+                                       GIL while the driver's thread waits for the GIL
+                                       (LIFETIME.md, inv. 6); ``atexit`` is the fallback
+``threading._DummyThread``             what ``current_thread()`` is on a thread Python did
+                                       not start (the driver's, a pool's): 3.12 runs a
+                                       pending call on any thread, and non-blocking
+                                       callbacks never run on those
+``__text_signature__``                 what a builtin needs, read as ``inspect.signature``
+                                       reads it (:func:`text_signature`)
+``asyncio._get_running_loop``          in a pending call, the loop running on this thread,
+                                       if any, whose ``async_done`` waits it resolves (the
+                                       public ``get_running_loop`` raises without a loop)
+``_PyEval_AddPendingCall``,            3.12 only: a pending call that any thread runs, with
+``PyInterpreterState_Main``            the eval breaker set at once (non-blocking callbacks,
+                                       ``native/notify.c``); both through ``ctypes.pythonapi``
+**CPython's C API, in native/**
+``_PyThreadState_UncheckedGet``        3.10-3.12 (public from 3.13 as
+                                       ``PyThreadState_GetUnchecked``): whether a host
+                                       function's thread still holds the GIL after a
+                                       compiled body (``guard.c``, inv. 13)
+``PyCodeObject`` fields                ``co_flags``, ``co_argcount``, ``co_kwonlyargcount``
+                                       of a plain function (``host_launch.c``): the
+                                       non-limited API's named fields, not offsets
+the GILState counter                   a foreign thread keeps the thread state its first
+                                       ``PyGILState_Ensure`` made: ``Ensure`` then
+                                       ``PyEval_SaveThread`` (``guard.c``, inv. 12), and
+                                       ``Ensure``, ``Release(LOCKED)``, ``Release(UNLOCKED)``
+                                       to give it back; documented behaviour of the counter,
+                                       relied on as a pattern
+**ctypes**
+``ctypes._CFuncPtr``,                  recognise any ctypes function pointer (a
+``ctypes._Pointer``                    ``CUhostFn``, or one of another prototype to refuse),
+                                       and refuse pointers as ``user_data``; ctypes has no
+                                       public base classes
+``ctypes._FUNCFLAG_CDECL``,            check a pointer's calling convention: a
+``_FUNCFLAG_PYTHONAPI``, ``_flags_``   ``CUhostFn`` is ``cdecl`` and not a ``PYFUNCTYPE``
+                                       (the prototype class's ``_flags_``)
+a function pointer's buffer            a ctypes function pointer's buffer is the pointer
+                                       itself: its address is read there
+                                       (:func:`pointer_address`; ``host_launch.c`` the same)
+``CFUNCTYPE`` caching                  ctypes returns one class for one prototype, so
+                                       ``host_launch.c`` knows a ``CUhostFn`` by its type
+**numba** (:func:`numba_hooks`)
+``CFunc._sig``                         refuse a ``numba.cfunc`` whose signature is not
+                                       ``void(voidptr)``
+``CFunc`` internals                    ``_targetdescr``, ``_cache``, ``_cache_hits``,
+                                       ``_compile_uncached``, ``_library``,
+                                       ``_wrapper_name``, ``_wrapper_address``: a host
+                                       function is a ``CFunc`` compiled with a named CPU
+                                       context, whose Environment is registered (inv. 13)
+``_CFuncCompiler._customize_flags``    compile a lifted ``objmode`` block
+``compiler.Flags._values``, the        read ``no_compile`` and ``force_pyobject`` of the
+``TargetConfig`` override              flags, and override ``no_compile`` with a property
+                                       set after the class is made (numba's
+                                       ``TargetConfig`` metaclass makes one per option)
+``BaseContext.subtarget``, a           a copy of numba's CPU context whose ``repr`` names
+``__class__`` swap                     the host function in numba's exception reports
+``codegen.set_env``, ``env_name``      register a cfunc's Environment under its
+                                       ``fndesc.env_name`` (numba does it only for functions
+                                       with a CPython wrapper)
+**the CUDA driver** (``_backend``)
+``cuStreamGetCaptureInfo``'s outs      called with one NULL more than the CUDA 12 form takes
+                                       (the CUDA 13 form has three optional outs after the
+                                       graph, CUDA 12 two): harmless in the C calling
+                                       conventions of x86-64 and AArch64
+=====================================  =====================================================
 """
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
+import functools
 import sys
 import threading
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
-from numba.core import cgutils, compiler
-from numba.core.ccallback import CFunc, _CFuncCompiler
-from numba.core.compiler_lock import global_compiler_lock
-from numba.core.cpu import CPUContext
-from numba.core.registry import cpu_target
-
 __all__ = [
-    "CFunc",
-    "CFuncCompiler",
     "CFuncPtr",
-    "CPUContext",
     "FUNCFLAG_CDECL",
     "FUNCFLAG_PYTHONAPI",
-    "PYTHON_ALIASES",
     "PointerBase",
     "any_thread_pending_call",
     "cfunc_signature",
-    "cgutils",
-    "compiler",
-    "cpu_target",
-    "flag_value",
-    "global_compiler_lock",
     "hooks",
+    "is_jitted",
+    "numba_cfunc_type",
+    "numba_hooks",
     "on_foreign_thread",
+    "pointer_address",
+    "pointer_flags",
     "register_early_atexit",
-    "set_flag_value",
+    "running_loop",
+    "text_signature",
 ]
 
 #: Base class of every ctypes function pointer.
@@ -100,10 +121,24 @@ PointerBase: type = ctypes._Pointer
 #: The calling-convention flags of a ``CFUNCTYPE`` and a ``PYFUNCTYPE`` pointer.
 FUNCFLAG_CDECL: int = ctypes._FUNCFLAG_CDECL
 FUNCFLAG_PYTHONAPI: int = ctypes._FUNCFLAG_PYTHONAPI
-#: numba's compiler for a cfunc (subclassed: ``_decorator``).
-CFuncCompiler = _CFuncCompiler
-#: CPython functions the native layer declares, by their older names.
-PYTHON_ALIASES = {"PyThreadState_GetUnchecked": ("_PyThreadState_UncheckedGet",)}
+
+_c_void_p = ctypes.c_void_p
+
+
+def pointer_flags(fn: Any) -> int:
+    """A ctypes function pointer's calling-convention flags (its prototype's ``_flags_``)."""
+    return type(fn)._flags_
+
+
+def text_signature(fn: Any) -> str | None:
+    """A builtin's ``__text_signature__`` (what ``inspect.signature`` parses), or None."""
+    return getattr(fn, "__text_signature__", None)
+
+
+def pointer_address(fn: Any) -> int | None:
+    """A ctypes function pointer's address: its buffer is the pointer itself (what
+    ``ctypes.cast(fn, c_void_p)`` gives, in a third of the time)."""
+    return _c_void_p.from_buffer(fn).value
 
 
 def register_early_atexit(fn: Callable[[], None]) -> bool:
@@ -113,20 +148,6 @@ def register_early_atexit(fn: Callable[[], None]) -> bool:
     except (AttributeError, RuntimeError):  # no such hook, or already shutting down
         return False
     return True
-
-
-def cfunc_signature(fn: CFunc) -> Any:
-    """A numba cfunc's signature."""
-    return fn._sig
-
-
-def flag_value(flags: compiler.Flags, name: str) -> Any:
-    """A compiler flag as set, without the defaults' property (``_decorator``)."""
-    return flags._values.get(name, False)
-
-
-def set_flag_value(flags: compiler.Flags, name: str, value: Any) -> None:
-    flags._values[name] = value
 
 
 def any_thread_pending_call() -> tuple[int, int] | None:
@@ -149,6 +170,8 @@ def running_loop() -> Any:
     loop, and a pending call runs on whatever the thread was doing.  In asyncio
     since 3.7, for event loop implementations.
     """
+    import asyncio
+
     return asyncio._get_running_loop()
 
 
@@ -157,12 +180,175 @@ def on_foreign_thread() -> bool:
     return isinstance(threading.current_thread(), threading._DummyThread)
 
 
+# ---- numba: imported only when a compiled function is made or passed in ----
+
+
+class _NotImported:
+    """Stands for a numba type while numba is not imported: nothing is an instance."""
+
+
+def numba_cfunc_type() -> type:
+    """numba's ``CFunc`` (what ``numba.cfunc`` makes), without importing numba: while
+    numba is not imported, nothing can be one."""
+    module = sys.modules.get("numba.core.ccallback")
+    return module.CFunc if module is not None else _NotImported
+
+
+def is_jitted(fn: Any) -> bool:
+    """Whether ``fn`` is a numba dispatcher (``numba.njit``), without importing numba."""
+    if "numba" not in sys.modules:
+        return False
+    from numba.extending import is_jitted as jitted
+
+    return jitted(fn)
+
+
+def cfunc_signature(fn: Any) -> Any:
+    """A numba cfunc's signature."""
+    return fn._sig
+
+
+@functools.cache
+def numba_hooks() -> SimpleNamespace:
+    """numba's internals that a host function is compiled with, built once, on
+    first use (importing numba): ``NamedCFunc``, ``carray``, ``types``,
+    ``intrinsic``, ``cgutils``, ``njit`` and ``signature`` (``void(voidptr)``)."""
+    import numba
+    from numba import carray, types
+    from numba.core import cgutils, compiler
+    from numba.core.ccallback import CFunc, _CFuncCompiler
+    from numba.core.compiler_lock import global_compiler_lock
+    from numba.core.cpu import CPUContext
+    from numba.core.registry import cpu_target
+    from numba.extending import intrinsic
+
+    signature = types.void(types.voidptr)
+
+    class NamedCPUContext(CPUContext):
+        """numba's CPU context, but its repr (in exception reports) names a host function."""
+
+        _numba_hostfn_label = "host function"
+
+        def __repr__(self) -> str:
+            return self._numba_hostfn_label
+
+    class NamedTarget:
+        """A target descriptor that hands numba's compiler a named copy of the CPU context."""
+
+        def __init__(self, label: str) -> None:
+            self._label = label
+            self._local = threading.local()
+            self.options = cpu_target.options
+
+        @property
+        def typing_context(self):
+            return cpu_target.typing_context
+
+        @property
+        def target_context(self):
+            base = cpu_target.target_context  # the nested context, if numba is nesting
+            cached = getattr(self._local, "context", None)
+            if cached is None or cached[0] is not base:
+                named = base.subtarget()
+                named.__class__ = NamedCPUContext
+                named._numba_hostfn_label = self._label
+                cached = self._local.context = (base, named)
+            return cached[1]
+
+    class HostFunctionFlags(compiler.Flags):
+        """A cfunc's compiler flags, except that a lifted ``objmode`` block gets compiled.
+
+        numba compiles a cfunc with ``no_compile`` set (it adds the C wrapper before
+        the module is finalized).  ``with numba.objmode():`` lifts its block into a
+        dispatcher compiled in object mode with a copy of these flags; with
+        ``no_compile`` still set, that dispatcher gets no entry point and numba
+        fails with "must be builtin_function_or_method".  So an object-mode compile
+        (``force_pyobject``) reads ``no_compile`` as false.
+        """
+
+    def no_compile(flags: compiler.Flags) -> bool:
+        values = flags._values
+        return bool(values.get("no_compile", False)) and not values.get("force_pyobject", False)
+
+    def set_no_compile(flags: compiler.Flags, value: bool) -> None:
+        flags._values["no_compile"] = bool(value)
+
+    # Set after the class is made: numba's TargetConfig metaclass makes a plain
+    # property for every option of a new class.
+    HostFunctionFlags.no_compile = property(no_compile, set_no_compile)
+
+    class HostFunctionCompiler(_CFuncCompiler):
+        def _customize_flags(self, flags: compiler.Flags) -> compiler.Flags:
+            return HostFunctionFlags(super()._customize_flags(flags))
+
+    class NamedCFunc(CFunc):
+        """numba's cfunc, named after the host function, with its Environment registered.
+
+        A compiled body that boxes a value (``print(x)``, an ``objmode`` block)
+        reads its numba *Environment* through a global that numba fills only for
+        functions with a CPython wrapper; a cfunc has none, so the global stays
+        NULL, and numba's generated check then returns from inside ``print``'s GIL
+        block with the GIL still held (LIFETIME.md, invariant 13).  ``compile``
+        registers the Environment and keeps it alive with the machine code.
+        """
+
+        def __init__(self, pyfunc: Callable, label: str, options: dict) -> None:
+            self._targetdescr = NamedTarget(label)
+            super().__init__(pyfunc, (signature.args, signature.return_type), {}, options)
+            self._compiler = HostFunctionCompiler(
+                pyfunc, self._targetdescr, options, {}, pipeline_class=compiler.Compiler
+            )
+            self._environment = None
+
+        @global_compiler_lock
+        def compile(self) -> None:
+            # CFunc.compile, keeping the CompileResult's environment.
+            cres = self._cache.load_overload(self._sig, self._targetdescr.target_context)
+            if cres is None:
+                cres = self._compile_uncached()
+                self._cache.save_overload(self._sig, cres)
+            else:
+                self._cache_hits += 1
+            self._library = cres.library
+            self._wrapper_name = cres.fndesc.llvm_cfunc_wrapper_name
+            self._wrapper_address = self._library.get_pointer_to_function(self._wrapper_name)
+            self._environment = cres.environment  # set_env stores only its address
+            self._library.codegen.set_env(cres.fndesc.env_name, cres.environment)
+
+    return SimpleNamespace(
+        NamedCFunc=NamedCFunc,
+        carray=carray,
+        types=types,
+        intrinsic=intrinsic,
+        cgutils=cgutils,
+        njit=numba.njit,
+        signature=signature,
+    )
+
+
 def hooks() -> dict[str, bool]:
-    """Each private hook, and whether this process has it (``tests/test_compat.py``)."""
+    """Each private hook, and whether this process has it (``tests/test_compat.py``).
+
+    The numba hooks import numba.
+    """
+    import asyncio
+
+    from numba.core import compiler
+    from numba.core.ccallback import CFunc, _CFuncCompiler
+    from numba.core.registry import cpu_target
+
     context = cpu_target.target_context
+    cfunc_names = ("_sig", "_targetdescr", "_cache", "_compile_uncached", "_cache_hits")
     return {
         "threading._register_atexit": hasattr(threading, "_register_atexit"),
+        "threading._DummyThread": isinstance(getattr(threading, "_DummyThread", None), type),
         "asyncio._get_running_loop": callable(getattr(asyncio, "_get_running_loop", None)),
+        "_PyEval_AddPendingCall (3.12)": sys.version_info[:2] != (3, 12)
+        or hasattr(ctypes.pythonapi, "_PyEval_AddPendingCall"),
+        "PyThreadState_GetUnchecked or its old name": any(
+            hasattr(ctypes.pythonapi, n)
+            for n in ("PyThreadState_GetUnchecked", "_PyThreadState_UncheckedGet")
+        ),
         "ctypes._CFuncPtr, _Pointer": all(
             isinstance(getattr(ctypes, n, None), type) for n in ("_CFuncPtr", "_Pointer")
         ),
@@ -170,20 +356,17 @@ def hooks() -> dict[str, bool]:
             isinstance(getattr(ctypes, n, None), int)
             for n in ("_FUNCFLAG_CDECL", "_FUNCFLAG_PYTHONAPI")
         ),
-        "numba CFunc._sig, _targetdescr, _cache, _compile_uncached": all(
-            hasattr(CFunc, name) or name in CFunc.__init__.__code__.co_names
-            for name in ("_sig", "_targetdescr", "_cache", "_compile_uncached")
+        "a function pointer's buffer is the pointer": pointer_address(
+            ctypes.CFUNCTYPE(None)(0x1234)
+        )
+        == 0x1234,
+        "CFUNCTYPE caching": ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+        is ctypes.CFUNCTYPE(None, ctypes.c_void_p),
+        "numba CFunc._sig, _targetdescr, _cache, _cache_hits, _compile_uncached": all(
+            hasattr(CFunc, name) or name in CFunc.__init__.__code__.co_names for name in cfunc_names
         ),
         "numba _CFuncCompiler._customize_flags": hasattr(_CFuncCompiler, "_customize_flags"),
         "numba compiler.Flags._values": hasattr(compiler.Flags(), "_values"),
         "numba BaseContext.subtarget": hasattr(context, "subtarget"),
         "numba codegen.set_env": hasattr(context.codegen(), "set_env"),
-        "PyCFunction_NewEx": hasattr(ctypes.pythonapi, "PyCFunction_NewEx"),
-        "threading._DummyThread": isinstance(getattr(threading, "_DummyThread", None), type),
-        "_PyEval_AddPendingCall (3.12)": sys.version_info[:2] != (3, 12)
-        or hasattr(ctypes.pythonapi, "_PyEval_AddPendingCall"),
-        "PyThreadState_GetUnchecked or its old name": any(
-            hasattr(ctypes.pythonapi, n)
-            for n in ("PyThreadState_GetUnchecked", *PYTHON_ALIASES["PyThreadState_GetUnchecked"])
-        ),
     }

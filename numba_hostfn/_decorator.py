@@ -1,4 +1,4 @@
-"""``@host_callback``: compile ``fn(user_data)`` into a GIL-free ``CUhostFn`` with numba.
+"""``@host_callback``: compile ``fn(user_data)`` with numba into a GIL-free ``CUhostFn``.
 
 The body is compiled with :func:`numba.cfunc` to ``void(void*)`` in nopython
 mode with ``error_model='numpy'``.  Two things differ from a plain cfunc:
@@ -6,11 +6,12 @@ mode with ``error_model='numpy'``.  Two things differ from a plain cfunc:
 * numba reports an exception raised inside a cfunc as coming from
   ``'<numba.core.cpu.CPUContext ...>'``; a host function is compiled with a
   copy of numba's CPU context whose ``repr`` is the function's name, so the
-  report names the host function instead (the copy shares numba's codegen,
-  typing and caches: ``BaseContext.subtarget``);
+  report names the host function instead (``_compat.numba_hooks``);
 * with ``dtype=``, the body receives a typed view of the user data (a record
   for a structured dtype, a one-element array otherwise) through a small
   wrapper, ``carray(p, (1,), dtype)``.
+
+numba is imported when the first host function is made, not with this module.
 """
 
 from __future__ import annotations
@@ -20,25 +21,14 @@ import ctypes
 import dis
 import inspect
 import sys
-import threading
 import types as pytypes
 from collections.abc import Callable
 from typing import Any
 
-import numba
 import numpy as np
-from numba import carray, types
 
-from ._compat import (
-    CFunc,
-    CFuncCompiler,
-    CPUContext,
-    compiler,
-    cpu_target,
-    flag_value,
-    global_compiler_lock,
-    set_flag_value,
-)
+from . import _core
+from ._compat import numba_hooks
 from ._errors import HostCallbackCompileError
 from ._userdata import resolve_user_data
 
@@ -47,117 +37,27 @@ __all__ = ["CUhostFn", "HostFunction", "host_callback"]
 #: The driver's host-function type, ``void (*)(void *)``, as a ctypes prototype.
 CUhostFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
-_SIGNATURE = types.void(types.voidptr)
 _MISSING = object()  # HostFunction.__call__ without user_data
 
 
-class _NamedCPUContext(CPUContext):
-    """numba's CPU context, but its repr (used in exception reports) names a host function."""
-
-    _numba_hostfn_label = "host function"
-
-    def __repr__(self) -> str:
-        return self._numba_hostfn_label
-
-
-class _NamedTarget:
-    """A target descriptor that hands numba's compiler a named copy of the CPU context."""
-
-    def __init__(self, label: str) -> None:
-        self._label = label
-        self._local = threading.local()
-        self.options = cpu_target.options
-
-    @property
-    def typing_context(self):  # noqa: D401 - mirrors numba's TargetDescriptor
-        return cpu_target.typing_context
-
-    @property
-    def target_context(self):
-        base = cpu_target.target_context  # the nested context, if numba is nesting
-        cached = getattr(self._local, "context", None)
-        if cached is None or cached[0] is not base:
-            named = base.subtarget()
-            named.__class__ = _NamedCPUContext
-            named._numba_hostfn_label = self._label
-            cached = self._local.context = (base, named)
-        return cached[1]
-
-
-class _HostFunctionFlags(compiler.Flags):
-    """A cfunc's compiler flags, except that a lifted ``objmode`` block gets compiled.
-
-    numba compiles a cfunc with ``no_compile`` set (it adds the C wrapper before
-    the module is finalized).  ``with numba.objmode():`` lifts its block into a
-    dispatcher compiled in object mode with a copy of these flags; with
-    ``no_compile`` still set, that dispatcher gets no entry point and numba fails
-    with "must be builtin_function_or_method".  So an object-mode compile
-    (``force_pyobject``) reads ``no_compile`` as false.
-    """
-
-
-def _no_compile(flags: compiler.Flags) -> bool:
-    return bool(flag_value(flags, "no_compile")) and not flag_value(flags, "force_pyobject")
-
-
-def _set_no_compile(flags: compiler.Flags, value: bool) -> None:
-    set_flag_value(flags, "no_compile", bool(value))
-
-
-# Set after the class is made: numba's TargetConfig metaclass makes a plain
-# property for every option of a new class.
-_HostFunctionFlags.no_compile = property(_no_compile, _set_no_compile)
-
-
-class _HostFunctionCompiler(CFuncCompiler):
-    def _customize_flags(self, flags: compiler.Flags) -> compiler.Flags:
-        return _HostFunctionFlags(super()._customize_flags(flags))
-
-
-class _NamedCFunc(CFunc):
-    """numba's cfunc, named after the host function, with its Environment registered.
-
-    A compiled body that boxes a value (``print(x)``, an ``objmode`` block)
-    reads its numba *Environment* through a global that numba fills only for
-    functions with a CPython wrapper (``CPUContext.get_executable``); a cfunc
-    has none, so the global stays NULL.  numba's generated check then returns
-    from inside ``print``'s GIL block with an exception *and the GIL still
-    held*: the host-function thread keeps the GIL for ever and every Python
-    thread stops (LIFETIME.md, invariant 13).  ``compile`` registers the
-    Environment and keeps it alive with the machine code.
-    """
-
-    def __init__(self, pyfunc: Callable, label: str, options: dict) -> None:
-        self._targetdescr = _NamedTarget(label)
-        super().__init__(pyfunc, (_SIGNATURE.args, _SIGNATURE.return_type), {}, options)
-        self._compiler = _HostFunctionCompiler(
-            pyfunc, self._targetdescr, options, {}, pipeline_class=compiler.Compiler
-        )
-        self._environment = None
-
-    @global_compiler_lock
-    def compile(self) -> None:
-        # CFunc.compile, keeping the CompileResult's environment.
-        cres = self._cache.load_overload(self._sig, self._targetdescr.target_context)
-        if cres is None:
-            cres = self._compile_uncached()
-            self._cache.save_overload(self._sig, cres)
-        else:
-            self._cache_hits += 1
-        self._library = cres.library
-        self._wrapper_name = cres.fndesc.llvm_cfunc_wrapper_name
-        self._wrapper_address = self._library.get_pointer_to_function(self._wrapper_name)
-        self._environment = cres.environment  # set_env stores only its address
-        self._library.codegen.set_env(cres.fndesc.env_name, cres.environment)
+def _numba() -> Any:
+    """numba's hooks (importing numba), and the package's own numba helpers made
+    now: a body's ``nh.as_voidptr`` is typed from the package's namespace, which
+    numba reads directly (the package makes it lazily, so that importing it does
+    not import numba)."""
+    hooks = numba_hooks()
+    sys.modules[__package__].as_voidptr  # noqa: B018 - the module's __getattr__ sets it
+    return hooks
 
 
 def _direct_caller(target: Callable, options: dict) -> Callable[[int], None]:
     """``target(p)`` as a jitted function of an address that raises in its caller."""
     from ._intrinsics import as_voidptr
 
-    body = numba.njit(target, nogil=True, **options)
+    njit = numba_hooks().njit
+    body = njit(target, nogil=True, **options)
 
-    @numba.njit(nogil=True, **options)
+    @njit(nogil=True, **options)
     def direct(address):
         body(as_voidptr(address))
 
@@ -191,6 +91,7 @@ def _view_wrapper(py_func: Callable, body: Callable, layout: np.dtype) -> Callab
     )
     if sys.version_info >= (3, 11):
         code = code.replace(co_qualname=qualname)
+    carray = numba_hooks().carray
     scope = {"body": body, "carray": carray, "layout": layout, "__builtins__": builtins}
     wrapper = pytypes.FunctionType(code, scope, py_func.__name__)
     wrapper.__qualname__ = qualname
@@ -239,7 +140,7 @@ def _check_layout(dtype: Any) -> np.dtype | None:
     return layout
 
 
-class HostFunction:
+class HostFunction(_core.CompiledBase):
     """A Python function compiled to a ``CUhostFn`` that runs without the GIL.
 
     Made by :func:`host_callback`; launched with :func:`host_launch`.  Threading
@@ -281,8 +182,7 @@ class HostFunction:
                 "user_data: def fn(user_data): ..."
             ) from None
         self.py_func = py_func
-        self._dtype = _check_layout(dtype)
-        self._reads_user_data = self._dtype is not None or reads_its_argument(py_func)
+        layout = _check_layout(dtype)
         self.__name__ = py_func.__name__
         self.__qualname__ = py_func.__qualname__
         self.__module__ = py_func.__module__
@@ -290,13 +190,14 @@ class HostFunction:
         self.__wrapped__ = py_func
         label = f"host function {py_func.__module__}.{py_func.__qualname__}"
         options = _numba_options(fastmath, boundscheck, debug, error_model)
+        numba = _numba()
         try:
-            if self._dtype is None:
+            if layout is None:
                 target = py_func
             else:
                 body = numba.njit(py_func, cache=cache, **options)
-                target = _view_wrapper(py_func, body, self._dtype)
-            cfunc = _NamedCFunc(target, label, {"nopython": True, **options})
+                target = _view_wrapper(py_func, body, layout)
+            cfunc = numba.NamedCFunc(target, label, {"nopython": True, **options})
             if cache:
                 cfunc.enable_caching()
             cfunc.compile()
@@ -309,26 +210,12 @@ class HostFunction:
             error.numba_error = exc
             raise error from None
         self._cfunc = cfunc
-        self._address: int = cfunc.address
+        # address, dtype and reads_user_data are the native base's, read-only and
+        # fixed for the function's life: host_launch reads them there.
+        reads = layout is not None or reads_its_argument(py_func)
+        self._bind(cfunc.address, layout, 0 if layout is None else layout.itemsize, reads)
         self._ctypes = None
         self._target, self._options, self._direct = target, options, None
-
-    # Read-only: both are fixed for the function's life, which lets host_launch's
-    # fast path remember them per function (_fastpath.learn_host_function).
-    @property
-    def address(self) -> int:
-        """The ``void (*)(void *)`` machine-code address."""
-        return self._address
-
-    @property
-    def dtype(self) -> Any:
-        """The declared user_data layout (a numpy dtype), or None."""
-        return self._dtype
-
-    @property
-    def reads_user_data(self) -> bool:
-        """Whether the body reads its argument (then ``user_data=None`` is refused)."""
-        return self._reads_user_data
 
     @property
     def ctypes(self) -> Any:
@@ -370,7 +257,7 @@ class HostFunction:
                 "it as fn(user_data) with what a launch would pass (nh.by_ref(array), "
                 "bytes, an int address; None only if its body does not read it)"
             )
-        address, owner = resolve_user_data(user_data, self.dtype, self, self._reads_user_data)
+        address, owner = resolve_user_data(user_data, self.dtype, self, self.reads_user_data)
         if self._direct is None:
             self._direct = _direct_caller(self._target, self._options)
         try:

@@ -5,9 +5,10 @@ the stream instead of a driver host function: a write of a task number to a
 "reached" word in pinned, device-mapped host memory, then a wait until a "done"
 word holds it (one ``cuStreamBatchMemOp``).  One of the pool's threads, which
 never hold the GIL, sees the stream reach the task, runs it and writes "done"
-(``native/executor.ll``).  The driver's single host-function thread is not
-involved: tasks of different streams run in parallel, and the start latency is
-a spinning thread's, not the driver thread's wake-up.  Launch records and lifetimes are those of
+(``native/executor.c``, whose ``ExecutorBase`` this class extends).  The
+driver's single host-function thread is not involved: tasks of different
+streams run in parallel, and the start latency is a spinning thread's, not the
+driver thread's wake-up.  Launch records and lifetimes are those of
 ``host_launch`` (LIFETIME.md, invariant 15 for the words).
 """
 
@@ -17,6 +18,7 @@ import numbers
 import threading
 from typing import Any
 
+from . import _core
 from ._backend import forked, get_backend
 from ._errors import SIMULATOR_ENV, CudaDriverError
 
@@ -33,7 +35,7 @@ def _positive_number(name: str, value: Any, minimum: float, maximum: float) -> f
     return float(value)
 
 
-class HostExecutor:
+class HostExecutor(_core.ExecutorBase):
     """A pool of native threads that runs host functions in stream order.
 
     Pass it to :func:`host_launch`, :func:`host_copy` or :func:`release_after`
@@ -84,7 +86,6 @@ class HostExecutor:
         backend = get_backend()
         backend.check_executor()
         self._backend = backend
-        self._native = backend.native
         self.threads = int(threads)
         self.spin_us = spin
         self.poll_us = poll
@@ -95,12 +96,7 @@ class HostExecutor:
         self._block_used = _WORDS_PER_BLOCK
         self._lock = threading.Lock()
         self._closed = False
-        pool = self._native.exec_pool_new(self.threads, int(spin * 1000), int(poll * 1000))
-        if not pool:
-            raise RuntimeError(
-                f"HostExecutor could not start {self.threads} threads (memory or thread limit)"
-            )
-        self._pool = pool
+        self._start(self.threads, int(spin * 1000), int(poll * 1000))
         # Take the first block of pinned words now, outside any capture: a
         # cuMemHostAlloc while some thread captures in global mode (torch's
         # default) invalidates that capture.  With no context current yet,
@@ -118,7 +114,7 @@ class HostExecutor:
 
     def outstanding(self) -> int:
         """How many tasks are enqueued and not yet run."""
-        return self._native.exec_outstanding(self._pool)
+        return self._outstanding()
 
     def _lane(self, handle: int) -> int:
         """The lane (its words and task queue) for stream ``handle``, made on first use."""
@@ -130,9 +126,7 @@ class HostExecutor:
         with self._lock:
             lane = self._lanes.get(handle)
             if lane is None:
-                lane = self._native.exec_lane_new(self._pool, handle, self._words())
-                if not lane:
-                    raise MemoryError("HostExecutor could not allocate a stream's lane")
+                lane = self._lane_new(handle, self._words())
                 self._lanes[handle] = lane
         return lane
 
@@ -158,9 +152,7 @@ class HostExecutor:
         except IndexError:
             with self._lock:
                 words = self._words()
-                slot = self._native.exec_slot_new(self._pool, words)
-            if not slot:
-                raise MemoryError("HostExecutor could not allocate a graph slot") from None
+                slot = self._slot_new(words)
         return GraphSlot(self, slot, words)
 
     def graph_nodes(self) -> int:
@@ -169,7 +161,7 @@ class HostExecutor:
         While there are any, one of the pool's threads polls for their replays
         every ``poll_us`` (docs/executor.md, "In graphs").
         """
-        return self._native.exec_live_slots(self._pool)
+        return self._live_slots()
 
     def close(self) -> None:
         """Run every task already enqueued, then stop the threads (GIL released).
@@ -177,14 +169,15 @@ class HostExecutor:
         It returns once the streams have reached and the threads have run all
         outstanding tasks.  Later launches with this executor raise
         RuntimeError.  The pinned words stay allocated: a stream may still
-        have to execute a wait on them.
+        have to execute a wait on them.  A launch racing it either raises
+        RuntimeError ("closed"), having enqueued nothing, or runs before it
+        returns; an interrupted close can be called again and finishes the job.
         """
         if self._closed:
             return
+        if not forked():  # a forked child has none of the pool's threads to wait for
+            self._close()  # idempotent, one native call: no half-closed pool
         self._closed = True
-        if forked():  # a forked child has none of the pool's threads to wait for
-            return
-        self._native.exec_pool_close(self._pool)
 
     def __enter__(self) -> HostExecutor:
         return self
@@ -221,15 +214,19 @@ class GraphSlot:
         self._armed = False
 
     def arm(self, fn: int, arg: int, copy: bool) -> None:
-        """From now on a replay that reaches the slot runs ``fn(arg)`` (or the copy)."""
-        self.executor._native.exec_slot_arm(self.address, fn, arg, int(copy))
+        """From now on a replay that reaches the slot runs ``fn(arg)`` (or the copy).
+
+        Refused (RuntimeError) once the executor is closing: no thread would answer.
+        """
+        if _core.exec_slot_arm(self.address, fn, arg, copy):
+            raise RuntimeError("the HostExecutor is closed; create a new one")
         self._armed = True
 
     def __del__(self) -> None:
         executor = self.executor
         if self._armed and not forked():
             self._armed = False
-            executor._native.exec_slot_disarm(self.address)
+            _core.exec_slot_disarm(self.address)
         executor._free_slots.append((self.address, self.words))
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import _core
 from ._decorator import CUhostFn
 from ._errors import SimulatorUnsupportedError
 
@@ -45,7 +46,7 @@ def _graph_record(backend: Any, kind: str, fn: int, arg: int, owner: Any) -> tup
     """Take the record a graph will own; return ``(node_fn, node_arg, record)``."""
     record = backend.records.take(fn, arg, owner)
     if kind == "python":
-        return backend.native.replay_python, record, record
+        return _core.REPLAY_PYTHON, record, record
     return fn, arg, record
 
 
@@ -115,7 +116,7 @@ def _slot_record(
     if copy:  # the pool's own (parallel) copy of the MEMCPY_LAYOUT at arg
         node_fn, node_arg = 0, arg
     elif kind == "python":
-        node_fn, node_arg = backend.native.replay_python, record
+        node_fn, node_arg = _core.REPLAY_PYTHON, record
     else:
         node_fn, node_arg = fn, arg
     slot.arm(node_fn, node_arg, copy)

@@ -18,13 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from numba import types
-from numba.extending import intrinsic
 
-from ._compat import cgutils
+from ._compat import numba_hooks
 from ._decorator import HostFunction, host_callback
 from ._executor import check_executor
-from ._intrinsics import as_voidptr
 from ._launch import _target_kind, enqueue
 
 __all__ = [
@@ -56,27 +53,36 @@ _PACK = struct.Struct("=QQQ")
 _PACK_2D = struct.Struct("=QQQQQQ")
 
 
-@intrinsic
-def _memcpy(typingctx, dst, src, nbytes):
-    if dst != types.voidptr or src != types.voidptr or not isinstance(nbytes, types.Integer):
-        return None
+def _define_memcpy() -> None:
+    """The globals the copy bodies call, made on first use (they import numba)."""
+    from ._intrinsics import as_voidptr
 
-    def codegen(context, builder, signature, args):
-        cgutils.raw_memcpy(builder, args[0], args[1], args[2], 1)
-        return context.get_dummy_value()
+    numba = numba_hooks()
+    types = numba.types
 
-    return types.void(types.voidptr, types.voidptr, nbytes), codegen
+    @numba.intrinsic
+    def memcpy(typingctx, dst, src, nbytes):
+        if dst != types.voidptr or src != types.voidptr or not isinstance(nbytes, types.Integer):
+            return None
+
+        def codegen(context, builder, signature, args):
+            numba.cgutils.raw_memcpy(builder, args[0], args[1], args[2], 1)
+            return context.get_dummy_value()
+
+        return types.void(types.voidptr, types.voidptr, nbytes), codegen
+
+    globals().update(_memcpy=memcpy, as_voidptr=as_voidptr)
 
 
 def _copy(d):
-    _memcpy(as_voidptr(d.dst), as_voidptr(d.src), d.nbytes)
+    _memcpy(as_voidptr(d.dst), as_voidptr(d.src), d.nbytes)  # noqa: F821 - _define_memcpy
 
 
 def _copy_2d(d):
     for row in range(d.rows):
-        dst = as_voidptr(d.dst + row * d.dst_pitch)
-        src = as_voidptr(d.src + row * d.src_pitch)
-        _memcpy(dst, src, d.row_bytes)
+        dst = as_voidptr(d.dst + row * d.dst_pitch)  # noqa: F821 - _define_memcpy
+        src = as_voidptr(d.src + row * d.src_pitch)  # noqa: F821
+        _memcpy(dst, src, d.row_bytes)  # noqa: F821
 
 
 def _release_point(p):
@@ -85,6 +91,7 @@ def _release_point(p):
 
 @functools.cache
 def _compiled(name: str) -> HostFunction:
+    _define_memcpy()
     if name == "host_memcpy":
         return host_callback(_copy, dtype=MEMCPY_LAYOUT, cache=True)
     if name == "host_memcpy_2d":

@@ -1,26 +1,40 @@
 """``host_launch``: enqueue a host function in stream order and own what it needs.
 
-Everything is checked before anything is enqueued: a call that raises has
-enqueued nothing and keeps no reference to its arguments.  A stream that is
-capturing, and an explicit graph, go through ``_graphs``.
+``numba_hostfn.host_launch`` is a native builtin (``native/host_launch.c``)
+that launches the common cases itself and hands every other call, unchanged,
+to :func:`host_launch_python` here, which alone raises errors.  Everything is
+checked before anything is enqueued: a call that raises has enqueued nothing
+and keeps no reference to its arguments.  A stream that is capturing, and an
+explicit graph, go through ``_graphs``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import inspect
 import types
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
-from numba.extending import is_jitted
-
-from ._backend import get_backend
-from ._compat import FUNCFLAG_CDECL, FUNCFLAG_PYTHONAPI, CFunc, CFuncPtr, cfunc_signature
-from ._decorator import _SIGNATURE, HostFunction
+from . import _core
+from ._backend import get_backend, on_backend
+from ._compat import (
+    FUNCFLAG_CDECL,
+    FUNCFLAG_PYTHONAPI,
+    CFuncPtr,
+    cfunc_signature,
+    is_jitted,
+    numba_cfunc_type,
+    numba_hooks,
+    pointer_address,
+    pointer_flags,
+    text_signature,
+)
+from ._decorator import CUhostFn, HostFunction
 from ._executor import check_executor
-from ._fastpath import learn_cfunc, learn_code, learn_host_function, learn_stream, learn_type
 from ._graphs import (
     add_captured_executor_node,
     add_captured_node,
@@ -35,12 +49,14 @@ __all__ = [
     "enqueue",
     "enqueue_signal",
     "host_launch",
+    "host_launch_python",
+    "launch_counts",
     "pending",
+    "python_path",
     "refuse_coroutine_function",
 ]
 
 _CDECL = FUNCFLAG_CDECL
-_c_void_p = ctypes.c_void_p
 
 
 class _KindsByType:
@@ -96,44 +112,35 @@ def _prototype_error(detail: str) -> TypeError:
 
 def classify_function(fn: Any) -> tuple[str, int, Any]:
     """Return ``(kind, address, owner)``: kind is "compiled", "pointer" or "python"."""
-    # Each kind found here is also taught to host_launch's fast path (_fastpath).
     kind = _FN_KINDS.get(type(fn))
     if kind == "python":
-        learn_type(type(fn), kind)
         return kind, 0, fn
     if type(fn) in _PER_INSTANCE:  # a plain function: not async (checked each time)
         refuse_coroutine_function(fn)
-        learn_code(fn)
         _refuse_required_arguments(fn)
         return "python", 0, fn
     if kind == "compiled":
-        learn_type(type(fn), kind)
-        learn_host_function(fn)
         return kind, fn.address, fn
     if issubclass(type(fn), HostFunction):
         _FN_KINDS.remember(type(fn), "compiled")
-        learn_type(type(fn), "compiled")
-        learn_host_function(fn)
         return "compiled", fn.address, fn
     if issubclass(type(fn), CFuncPtr):
-        flags = type(fn)._flags_
+        flags = pointer_flags(fn)
         if flags != _CDECL:
             kind = "PYFUNCTYPE" if flags & FUNCFLAG_PYTHONAPI else f"flags {flags:#x}"
             raise _prototype_error(f"declared with {kind}")
         if fn.restype is not None or tuple(fn.argtypes or ()) != (ctypes.c_void_p,):
             raise _prototype_error(f"with restype={fn.restype!r}, argtypes={fn.argtypes!r}")
-        address = _c_void_p.from_buffer(fn).value  # what cast() gives, in a third of the time
+        address = pointer_address(fn)
         if not address:
             raise ValueError("host_launch() got a NULL ctypes function pointer")
-        learn_type(type(fn), "pointer")
         return "pointer", address, fn
-    if issubclass(type(fn), CFunc):
-        if cfunc_signature(fn) != _SIGNATURE:
+    if issubclass(type(fn), numba_cfunc_type()):  # numba is imported: there is one
+        if cfunc_signature(fn) != numba_hooks().signature:
             raise TypeError(
                 f"host_launch() got a numba cfunc with signature {cfunc_signature(fn)}; a CUhostFn "
                 "needs void(voidptr): use @host_callback, or numba.cfunc('void(voidptr)')"
             )
-        learn_cfunc(fn, fn.address)
         return "pointer", fn.address, fn
     if is_jitted(fn):
         raise TypeError(
@@ -159,7 +166,6 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
     refuse_coroutine_function(fn)
     _refuse_required_arguments(fn)
     _FN_KINDS.remember(type(fn), "python")
-    learn_type(type(fn), "python")
     return "python", 0, fn
 
 
@@ -180,7 +186,7 @@ _BOUND_BUILTINS = (types.BuiltinFunctionType, types.MethodWrapperType)
 # functools.lru_cache and functools.cache wrappers: they call the function they wrap
 # with the arguments they get.
 _CACHED = type(functools.lru_cache(None)(len))
-# (type, __text_signature__, counts_self) -> the arguments it needs; bounded (see
+# (type, its text signature, counts_self) -> the arguments it needs; bounded (see
 # _builtin_required).
 _BUILTIN_REQUIRED: dict[tuple[type, str, bool], int] = {}
 _REQUIRED_KINDS = (
@@ -262,9 +268,9 @@ def refuse_coroutine_function(fn: Any, caller: str = "host_launch") -> None:
 
 
 def _builtin_required(fn: Any) -> int:
-    """The arguments a builtin needs, from its ``__text_signature__``, the text that
+    """The arguments a builtin needs, from its text signature, the text that
     ``inspect.signature`` reads (0 where it has none: unknown, so not refused)."""
-    text = getattr(fn, "__text_signature__", None)
+    text = text_signature(fn)
     if not text:
         return 0
     # A builtin function or method-wrapper is always bound to its leading "$"
@@ -435,7 +441,7 @@ def _stream_handle(stream: Any) -> int:
     return value[1]
 
 
-def host_launch(
+def host_launch_python(
     stream: Any, fn: Any, *, user_data: Any = None, executor: Any = None, blocking: bool = True
 ) -> Any:
     """Enqueue ``fn`` on ``stream``: it runs on the host when the stream reaches this point.
@@ -539,7 +545,7 @@ def host_launch(
 
 
 def enqueue_signal(target: Any, channel: int, key: int, executor: Any, refusal: str) -> None:
-    """Enqueue a signal of ``channel`` saying ``key`` on a stream (``native/notify.ll``).
+    """Enqueue a signal of ``channel`` saying ``key`` on a stream (``native/notify.c``).
 
     A signal says "the stream got here" once, so it is only for streams:
     a graph target or a capturing stream raises ``RuntimeError(refusal)``,
@@ -556,8 +562,7 @@ def enqueue_signal(target: Any, channel: int, key: int, executor: Any, refusal: 
     handle = _stream_handle(target)
     if backend.checks_streams:
         handle = backend.stream_handle(target, handle)
-    native = backend.native
-    run, signal = native.run_compiled, native.enqueue_signal
+    run, signal = _core.RUN_COMPILED, _core.enqueue_signal
     if executor is not None:
         enqueued = _executor_enqueue(
             backend, executor, handle, run, channel, key, executor, False, builtin=signal
@@ -613,10 +618,7 @@ def enqueue(
     handle = _stream_handle(target)
     if backend.checks_streams:
         handle = backend.stream_handle(target, handle)
-    if target_kind == "stream":
-        learn_stream(backend, target)
-    native = backend.native
-    trampoline = native.run_python if kind == "python" else native.run_compiled
+    trampoline = _core.RUN_PYTHON if kind == "python" else _core.RUN_COMPILED
     builder = target_kind == "builder"
     if executor is not None:
         while True:
@@ -660,8 +662,10 @@ def _executor_enqueue(
 ) -> bool:
     """Enqueue on the executor's lane for stream ``handle``; False if it is capturing."""
     lane = executor._lane(handle)
-    if copy:  # the executor's copy trampoline finds its pool in the record's fn
-        trampoline, fn = backend.native.exec_copy, executor._pool
+    # The executor's copy trampoline finds its pool in the record's context.
+    context = (executor._pool,) if copy else ()
+    if copy:
+        trampoline = _core.EXEC_COPY
     return backend.enqueue(
         lane,
         trampoline,
@@ -671,6 +675,7 @@ def _executor_enqueue(
         backend.executor_enqueue_fn,
         "cuStreamWriteValue32",
         builtin,
+        context,
     )
 
 
@@ -682,6 +687,41 @@ def pending() -> int:
     int
     """
     return get_backend().records.pending()
+
+
+def _raise_status(status: int, executor: Any) -> None:
+    """Raise what the Python path raises for an enqueue function's status (the
+    native host_launch calls this when the driver or simulator refused)."""
+    call = "cuLaunchHostFunc" if executor is None else "cuStreamWriteValue32"
+    get_backend().refused(status, call)
+
+
+def _configure_native(backend: Any) -> None:
+    """Point the native host_launch at ``backend`` (when the backend is made)."""
+    _core.configure_launch(
+        raise_status=_raise_status,
+        enqueue_fn=backend.enqueue_fn,
+        executor_enqueue_fn=backend.executor_enqueue_fn or 0,
+        sim_stream_type=backend.stream_type if backend.name == "simulator" else None,
+        cuda_stream_type=backend.stream_type if backend.name == "cuda" else None,
+        cuhostfn_type=CUhostFn,
+        c_void_p=ctypes.c_void_p,
+    )
+
+
+def launch_counts() -> dict[str, int]:
+    """Launches that fell through to Python, and native launches by kind (for tests)."""
+    return _core.launch_counts()
+
+
+@contextlib.contextmanager
+def python_path() -> Iterator[None]:
+    """Within it, every ``host_launch`` takes the Python implementation (for tests)."""
+    _core.configure_launch(wanted=False)
+    try:
+        yield
+    finally:
+        _core.configure_launch(wanted=True)
 
 
 def drain() -> int:
@@ -703,3 +743,11 @@ def drain() -> int:
 
     run_callbacks()
     return get_backend().records.drain()
+
+
+_core.configure_launch(fallback=host_launch_python)
+on_backend(_configure_native)
+host_launch = _core.make_host_launch(
+    "host_launch(stream, fn, *, user_data=None, executor=None, blocking=True)\n--\n\n"
+    + inspect.getdoc(host_launch_python)
+)

@@ -1,6 +1,6 @@
 """Signal Python from a stream without the GIL: awaitables, futures, non-blocking callbacks.
 
-Each of these enqueues a *signal* (``native/notify.ll``): a CUhostFn that
+Each of these enqueues a *signal* (``native/notify.c``): a CUhostFn that
 runs on the driver's thread (or an executor's), pushes a key on a *channel*
 and writes the channel's eventfd.  It never takes the GIL, so it never waits
 for the main thread and never holds up another stream's host functions.
@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
-import ctypes
 import functools
 import itertools
 import os
@@ -34,35 +33,39 @@ import threading
 import weakref
 from typing import Any
 
+from . import _core
 from ._backend import get_backend
-from ._compat import CFunc, CFuncPtr, any_thread_pending_call, on_foreign_thread, running_loop
+from ._compat import (
+    CFuncPtr,
+    any_thread_pending_call,
+    numba_cfunc_type,
+    on_foreign_thread,
+    running_loop,
+)
 from ._decorator import HostFunction
 from ._launch import enqueue, enqueue_signal, refuse_coroutine_function
 
 __all__ = ["add_callback", "async_done", "done_future", "launch_nonblocking", "run_callbacks"]
-
-_TAKE = 1024  # keys per native take
 
 
 class _Channel:
     """A native channel over a new eventfd; its reference is dropped when this dies."""
 
     def __init__(self, *, wake_main: bool, nonblocking: bool) -> None:
-        native = get_backend().native
+        get_backend()  # in a forked child: RuntimeError, naming spawn
         flags = os.EFD_CLOEXEC | (os.EFD_NONBLOCK if nonblocking else 0)
         self.fd = os.eventfd(0, flags)
-        self.address = native.channel_new(self.fd, int(wake_main))
-        if not self.address:  # pragma: no cover - calloc of 32 bytes
+        try:
+            self.address = _core.channel_new(self.fd, wake_main)
+        except BaseException:
             os.close(self.fd)
-            raise MemoryError("numba_hostfn could not allocate a notification channel")
+            raise
         # From here the native channel owns the descriptor: it is closed by the
         # last release, after the last signal has written it (invariant 17).
-        self._native = native
         self._keys = itertools.count(1)
-        self._buffer = (ctypes.c_uint64 * _TAKE)()
         # Not at exit: a reader on a daemon thread may still be taking from it
         # (invariant 6: leak rather than dangle).
-        weakref.finalize(self, native.channel_release, self.address).atexit = False
+        weakref.finalize(self, _core.channel_release, self.address).atexit = False
 
     def new_key(self) -> int:
         return next(self._keys)
@@ -74,13 +77,7 @@ class _Channel:
 
     def take(self) -> list[int]:
         """The keys of the signals that have run since the last take, oldest first."""
-        keys: list[int] = []
-        buffer = self._buffer
-        while True:
-            n = self._native.channel_take(self.address, buffer, _TAKE)
-            keys.extend(buffer[:n])
-            if n < _TAKE:
-                return keys
+        return _core.channel_take(self.address)
 
 
 # ---- non-blocking callbacks and done_future: one channel for the process ----
@@ -97,10 +94,9 @@ class _Callbacks:
         self._due: collections.deque[int] = collections.deque()
         self._lock = threading.Lock()  # one batch at a time: stream order
         self._runner: int | None = None
-        native = get_backend().native
-        self._call = native.call_reporting
+        self._call = _core.call_reporting
         if wake_main:
-            _route_pending_calls(native)
+            _route_pending_calls()
         self._helper = threading.Thread(target=self._serve, name=name, daemon=True)
         self._helper.start()
 
@@ -156,23 +152,24 @@ class _Callbacks:
 
 # ---- the pending call that signals of channels made with wake_main ask for ----
 
-_routed: set[int] = set()  # the native modules whose pending calls come to _pending_call
+_routed = False  # the native pending call runs _pending_call
 # Re-entrant: a pending call between two of its bytecodes may run a callback that
 # makes a loop's first wait, which routes again.
 _route_lock = threading.RLock()
 
 
-def _route_pending_calls(native: Any) -> None:
-    """Have ``native``'s pending call run :func:`_pending_call` (once per module)."""
-    if id(native) in _routed:
+def _route_pending_calls() -> None:
+    """Have the native pending call run :func:`_pending_call` (once)."""
+    global _routed
+    if _routed:
         return
     with _route_lock:
-        if id(native) not in _routed:
-            native.set_notify_callable(_pending_call)
+        if not _routed:
+            _core.set_notify_callable(_pending_call)
             any_thread = any_thread_pending_call()
             if any_thread is not None:
-                native.set_any_thread_pending(*any_thread)
-            _routed.add(id(native))
+                _core.set_any_thread_pending(*any_thread)
+            _routed = True
 
 
 def _pending_call() -> None:
@@ -300,11 +297,10 @@ class _LoopWaits:
         # Also a pending call, where one can run on the loop's thread: it
         # resolves the futures in the middle of a loop turn, a turn before the
         # loop would poll the descriptor (with busy coroutines, turns are long).
-        native = get_backend().native
         wake = threading.current_thread() is threading.main_thread()
         wake = wake or any_thread_pending_call() is not None
         if wake:
-            _route_pending_calls(native)
+            _route_pending_calls()
         self.channel = _Channel(wake_main=wake, nonblocking=True)
         self.futures: dict[int, tuple[asyncio.Future, Any]] = {}
         self._due: collections.deque[int] = collections.deque()  # taken, not yet resolved
@@ -454,7 +450,8 @@ def add_callback(stream: Any, callback: Any, arg: Any = None) -> None:
     TypeError
         If ``callback`` is not callable, or ``stream`` is not a stream.
     """
-    if not callable(callback) or isinstance(callback, (HostFunction, CFuncPtr, CFunc)):
+    compiled = (HostFunction, CFuncPtr, numba_cfunc_type())
+    if not callable(callback) or isinstance(callback, compiled):
         raise TypeError(
             "add_callback() expected a Python callable callback(stream, status, arg), got "
             f"{type(callback).__name__}; compiled host functions go to host_launch()"

@@ -1,15 +1,13 @@
 """Launch records: what each launch owns, and its release on the main thread.
 
-Every launch takes one *record* in native memory (its layout lives in
-``native/records.ll`` alone).  The record holds a strong reference to the
-launch's *owner*, the object that keeps the callable or HostFunction, ctypes
-wrapper and copied or referenced user data alive.  A record is *taken*, handed
-to the driver with a trampoline, *run*, *completed* on the driver's thread
-(pushed on a lock-free stack, and a drain scheduled with
-``Py_AddPendingCall``), and *released* by the drain on the main thread, which
-drops the owner.  A record whose enqueue failed is released at once; a record
-kept by a graph is completed when the graph is gone.  Taking, releasing and
-draining run with the GIL held throughout (the GIL is the free list's lock).
+Every launch takes one *record* in native memory (``native/records.c``).  The
+record holds a strong reference to the launch's *owner*, the object that keeps
+the callable or HostFunction, ctypes wrapper and copied or shared user data
+alive.  A record is *taken*, handed to the driver with a trampoline, *run*,
+*completed* on the driver's thread (pushed on a lock-free stack, and a drain
+scheduled with ``Py_AddPendingCall``), and *released* by the drain on the main
+thread, which drops the owner.  A record whose enqueue failed is released at
+once; a record kept by a graph is completed when the graph is gone.
 LIFETIME.md states the invariants.
 """
 
@@ -18,20 +16,18 @@ from __future__ import annotations
 import atexit
 from typing import Any
 
+from . import _core
 from ._compat import register_early_atexit
-from ._native import Native, calloc
 
 __all__ = ["LaunchRecords"]
 
-_SLOTS_PER_SLAB = 1024
 _CLOSE_WAIT_MS = 2000
 
 
 class LaunchRecords:
     """The launch records of this process (one set, shared by both backends)."""
 
-    def __init__(self, native: Native) -> None:
-        self._native = native
+    def __init__(self) -> None:
         self._closed = False
         # Close before any atexit handler runs: another library's handler may
         # block in a driver call with the GIL held (releasing a context, say),
@@ -44,36 +40,21 @@ class LaunchRecords:
         """In a forked child: nothing copied will run, so exit waits for nothing."""
         self._closed = True
 
-    def grow(self) -> None:
-        """Add a slab of free records.
-
-        Slabs come from calloc and are never freed (invariant 6): a driver
-        thread may still write a record while the process exits.
-        """
-        base = calloc(_SLOTS_PER_SLAB, self._native.record_bytes)
-        if not base:
-            raise MemoryError("numba_hostfn could not allocate launch records")
-        self._native.add_slab(base, _SLOTS_PER_SLAB)
-
     def take(self, fn: int, arg: int, owner: Any) -> int:
         """Take a record for ``fn(arg)``; it owns ``owner`` until it is released."""
-        record = self._native.take(fn, arg, owner)
-        while not record:
-            self.grow()
-            record = self._native.take(fn, arg, owner)
-        return record
+        return _core.take_record(fn, arg, owner)
 
     def release(self, record: int) -> None:
-        """Release a record that nothing will run (its enqueue failed)."""
-        self._native.release(record)
+        """Release a record that nothing will run (its graph node failed)."""
+        _core.release_record(record)
 
     def drain(self) -> int:
         """Release the records that have run; return how many."""
-        return self._native.drain()
+        return _core.drain()
 
     def pending(self) -> int:
         """How many records are held (not yet run, or run and not released)."""
-        return self._native.held.value
+        return _core.held()
 
     def _at_exit(self) -> None:
         if self._closed:
@@ -84,4 +65,4 @@ class LaunchRecords:
         # for ever: leaked, never released under a driver thread that may yet
         # run them.
         self._closed = True
-        self._native.close(_CLOSE_WAIT_MS)
+        _core.close_guard(_CLOSE_WAIT_MS)

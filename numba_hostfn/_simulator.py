@@ -19,20 +19,18 @@ docs/simulator.md lists what is and is not modelled.
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from . import _core
 from ._backend import SimulatorBackend, forked, get_backend
 from ._errors import SIMULATOR_ENV, SimulatorUnsupportedError
-from ._native import Status
 
 __all__ = ["Graph", "GraphBuilder", "Stream"]
 
 
 def _simulator() -> SimulatorBackend:
-    backend = get_backend()
+    backend = get_backend()  # in a forked child: RuntimeError, naming spawn
     if not isinstance(backend, SimulatorBackend):
         raise RuntimeError(
             "numba_hostfn.simulator needs the simulator backend; set "
@@ -41,44 +39,14 @@ def _simulator() -> SimulatorBackend:
     return backend
 
 
-def _forget_stream(refs: dict[int, weakref.ref], handle: int) -> Callable[[weakref.ref], None]:
-    """A weak reference's callback: drop the dead stream's registry entry, unless a
-    newer stream has the handle now (an entry left behind is harmless: it is dead)."""
-
-    def forget(ref: weakref.ref) -> None:
-        if refs.get(handle) is ref:
-            del refs[handle]
-
-    return forget
-
-
 @dataclass
 class _Capture:
-    """The work captured on a stream so far: nodes ``(device, fn, arg)``, and their keeper."""
+    """The work captured on a stream so far: its keeper, which holds its nodes."""
 
-    keeper: int
-    nodes: list = field(default_factory=list)
-
-
-class _Keeper:
-    """One reference to a capture's keeper, given back at ``close`` (or when collected)."""
-
-    def __init__(self, native: Any, capture: _Capture) -> None:
-        self._native = native
-        self.capture = capture
-        self._held = True
-
-    def release(self) -> None:
-        if self._held:
-            self._held = False
-            self._native.sim_keeper_release_call(self.capture.keeper)
-
-    def __del__(self) -> None:
-        if getattr(self, "_held", False):
-            self.release()
+    keeper: Any  # a KeeperRef: the capture's reference
 
 
-class Stream:
+class Stream(_core.SimStreamBase):
     """A simulated stream, accepted by :func:`~numba_hostfn.host_launch` like a CUDA stream.
 
     Work runs in the order it was enqueued.  Host functions run on the
@@ -102,14 +70,10 @@ class Stream:
     def __init__(self) -> None:
         backend = _simulator()
         self._backend = backend
-        self._native = backend.native
-        handle = self._native.sim_stream_new()
-        if not handle:
-            raise RuntimeError("the simulator could not create a stream (memory or thread)")
-        self._handle = handle
+        self._closed = True  # until it is open
+        self._open()  # its native stream: _handle
         self._closed = False
-        backend.streams[handle] = self
-        backend.stream_refs[handle] = weakref.ref(self, _forget_stream(backend.stream_refs, handle))
+        backend.streams[self._handle] = self
 
     @property
     def handle(self) -> int:
@@ -121,6 +85,7 @@ class Stream:
         return (0, self._handle)
 
     def _live(self) -> int:
+        _simulator()  # a forked child has none of the stream's threads: refused
         if self._closed:
             raise RuntimeError("the simulated stream is closed; create a new Stream")
         return self._handle
@@ -132,16 +97,17 @@ class Stream:
 
     def sync(self) -> None:
         """Wait, without holding the GIL, until all work enqueued so far has run."""
+        handle = self._live()
         if self.is_capturing:
             raise RuntimeError(
                 "sync() on a simulated stream that is capturing: nothing it captured runs "
                 "until the graph is launched; end the capture first"
             )
-        self._native.sim_sync(self._live())
+        _core.sim_sync(handle)
 
     def is_done(self) -> bool:
         """True if all work enqueued so far has run."""
-        return self._native.sim_pending(self._live()) == 0
+        return _core.sim_pending(self._live()) == 0
 
     def sleep(self, seconds: float) -> None:
         """Enqueue simulated device work that occupies the stream for ``seconds``."""
@@ -150,11 +116,10 @@ class Stream:
         if not 0 <= seconds <= 3600:
             raise ValueError(f"sleep() expected 0 to 3600 seconds, got {seconds!r}")
         micros = int(seconds * 1e6)
-        status = self._native.sim_enqueue_device_call(self._live(), self._native.sim_delay, micros)
-        if status == Status.CAPTURING:
-            self._backend.captures[self._handle].nodes.append(
-                (True, self._native.sim_delay, micros)
-            )
+        status = _core.sim_enqueue(self._live(), _core.SIM_DELAY, micros, True)
+        if status == _core.CAPTURING:
+            capture = self._backend.captures[self._handle]
+            _core.sim_keeper_add_node(capture.keeper.keeper, True, _core.SIM_DELAY, micros)
         elif status:
             self._backend.refused(status)
 
@@ -168,6 +133,7 @@ class Stream:
         """
         from ._launch import classify_function, enqueue
 
+        self._live()
         kind = classify_function(fn)[0]
         if kind == "python":
             raise TypeError(
@@ -180,26 +146,25 @@ class Stream:
 
     def begin_capture(self) -> None:
         """Start capturing: work enqueued from now on is recorded, not run (CuPy's shape)."""
-        self._live()
+        handle = self._live()
         if self.is_capturing:
             raise RuntimeError("the simulated stream is already capturing")
-        keeper = self._native.sim_keeper_new()
-        if not keeper:
-            raise MemoryError("the simulator could not allocate a graph")
-        self._backend.captures[self._handle] = _Capture(keeper)
-        self._native.sim_set_capturing(self._handle, 1)
+        self._backend.captures[handle] = _Capture(_core.KeeperRef())
+        _core.sim_set_capturing(handle, True)
 
     def end_capture(self) -> Graph:
         """Stop capturing; return the captured work as an executable :class:`Graph`."""
-        return Graph(_Keeper(self._native, self._end_capture()))
+        self._live()
+        return Graph(self._end_capture())
 
-    def _end_capture(self) -> _Capture:
+    def _end_capture(self) -> Any:
+        """Stop capturing; the capture's reference to its keeper, now the caller's."""
         capture = self._backend.captures.get(self._handle)
         if capture is None:
             raise RuntimeError("end_capture() on a simulated stream that is not capturing")
-        self._native.sim_set_capturing(self._handle, 0)
+        _core.sim_set_capturing(self._handle, False)
         del self._backend.captures[self._handle]
-        return capture
+        return capture.keeper
 
     def create_graph_builder(self) -> GraphBuilder:
         """A :class:`GraphBuilder` that captures on this stream (cuda.core's shape)."""
@@ -212,17 +177,18 @@ class Stream:
         A capture still open is abandoned: what it owned is released.  The
         queue's few hundred bytes are kept, not freed: any later launch on
         this stream (through a stale handle too) finds it stopped and raises.
+        An interrupted close can be called again: it finishes the job.
         """
         if self._closed:
             return
         if forked():  # a forked child has none of the stream's threads
             self._closed = True
             return
-        if self.is_capturing:
-            _Keeper(self._native, self._end_capture()).release()
+        capture = self._backend.captures.get(self._handle)
+        if capture is not None:
+            self._end_capture().release()
+        _core.sim_close(self._handle, True)  # idempotent; joins without the GIL
         self._closed = True
-        self._native.sim_stop(self._handle)
-        self._native.sim_finish(self._handle, 1)  # join, without the GIL
 
     def __enter__(self) -> Stream:
         return self
@@ -235,9 +201,8 @@ class Stream:
             self._closed = True
             capture = self._backend.captures.pop(self._handle, None)
             if capture is not None:
-                self._native.sim_keeper_release_call(capture.keeper)
-            self._native.sim_stop(self._handle)
-            self._native.sim_finish(self._handle, 0)  # the thread ends on its own
+                capture.keeper.release()
+            _core.sim_close(self._handle, False)  # the thread ends on its own
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
@@ -251,44 +216,39 @@ class Graph:
     are released once both are closed and no replay is still queued.
     """
 
-    def __init__(self, keeper: _Keeper) -> None:
-        self._keeper = keeper
+    def __init__(self, keeper: Any) -> None:
+        self._keeper = keeper  # a KeeperRef: this executable graph's reference
 
     @property
     def is_closed(self) -> bool:
-        return not self._keeper._held
+        return not self._keeper.held
 
     def launch(self, stream: Stream) -> None:
-        """Enqueue one replay of the graph's work on ``stream``."""
-        if self.is_closed:
-            raise RuntimeError("the simulated graph is closed")
+        """Enqueue one replay of the graph's work on ``stream``.
+
+        All of it or nothing: the replay holds the graph's owners until its last
+        node has run, and a refused replay enqueues nothing and holds nothing.
+        """
         if not isinstance(stream, Stream):
             raise TypeError(f"Graph.launch() expected a simulator.Stream, got {stream!r}")
+        handle = stream._live()
+        keeper = self._keeper.keeper
+        if not keeper:
+            raise RuntimeError("the simulated graph is closed")
         if stream.is_capturing:
             raise SimulatorUnsupportedError(
                 "the simulator does not model launching a graph inside a capture"
             )
-        native = self._keeper._native
-        handle = stream._live()
-        capture = self._keeper.capture
-        native.sim_keeper_acquire(capture.keeper)  # held by this replay until it has run
-        try:
-            for device, fn, arg in capture.nodes:
-                call = native.sim_enqueue_device_call if device else native.sim_enqueue_call
-                status = call(handle, fn, arg)
-                if status:
-                    stream._backend.refused(status)
-        except BaseException:
-            native.sim_keeper_release_call(capture.keeper)
-            raise
-        status = native.sim_enqueue_device_call(handle, native.sim_keeper_release, capture.keeper)
-        if status:  # pragma: no cover - the stream was open a moment ago
-            native.sim_keeper_release_call(capture.keeper)
+        status = _core.sim_replay(handle, keeper)
+        if status:
             stream._backend.refused(status)
 
     def close(self) -> None:
         """Destroy the executable graph (its queued replays still run)."""
         self._keeper.release()
+
+
+SimulatorBackend.stream_type = Stream  # the native host_launch takes its launches
 
 
 class GraphBuilder:
@@ -301,7 +261,7 @@ class GraphBuilder:
 
     def __init__(self, stream: Stream) -> None:
         self._stream = stream
-        self._definition: _Keeper | None = None
+        self._definition: Any = None  # a KeeperRef, once built
         self._closed = False
 
     @property
@@ -325,23 +285,21 @@ class GraphBuilder:
     def end_building(self) -> GraphBuilder:
         if not self.is_building:
             raise RuntimeError("end_building() on a GraphBuilder that is not building")
-        self._definition = _Keeper(self._stream._native, self._stream._end_capture())
+        self._definition = self._stream._end_capture()
         return self
 
     def complete(self) -> Graph:
         """An executable :class:`Graph` of what was built (one more owner of the nodes)."""
-        if self._definition is None or not self._definition._held:
+        if self._definition is None or not self._definition.held:
             raise RuntimeError("complete() needs a GraphBuilder that has ended building")
-        capture = self._definition.capture
-        self._stream._native.sim_keeper_acquire(capture.keeper)
-        return Graph(_Keeper(self._stream._native, capture))
+        return Graph(self._definition.share())
 
     def close(self) -> None:
         """Destroy the graph definition (executable graphs keep what they need)."""
         if self._closed:
             return
-        self._closed = True
         if self._definition is not None:
             self._definition.release()
         elif self._stream.is_capturing:
-            _Keeper(self._stream._native, self._stream._end_capture()).release()
+            self._stream._end_capture().release()
+        self._closed = True

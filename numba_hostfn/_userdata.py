@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _core
 from ._compat import CFuncPtr, PointerBase
 
 __all__ = ["ByRef", "Record", "by_ref", "record", "resolve_user_data"]
@@ -39,10 +40,15 @@ _POINTER_TYPES = (
 )
 
 
-class ByRef:
-    """A writable buffer passed to a host function by reference (see :func:`by_ref`)."""
+class ByRef(_core.BufferRef):
+    """A writable buffer passed to a host function by reference (see :func:`by_ref`).
 
-    __slots__ = ("obj", "address", "nbytes", "dtype", "_export")
+    It holds a buffer export of ``obj`` (``address``, ``nbytes``, ``dtype``) for as
+    long as it lives: a launch that owns it keeps ``obj`` alive, and a
+    ``bytearray`` unresizable (``native/host_launch.c``).
+    """
+
+    __slots__ = ()
 
     def __init__(self, obj: Any, view: memoryview | None = None, what: str = "by_ref()") -> None:
         if view is None:
@@ -71,13 +77,7 @@ class ByRef:
                 f"{what} got an array of Python objects (dtype {obj.dtype}); a host "
                 "function cannot use object pointers without the GIL: pass numeric data"
             )
-        # The ctypes view holds a buffer export: a bytearray cannot be resized
-        # (and so moved) while the launch owns it.
-        self._export = (ctypes.c_char * view.nbytes).from_buffer(view.cast("B"))
-        self.obj = obj
-        self.address = ctypes.addressof(self._export)
-        self.nbytes = view.nbytes
-        self.dtype = obj.dtype if isinstance(obj, np.ndarray) else None
+        super().__init__(obj, obj.dtype if isinstance(obj, np.ndarray) else None)
 
     def __repr__(self) -> str:
         return f"by_ref({self.obj!r})"

@@ -87,25 +87,17 @@ def _nothing_left_pending(device):
 
 
 @pytest.fixture(params=["fast", "python"])
-def launch_path(request, monkeypatch):
-    """Run a test once through host_launch's native fast path and once through Python.
+def launch_path(request):
+    """Run a test once through host_launch's native path and once through Python.
 
-    "python" switches the fast path off.  "fast" first teaches the fast path
-    the stream's and the function's kinds, as an earlier launch of the same
-    kinds would, so that even a test's first launch takes the fast path where
-    it can; everything else falls through to Python as it always does.
+    "python" sends every launch to the Python implementation; "fast" lets the
+    native builtin take the common launches, as it always does (everything else
+    falls through to Python).
     """
-    from numba_hostfn import _fastpath
+    from numba_hostfn import _launch
 
     if request.param == "python":
-        with _fastpath.python_path():
+        with _launch.python_path():
             yield request.param
         return
-    builtin = _fastpath.fast_path().builtin
-
-    def taught(stream, fn, *args, **kwargs):
-        _fastpath.teach(stream, fn)
-        return builtin(stream, fn, *args, **kwargs)
-
-    monkeypatch.setattr(numba_hostfn, "host_launch", taught)
     yield request.param

@@ -4,12 +4,29 @@ and the oldest versions that pyproject declares are the ones CI runs against."""
 import re
 from pathlib import Path
 
+import pytest
+
 from numba_hostfn import _compat
 
 ROOT = Path(__file__).resolve().parents[1]
+# How a private API of another package shows in Python source: a private name of
+# one of its modules, an import of one, numba's internal modules, the CFunc and
+# flags internals a host function is compiled with, a ctypes pointer's buffer
+# read, the interpreter's own private functions, and a prototype's flags.
 PRIVATE = re.compile(
-    r"ctypes\._[A-Za-z]|threading\._[a-z]|asyncio\._[a-z]|^\s*(from|import) numba\.core", re.M
+    r"\b(ctypes|threading|asyncio|sys|inspect|numba|cuda|llvmlite)(\.\w+)*\._[A-Za-z]"
+    r"|^\s*from (ctypes|threading|asyncio|numba|cuda|llvmlite)[\w.]* import [^\n]*\b_[A-Za-z]"
+    r"|^\s*(from|import) numba\.core"
+    r"|\._(sig|targetdescr|cache|cache_hits|compile_uncached|library|wrapper_name"
+    r"|wrapper_address|values|customize_flags|flags_)\b"
+    r"|\.(subtarget|set_env)\(|\.env_name\b|__text_signature__|\.from_buffer\("
+    r"|_PyEval_|_PyThreadState|PyInterpreterState_Main|\b_CFuncCompiler\b|\b_customize_flags\b",
+    re.M,
 )
+# In the native core: CPython's private functions (a leading underscore).
+PRIVATE_C = re.compile(r"\b_Py[A-Z]\w*")
+#: The private CPython functions the native core may use: _compat's table lists them.
+ALLOWED_C = {"_PyThreadState_UncheckedGet", "_PyEval_AddPendingCall"}
 
 
 def test_every_private_hook_is_present():
@@ -25,6 +42,47 @@ def test_only_the_compat_module_reaches_private_names():
         for match in PRIVATE.finditer(path.read_text())
     ]
     assert not offenders, offenders
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "threading._register_atexit(fn)",
+        "isinstance(t, threading._DummyThread)",
+        "asyncio._get_running_loop()",
+        "ctypes.pythonapi._PyEval_AddPendingCall",
+        "ctypes._CFuncPtr",
+        "from ctypes import _Pointer",
+        "from numba.core.ccallback import CFunc",
+        "cfunc._sig",
+        "self._targetdescr = target",
+        "self._cache.load_overload(sig)",
+        "self._cache_hits += 1",
+        "self._compile_uncached()",
+        "flags._values['no_compile']",
+        "class C(_CFuncCompiler):\n    def _customize_flags(self, flags): ...",
+        "context.subtarget()",
+        "codegen.set_env(name, env)",
+        "cres.fndesc.env_name",
+        "type(fn)._flags_",
+        "fn.__text_signature__",
+        "ctypes.c_void_p.from_buffer(fn).value",
+    ],
+)
+def test_the_scan_finds_each_kind_of_hook(line):
+    """Each hook _compat's table lists would be caught outside _compat."""
+    assert PRIVATE.search(line), line
+
+
+def test_the_native_core_uses_no_private_cpython_api_but_the_listed_ones():
+    used = {
+        match.group(0)
+        for path in sorted((ROOT / "numba_hostfn" / "native").glob("*.[ch]"))
+        for match in PRIVATE_C.finditer(path.read_text())
+    }
+    assert used <= ALLOWED_C, used - ALLOWED_C
+    table = _compat.__doc__
+    assert all(name in table for name in ALLOWED_C)
 
 
 def test_declared_minimums_are_the_versions_ci_runs_as_oldest():

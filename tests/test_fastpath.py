@@ -1,9 +1,12 @@
-"""host_launch's native fast path: which launches take it, and that it means what Python means.
+"""host_launch's native path: which launches take it, and that it means what Python means.
 
-Every test of test_launch.py and test_launch_args.py also runs through both
-paths (the ``launch_path`` fixture); these tests show, with the fast path's
-counters, that each common kind really is launched natively, that the rest
-falls through to Python, and that what the fast path caches stays true.
+``numba_hostfn.host_launch`` is a native builtin (``native/host_launch.c``) that
+decides the common launches with direct type checks and hands the rest to the
+Python implementation.  Every test of test_launch.py and test_launch_args.py also
+runs through both paths (the ``launch_path`` fixture); these tests show, with the
+native path's counters, that each common kind really is launched natively, that
+the rest falls through to Python, and that the native path accepts nothing the
+Python path would refuse.
 """
 
 import contextlib
@@ -21,7 +24,7 @@ from numba import carray, cfunc
 from test_launch_args import REC, touch, typed  # the same host functions, compiled once
 
 import numba_hostfn as nh
-from numba_hostfn import _fastpath, _launch
+from numba_hostfn import _launch
 
 _CFUNC = cfunc("void(voidptr)")(lambda p: None)
 
@@ -43,12 +46,33 @@ class Callable:
 
 
 def _counts_of(launch):
-    """The fast path's counters changed by ``launch()``, called once after a first call."""
-    launch()  # the first launch of a kind may fall through: it teaches the fast path
-    before = _fastpath.counts()
+    """The native path's counters changed by ``launch()``, called once after a first call."""
+    launch()  # the first launch may choose the backend (it falls through, to Python)
+    before = _launch.launch_counts()
     launch()
-    after = _fastpath.counts()
+    after = _launch.launch_counts()
     return {name: after[name] - before[name] for name in after if after[name] != before[name]}
+
+
+@contextlib.contextmanager
+def _settled(stream):
+    """Yield ``nh.pending()`` at a point where it can change only by a new launch.
+
+    A launch's record is released by the main thread's pending-call drain at any
+    bytecode boundary once it has run: on 3.13 at the next one, since its
+    Py_AddPendingCall sets the main thread's eval breaker from any thread (3.11
+    notices only at a later GIL switch).  So a count read while an earlier
+    launch is in flight may drop before the next read.  Everything launched so
+    far is synchronized and drained first, and ``stream`` is held: a record
+    launched inside the block (the defect a test looks for) can neither run nor
+    be released before the block ends.
+    """
+    stream.sync()
+    nh.drain()
+    with Hold(stream):
+        yield nh.pending()
+    stream.sync()
+    nh.drain()
 
 
 def _record():
@@ -56,6 +80,7 @@ def _record():
 
 
 FAST_CASES = {
+    "HostFunction, None (its body never reads it)": (lambda: touch, {}, "compiled"),
     "HostFunction, int": (lambda: touch, {"user_data": 12345}, "compiled"),
     "HostFunction, bytes": (lambda: touch, {"user_data": b"abc"}, "compiled"),
     "HostFunction, by_ref": (lambda: touch, {"user_data": nh.by_ref(bytearray(4))}, "compiled"),
@@ -63,11 +88,10 @@ FAST_CASES = {
     "HostFunction dtype=, by_ref": (lambda: typed, {"user_data": nh.by_ref(_record())}, "compiled"),
     "HostFunction, blocking=True": (lambda: touch, {"blocking": True, "user_data": 5}, "compiled"),
     "ctypes CUhostFn": (lambda: touch.ctypes, {"user_data": 7}, "pointer"),
-    "numba cfunc": (lambda: _CFUNC, {"user_data": 5}, "pointer"),
+    "ctypes CUhostFn, None": (lambda: touch.ctypes, {}, "pointer"),
     "plain function": (lambda: plain, {}, "python"),
     "function with a default": (lambda: with_default, {}, "python"),
     "bound method": (lambda: Callable().method, {}, "python"),
-    "callable object": (lambda: Callable(), {}, "python"),
 }
 
 
@@ -99,25 +123,21 @@ def _cached():
     return None
 
 
-def _taught_then_launched(stream, fn):
-    _fastpath.teach(stream, fn)  # whatever the Python path would learn of it
-    nh.host_launch(stream, fn)
-
-
 FALLING_CASES = {
-    # None: whether the body reads it (then it is refused) is the Python path's to say.
-    "compiled code, user_data None": lambda s: nh.host_launch(s, touch),
     # A writable buffer is shared, as by_ref: the Python path makes the export.
     "a bytearray": lambda s: nh.host_launch(s, touch, user_data=bytearray(b"abc")),
+    # Kinds the native path does not decide: a numba cfunc, a callable object.
+    "a numba cfunc": lambda s: nh.host_launch(s, _CFUNC, user_data=5),
+    "a callable object": lambda s: nh.host_launch(s, Callable()),
     "numpy user data": lambda s: nh.host_launch(s, typed, user_data=_record()),
     "a record": lambda s: nh.host_launch(s, typed, user_data=nh.record(REC, a=1, b=2.0)),
     "functools.partial": lambda s: nh.host_launch(s, _partial()),
     # What a builtin or a staticmethod needs is its own, not its type's: checked each time.
     "a builtin": lambda s: nh.host_launch(s, gc.collect),
     "a staticmethod": lambda s: nh.host_launch(s, staticmethod(plain)),
-    # So is what a class or an lru_cache function needs (taught first: still falls).
-    "a class": lambda s: _taught_then_launched(s, _NoArguments),
-    "an lru_cache function": lambda s: _taught_then_launched(s, _cached),
+    # So is what a class or an lru_cache function needs.
+    "a class": lambda s: nh.host_launch(s, _NoArguments),
+    "an lru_cache function": lambda s: nh.host_launch(s, _cached),
     "blocking=False": lambda s: nh.host_launch(s, plain, blocking=False),
     "stream by keyword": lambda s: nh.host_launch(stream=s, fn=touch),
     "a keyword that is not interned": lambda s: nh.host_launch(
@@ -142,12 +162,12 @@ def test_a_capturing_stream_falls_through_and_gets_a_graph_node(device, stream):
     def bump(p):
         carray(p, (1,), np.int64)[0] += 1
 
-    nh.host_launch(stream, bump, user_data=nh.by_ref(counter))  # taught
+    nh.host_launch(stream, bump, user_data=nh.by_ref(counter))
     stream.sync()
     capture = Capture(stream)
-    before = _fastpath.counts()
+    before = _launch.launch_counts()
     nh.host_launch(stream, bump, user_data=nh.by_ref(counter))
-    after = _fastpath.counts()
+    after = _launch.launch_counts()
     graph = capture.end()
     assert after["fell_through"] == before["fell_through"] + 1
     assert after["compiled"] == before["compiled"]
@@ -168,12 +188,11 @@ def test_errors_are_raised_by_the_python_path_with_nothing_enqueued(stream):
         (touch, {"user_data": "text"}, TypeError),
         (touch, {"blocking": False}, ValueError),
     ):
-        _fastpath.teach(stream, fn)
-        before = _fastpath.counts()
+        before = _launch.launch_counts()
         pending = nh.pending()
         with pytest.raises(error):
             nh.host_launch(stream, fn, **kwargs)
-        after = _fastpath.counts()
+        after = _launch.launch_counts()
         assert after["fell_through"] == before["fell_through"] + 1, (fn, kwargs)
         stream.sync()
         nh.drain()
@@ -182,13 +201,13 @@ def test_errors_are_raised_by_the_python_path_with_nothing_enqueued(stream):
 
 def test_host_launch_looks_like_the_python_implementation():
     assert isinstance(nh.host_launch, types.BuiltinFunctionType)
-    python = inspect.signature(_launch.host_launch)
+    python = inspect.signature(_launch.host_launch_python)
     unannotated = python.replace(
         parameters=[p.replace(annotation=p.empty) for p in python.parameters.values()],
         return_annotation=python.empty,
     )
     assert inspect.signature(nh.host_launch) == unannotated  # a builtin has no annotations
-    assert nh.host_launch.__doc__ == inspect.getdoc(_launch.host_launch)
+    assert nh.host_launch.__doc__ == inspect.getdoc(_launch.host_launch_python)
     assert nh.host_launch.__name__ == "host_launch"
     assert nh.host_launch.__module__ == "numba_hostfn"
     assert "host_launch" in dir(nh)
@@ -197,7 +216,7 @@ def test_host_launch_looks_like_the_python_implementation():
 @pytest.mark.parametrize(
     "case",
     [
-        "HostFunction, int",
+        "HostFunction, None (its body never reads it)",
         "HostFunction, bytes",
         "HostFunction, by_ref",
         "plain function",
@@ -215,7 +234,7 @@ def test_both_paths_take_and_give_back_the_same_references(stream, case):
 
     def references(path):
         with path:
-            nh.host_launch(stream, fn, **kwargs)  # teach, and warm up
+            nh.host_launch(stream, fn, **kwargs)  # warm up
             stream.sync()
             nh.drain()
             gc.collect()
@@ -230,7 +249,7 @@ def test_both_paths_take_and_give_back_the_same_references(stream, case):
         return held[0] - start[0], held[1] - start[1], end[0] - start[0], end[1] - start[1]
 
     fast = references(contextlib.nullcontext())
-    python = references(_fastpath.python_path())
+    python = references(_launch.python_path())
     assert fast == python
     assert fast[0] >= 1 and fast[2:] == (0, 0)  # held while pending, given back after
 
@@ -246,49 +265,22 @@ def test_a_ctypes_prototype_changed_on_the_instance_is_seen(stream):
     with pytest.raises(TypeError, match="CUhostFn"):
         nh.host_launch(stream, pointer)
     pointer.restype = None
-    assert _counts_of(lambda: nh.host_launch(stream, pointer, user_data=5)) == {"pointer": 1}
+    assert _counts_of(lambda: nh.host_launch(stream, pointer)) == {"pointer": 1}
 
 
 def test_a_function_is_checked_per_function_not_per_code_object(stream):
     """Two functions of one code object: one has a default for its argument, one has not."""
-    nh.host_launch(stream, with_default)  # the code object is known now
+    nh.host_launch(stream, with_default)
     no_default = types.FunctionType(with_default.__code__, globals(), "no_default")
     with pytest.raises(TypeError, match="takes 1 argument"):
         nh.host_launch(stream, no_default)
 
 
-def test_a_dead_type_is_forgotten_before_its_address_can_be_reused(stream):
-    table = _fastpath.fast_path().tables["function_types"]
-
-    def launch_a_fresh_class():
-        cls = type("Fresh", (), {"__call__": lambda self: None})
-        nh.host_launch(stream, cls())
-        stream.sync()
-        nh.drain()
-        return id(cls)
-
-    address = launch_a_fresh_class()
-    gc.collect()  # a class is in reference cycles: it dies here, and its entry with it
-    assert not any(entry.key == address for entry in table._entries)
-
-
-def test_a_full_table_forgets_its_oldest_entry(stream):
-    table = _fastpath.fast_path().tables["function_types"]
-    classes = [type(f"C{i}", (), {"__call__": lambda self: None}) for i in range(40)]
-    for cls in classes:
-        nh.host_launch(stream, cls())
-    stream.sync()
-    nh.drain()
-    assert len(table) <= 32
-    assert not table.knows(classes[0]) and table.knows(classes[-1])
-    assert _counts_of(lambda: nh.host_launch(stream, classes[0]())) == {"python": 1}
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("how", ["method", "attribute"])
-def test_any_cuda_stream_protocol_object_takes_the_fast_path(stream, how):
-    """On CUDA every __cuda_stream__ type is learned, called as a method or read as an
-    attribute, as the Python path does."""
+def test_a_cuda_core_stream_is_native_and_any_other_cuda_stream_object_python(stream, how):
+    """A cuda.core Stream takes the native path; another __cuda_stream__ object (CuPy's,
+    PyTorch's), called as a method or read as an attribute, the Python path: both run."""
     handle = int(stream.handle)
 
     class Method:
@@ -306,27 +298,27 @@ def test_any_cuda_stream_protocol_object_takes_the_fast_path(stream, how):
         carray(p, (1,), np.int64)[0] += 1
 
     changed = _counts_of(lambda: nh.host_launch(wrapper, bump, user_data=nh.by_ref(counter)))
+    assert changed == {"fell_through": 1}, changed
+    changed = _counts_of(lambda: nh.host_launch(stream, bump, user_data=nh.by_ref(counter)))
     assert changed == {"compiled": 1}, changed
     stream.sync()
-    assert counter[0] == 2
+    assert counter[0] == 4
 
 
 @pytest.mark.parametrize("handle", [-1, 1 << 64, (1 << 64) - 1, "7"])
 def test_a_handle_that_is_no_stream_of_this_type_falls_through_to_python(
     stream, monkeypatch, handle
 ):
-    """A learned stream type whose __cuda_stream__ gives a negative, too large or
-    non-int handle: the fast path hands the call, with no error of its own left set,
-    to Python, which raises its error, with nothing enqueued. All ones is a valid
-    address, converted as one; on the simulator the registry then refuses it (on
-    CUDA it is not tried: the driver would be given a stream that does not exist)."""
+    """A stream whose __cuda_stream__ gives a negative, too large or non-int handle:
+    the native path hands the call, with no error of its own left set, to Python,
+    which raises its error, with nothing enqueued. All ones is a valid address; on
+    the simulator it is no stream's own, and refused (on CUDA it is not tried: the
+    driver would be given a stream that does not exist)."""
     simulator = nh.backend_name() == "simulator"
     if not simulator and handle == (1 << 64) - 1:
         return
-    if simulator:  # only the simulator's own Stream type is learned there
+    if simulator:  # the simulator's own Stream type: the native path reads it
         target = stream
-        nh.host_launch(target, touch)
-        monkeypatch.setattr(type(stream), "__cuda_stream__", lambda self: (0, handle))
     else:
         real = int(stream.handle)
 
@@ -337,24 +329,24 @@ def test_a_handle_that_is_no_stream_of_this_type_falls_through_to_python(
             def __cuda_stream__(self):
                 return (0, self.value)
 
-        nh.host_launch(Switch(real), touch)  # the type is learned
+        nh.host_launch(Switch(real), touch)
         target = Switch(handle)
-    pending = nh.pending()
-    before = _fastpath.counts()
-    with pytest.raises((TypeError, ValueError)):
-        nh.host_launch(target, touch)
-    after = _fastpath.counts()
-    assert after["fell_through"] == before["fell_through"] + 1
-    assert after["compiled"] == before["compiled"]
-    assert nh.pending() == pending
-    monkeypatch.undo()
-    stream.sync()
-    nh.drain()
+    with _settled(stream) as pending:
+        if simulator:
+            monkeypatch.setattr(type(stream), "__cuda_stream__", lambda self: (0, handle))
+        before = _launch.launch_counts()
+        with pytest.raises((TypeError, ValueError)):
+            nh.host_launch(target, touch)
+        after = _launch.launch_counts()
+        assert after["fell_through"] == before["fell_through"] + 1
+        assert after["compiled"] == before["compiled"]
+        assert nh.pending() == pending
+        monkeypatch.undo()
 
 
-def test_learning_from_many_threads_never_accepts_what_python_refuses():
-    """Threads that learn new code objects all the time (the tables churn) while they
-    launch functions that need arguments: every such launch must raise, as in Python."""
+def test_launching_from_many_threads_never_accepts_what_python_refuses():
+    """Threads that launch new code objects all the time while they launch functions
+    that need arguments: every such launch must raise, as in Python."""
     import threading
 
     refused, accepted = [0], [0]
@@ -387,13 +379,13 @@ def test_learning_from_many_threads_never_accepts_what_python_refuses():
 
 
 def test_a_keyboard_interrupt_in_cuda_stream_is_raised_not_swallowed(request, monkeypatch):
-    """Code the fast path calls (here __cuda_stream__) may be interrupted by a signal
+    """Code the native path calls (here __cuda_stream__) may be interrupted by a signal
     handler: the KeyboardInterrupt reaches the caller once, with nothing enqueued.
     (On the simulator, whose Stream is a Python class.)"""
     if rerun_on_simulator(request):
         return
     stream = nh.create_stream()
-    nh.host_launch(stream, touch)  # the stream's type is known
+    nh.host_launch(stream, touch)
     calls = []
     protocol = type(stream).__cuda_stream__
 
@@ -403,36 +395,34 @@ def test_a_keyboard_interrupt_in_cuda_stream_is_raised_not_swallowed(request, mo
             raise KeyboardInterrupt
         return protocol(self)
 
-    monkeypatch.setattr(type(stream), "__cuda_stream__", interrupted)
-    pending = nh.pending()
-    before = _fastpath.counts()
-    with pytest.raises(KeyboardInterrupt):
-        nh.host_launch(stream, touch, user_data=5)
-    assert len(calls) == 1 and nh.pending() == pending
-    assert _fastpath.counts() == before
-    monkeypatch.undo()
-    stream.sync()
+    with _settled(stream) as pending:
+        monkeypatch.setattr(type(stream), "__cuda_stream__", interrupted)
+        before = _launch.launch_counts()
+        with pytest.raises(KeyboardInterrupt):
+            nh.host_launch(stream, touch)
+        assert len(calls) == 1 and nh.pending() == pending
+        assert _launch.launch_counts() == before
+        monkeypatch.undo()
     stream.close()
 
 
-def test_the_simulator_registry_is_checked_on_the_fast_path_too(request):
-    """A simulated stream whose handle is not its own (a copy of a dead stream, a
-    replaced __cuda_stream__) is refused with the Python path's TypeError, never run."""
+def test_a_simulated_stream_launches_only_on_its_own_native_stream(request):
+    """A simulated stream whose __cuda_stream__ gives a handle that is not its own (a
+    replaced __cuda_stream__) is refused with the Python path's TypeError, never run;
+    a simulated stream cannot be copied (a copy would share its native stream)."""
     import copy
 
     if rerun_on_simulator(request):
         return
-    nh.host_launch(nh.create_stream(), touch)  # the Stream type is known
     original = nh.create_stream()
-    orphan = copy.copy(original)
-    del original
-    gc.collect()
-    with pytest.raises(TypeError, match="only on numba_hostfn.simulator.Stream"):
-        nh.host_launch(orphan, touch)
-    orphan.__dict__["_closed"] = True  # its original closed the queue already
+    with pytest.raises(TypeError):
+        copy.copy(original)
+    original.close()
     impostor = nh.create_stream()
     impostor.__cuda_stream__ = lambda: (0, 0x10)
+    before = _launch.launch_counts()
     with pytest.raises(TypeError, match="only on numba_hostfn.simulator.Stream"):
         nh.host_launch(impostor, touch)
+    assert _launch.launch_counts()["compiled"] == before["compiled"]
     del impostor.__cuda_stream__
     impostor.close()

@@ -136,10 +136,9 @@ def _increment(p):
 def test_a_refused_drain_is_retried_by_the_next_completion(device, stream):
     """Invariant 14: the first completion finds the pending-call queue full; the next one
     schedules the drain again, with no drain() or launch from the main thread."""
-    from numba_hostfn._backend import get_backend
+    from numba_hostfn._core import schedule_failures
 
-    failures = get_backend().native.schedule_failures
-    before = failures.value
+    before = schedule_failures()
     first, second = np.zeros(1, np.int64), np.zeros(1, np.int64)
     first_alive, second_alive = weakref.ref(first), weakref.ref(second)
     other = device.create_stream()
@@ -154,7 +153,7 @@ def test_a_refused_drain_is_retried_by_the_next_completion(device, stream):
         # call would first compile the body once more, while the delay runs out.
         _fill_pending_calls_then_wait.ctypes(io.ctypes.data)
         assert io[0] > 0, "the pending-call queue was already full"
-        assert failures.value > before, "the first completion's drain was not refused"
+        assert schedule_failures() > before, "the first completion's drain was not refused"
         for _ in range(600):  # no drain() and no host_launch: only the retry can release
             if first_alive() is None and second_alive() is None:
                 break

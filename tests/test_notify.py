@@ -245,14 +245,14 @@ AFTER_ENQUEUE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     errors = []
     sys.unraisablehook = lambda u: errors.append(f"{u.exc_type.__name__}: {u.exc_value}")
     threading.excepthook = lambda a: errors.append(f"{a.exc_type.__name__}: {a.exc_value}")
-    native = nh._backend.get_backend().native
+    native = nh._core  # the native enqueue of signals, looked up at each launch
     real = native.enqueue_signal
 
     def interrupted(*args):
         status = real(*args)
         if status == 0:  # enqueued: the signal is the stream's now
             raise KeyboardInterrupt  # as a Ctrl-C would at the next bytecode
-        return status  # no free record yet: the caller adds a slab and asks again
+        return status
 
     ran = []
     interrupts = 0

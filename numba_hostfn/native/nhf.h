@@ -34,6 +34,7 @@
 #define NHF_QUEUE_STOPPED (UINT64_C(1) << 34)        /* closed stream or executor */
 #define NHF_OUT_OF_MEMORY (UINT64_C(1) << 36)        /* no memory for an entry or task */
 #define NHF_KEPT (UINT64_C(1) << 37)                 /* enqueued after all: it will run */
+#define NHF_EXECUTOR_CLOSED (UINT64_C(1) << 38)      /* the executor is closed */
 #define NHF_CURESULT_MASK UINT64_C(0xFFFFFFFF)
 
 /* A CUhostFn: void (*)(void *). */
@@ -111,11 +112,11 @@ PyObject *nhf_call_reporting(PyObject *callable);
 
 /* GIL held on entry and exit.  Take a record owning `owner`, drop the GIL only
  * for enqueue_fn(target, trampoline, record), release the record if that
- * refused, and drain what has run meanwhile.  *record_out, if given, gets the
- * record (NULL if none was taken).  Returns the status word; UINT64_MAX with a
- * Python error set if no record could be taken. */
+ * refused, and drain what has run meanwhile.  The record's context is given
+ * (the executor's copy finds its pool there).  Returns the status word;
+ * NHF_NO_RECORD with a Python error set if no record could be taken. */
 uint64_t nhf_enqueue_record(nhf_enqueue_fn enqueue_fn, void *target, nhf_hostfn trampoline,
-                            nhf_hostfn fn, void *arg, PyObject *owner);
+                            nhf_hostfn fn, void *arg, void *context, PyObject *owner);
 #define NHF_NO_RECORD UINT64_MAX
 
 /* The CUDA driver's entry points, set once by the backend (cuGetProcAddress). */
@@ -147,8 +148,6 @@ typedef struct {
     PyObject *layout;         /* the declared numpy dtype, or NULL */
     Py_ssize_t layout_bytes;  /* its itemsize (0 without a layout) */
     int reads_user_data;      /* the body reads its argument: NULL is refused */
-    PyObject *weakrefs;
-    PyObject *dict;
 } nhf_compiled_object;
 extern PyTypeObject nhf_compiled_type;
 
@@ -176,6 +175,8 @@ typedef struct nhf_sim_stream nhf_sim_stream;
 uint64_t nhf_sim_enqueue(void *stream, nhf_hostfn fn, void *arg);
 uint64_t nhf_sim_enqueue_device(void *stream, nhf_hostfn fn, void *arg);
 void nhf_sim_delay(void *arg);
+/* GIL held: the native stream of a simulated Stream (NULL for anything else). */
+void *nhf_sim_stream_of(PyObject *object);
 void nhf_sim_keeper_release(void *keeper);
 int nhf_simulator_init(PyObject *module);
 
@@ -184,9 +185,7 @@ int nhf_simulator_init(PyObject *module);
 typedef struct nhf_pool nhf_pool;
 typedef struct {
     PyObject_HEAD
-    nhf_pool *pool; /* NULL until started */
-    PyObject *weakrefs;
-    PyObject *dict;
+    nhf_pool *pool; /* NULL until started; never freed */
 } nhf_executor_object;
 extern PyTypeObject nhf_executor_type;
 void *nhf_exec_find_lane(nhf_pool *pool, void *stream);

@@ -1,0 +1,932 @@
+/* The HostExecutor: stream-ordered host work on a pool of native threads,
+ * through stream memory operations instead of the driver's host-function thread.
+ *
+ * Each stream served by a pool has a *lane*: two 32-bit words in pinned,
+ * device-mapped host memory, "reached" and "done", and a FIFO of *tasks*
+ * numbered 1, 2, 3, ...  Enqueueing task k puts on the stream a write of k to
+ * "reached", then a wait until "done" >= k (a cyclic comparison: wrap-around is
+ * harmless).  A pool thread that sees reached != done claims the lane's first
+ * task, runs trampoline(record) and writes k to "done"; the stream goes on.
+ * Tasks of different lanes run on different threads at once; a lane's tasks
+ * run one after another, as the stream orders them.
+ *
+ * Waiting: a thread spins while tasks are outstanding (enqueued, not done) for
+ * up to spin_ns since its last task, then polls every poll_ns; with nothing
+ * outstanding it parks on a condition variable, and an enqueue wakes it.
+ *
+ * The invariant above all (LIFETIME.md, invariant 15): every "reached" gets its
+ * "done".  A task's trampoline always returns (a Python callable is skipped
+ * once the interpreter guard is closed, an exception is reported), and the
+ * pool's threads end only when nothing is outstanding.  close() is
+ * linearizable with launches: an enqueue checks that the pool is open under
+ * its lane's enqueue mutex, and close() passes every lane's enqueue mutex after
+ * it stopped the pool, so an enqueue either was counted before close() waits
+ * for the outstanding tasks, or is refused (NHF_EXECUTOR_CLOSED).
+ */
+#include "nhf.h"
+
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <time.h>
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
+#define PARALLEL_COPY_MIN (1u << 20) /* below 1 MiB, one thread copies */
+#define CACHE_LINE 64
+
+/* The driver's constants (cuda.h), and CUstreamBatchMemOpParams as cuda.h
+ * declares its writeValue and waitValue members: a 48-byte union. */
+enum {
+    CU_STREAM_WAIT_VALUE_GEQ = 0x0,
+    CU_STREAM_WRITE_VALUE_DEFAULT = 0x0,
+    CU_STREAM_MEM_OP_WAIT_VALUE_32 = 1,
+    CU_STREAM_MEM_OP_WRITE_VALUE_32 = 2,
+    CUDA_ERROR_NOT_SUPPORTED = 801,
+};
+typedef union {
+    unsigned operation;
+    struct {
+        unsigned operation;
+        uint64_t address; /* CUdeviceptr */
+        union {
+            uint32_t value;
+            uint64_t value64;
+        };
+        unsigned flags;
+        uint64_t alias; /* unused */
+    } value_op;       /* waitValue and writeValue have this layout */
+    uint64_t pad[6];
+} cu_batch_mem_op;
+_Static_assert(sizeof(cu_batch_mem_op) == 48, "CUstreamBatchMemOpParams is 48 bytes");
+
+typedef struct task {
+    struct task *next;
+    uint32_t seq; /* the number written to "reached" for it */
+    nhf_hostfn trampoline;
+    void *record;
+} task;
+
+typedef struct lane {
+    /* Read by spinning threads: on a cache line of their own. */
+    struct lane *next;   /* the next lane of the pool (appended under its mutex) */
+    void *stream;        /* the handle the stream operations go to */
+    _Atomic uint32_t *words; /* reached, then done */
+    nhf_pool *pool;
+    /* Written by the producer at each enqueue. */
+    _Alignas(CACHE_LINE) pthread_mutex_t fifo_mutex; /* guards head, tail */
+    task *head, *tail;
+    atomic_int claimed;      /* a thread runs the head task (set by compare-and-swap) */
+    uint32_t seq;            /* the last number given (under enqueue_mutex) */
+    pthread_mutex_t enqueue_mutex; /* one producer at a time per lane */
+} lane;
+
+/* A simulated stream memory operation: its word and value. */
+typedef struct {
+    _Atomic uint32_t *word;
+    uint32_t value;
+} word_op;
+
+/* A graph slot: the words of one executor node in a CUDA graph (invariant 16).
+ * The graph holds three stream memory operations on them, replayed as they
+ * are: write reached := 1, wait until done >= 1, write done := 0.  A pool
+ * thread that sees reached == 1 swaps it back to 0, runs fn(arg) and writes
+ * done := 1.  Armed while the graph lives; a disarmed slot is reused. */
+typedef struct slot {
+    struct slot *next; /* the next slot of the pool */
+    _Atomic uint32_t *words;
+    nhf_hostfn fn;
+    void *arg;
+    atomic_int live; /* armed */
+    int copy;        /* run the pool's parallel copy of arg, not fn(arg) */
+    nhf_pool *pool;
+    word_op ops[3];  /* the simulator's node arguments, in graph order */
+} slot;
+
+/* A large copy shared among the pool's threads, chunk by chunk. */
+typedef struct {
+    char *dst;
+    const char *src;
+    size_t nbytes, chunk, nchunks;
+    atomic_size_t next;     /* the next chunk to take */
+    atomic_size_t finished; /* chunks copied */
+    atomic_long helpers;    /* threads other than the owner inside the job */
+} job;
+
+struct nhf_pool {
+    /* Read by spinning threads at every turn. */
+    _Atomic(lane *) lanes;
+    _Atomic(slot *) slots;  /* appended under mutex, never removed */
+    _Atomic(job *) job;     /* the parallel copy being shared out, or NULL */
+    long spin_ns, poll_ns;
+    pthread_t *threads;
+    long nthreads;
+    /* Written by the producer at each enqueue. */
+    _Alignas(CACHE_LINE) atomic_long outstanding; /* tasks enqueued and not done */
+    atomic_int stopping;
+    atomic_int parked;      /* threads waiting on wake */
+    atomic_long live_slots; /* slots armed (their graphs are alive) */
+    atomic_int poller;      /* a thread polls the slots for a replay (the others park) */
+    pthread_mutex_t mutex;  /* guards lanes (append), slots (append), parking, job */
+    pthread_cond_t wake;    /* parked threads */
+    pthread_mutex_t close_mutex; /* one close() at a time */
+    int closed;             /* close() finished (under close_mutex) */
+};
+
+/* ---- time --------------------------------------------------------------------- */
+
+static long now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
+static void sleep_ns(long ns) {
+    struct timespec ts = {ns / 1000000000L, ns % 1000000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* ---- the pool's threads -------------------------------------------------------- */
+
+/* Wake parked threads (after outstanding was raised, or a slot armed). */
+static void wake(nhf_pool *pool) {
+    if (atomic_load(&pool->parked) == 0)
+        return;
+    pthread_mutex_lock(&pool->mutex);
+    pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->mutex);
+}
+
+static uint32_t reached_word(const lane *l) { return atomic_load(&l->words[0]); }
+
+/* The first task of a lane whose stream has reached it, claimed; NULL if none. */
+static task *claim(nhf_pool *pool, lane **lane_out) {
+    for (lane *l = atomic_load(&pool->lanes); l != NULL; l = l->next) {
+        /* Without a lock: reached == done means nothing is waiting here. */
+        uint32_t reached = reached_word(l);
+        if (reached == atomic_load(&l->words[1]))
+            continue;
+        /* One thread claims a lane, the others move on: a compare-and-swap of
+         * the claimed flag, so that spinning threads do not all rush the lane's
+         * lock (or the producer appending under it) when the stream reaches it. */
+        if (atomic_load_explicit(&l->claimed, memory_order_relaxed))
+            continue;
+        int expected = 0;
+        if (!atomic_compare_exchange_strong_explicit(&l->claimed, &expected, 1,
+                                                     memory_order_acquire, memory_order_relaxed))
+            continue;
+        pthread_mutex_lock(&l->fifo_mutex);
+        task *head = l->head;
+        if (head != NULL && (int32_t)(reached - head->seq) >= 0) {
+            pthread_mutex_unlock(&l->fifo_mutex);
+            *lane_out = l;
+            return head;
+        }
+        atomic_store_explicit(&l->claimed, 0, memory_order_release);
+        pthread_mutex_unlock(&l->fifo_mutex);
+    }
+    return NULL;
+}
+
+/* Run a claimed task, write its "done", and retire it. */
+static void run(nhf_pool *pool, lane *l, task *t) {
+    t->trampoline(t->record);
+    atomic_thread_fence(memory_order_seq_cst); /* the task's writes before "done" */
+    atomic_store(&l->words[1], t->seq);
+    pthread_mutex_lock(&l->fifo_mutex);
+    l->head = t->next;
+    if (l->head == NULL)
+        l->tail = NULL;
+    atomic_store_explicit(&l->claimed, 0, memory_order_release);
+    pthread_mutex_unlock(&l->fifo_mutex);
+    free(t);
+    atomic_fetch_sub(&pool->outstanding, 1);
+}
+
+/* A chunk of a shared-out copy, with streaming (non-temporal) stores, which do
+ * not read the destination into the cache first.  libc's memcpy streams only
+ * above its own size threshold (glibc's x86_non_temporal_threshold: 240 MiB on
+ * a 2-core EPYC VM), and a copy shared out in chunks below it wrote through the
+ * cache: about 1.5x the memory traffic, so a second thread added almost
+ * nothing.  The head up to 64-byte alignment of d and the tail go through
+ * memcpy; the fence orders the streaming stores before "finished". */
+static void stream_copy(char *d, const char *s, size_t n) {
+#if defined(__x86_64__)
+    if (n < 4096) {
+        memcpy(d, s, n);
+        return;
+    }
+    size_t head = (CACHE_LINE - ((uintptr_t)d & (CACHE_LINE - 1))) & (CACHE_LINE - 1);
+    memcpy(d, s, head);
+    d += head, s += head, n -= head;
+    size_t body = n & ~(size_t)127;
+    for (size_t off = 0; off < body; off += 16) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(s + off));
+        _mm_stream_si128((__m128i *)(d + off), v);
+    }
+    memcpy(d + body, s + body, n - body);
+    _mm_sfence();
+#else
+    memcpy(d, s, n);
+#endif
+}
+
+/* Copy chunks of j until none is left. */
+static void copy_chunks(job *j) {
+    for (;;) {
+        size_t i = atomic_fetch_add(&j->next, 1);
+        if (i >= j->nchunks)
+            return;
+        size_t offset = i * j->chunk;
+        size_t size = j->nbytes - offset < j->chunk ? j->nbytes - offset : j->chunk;
+        stream_copy(j->dst + offset, j->src + offset, size);
+        atomic_fetch_add(&j->finished, 1);
+    }
+}
+
+/* A thread joins the pool's current job, if it has chunks left (true if it
+ * helped).  A job whose chunks are all taken stays posted until its owner has
+ * seen them finished: joining it again would only contend for the mutex that
+ * the owner needs to withdraw it. */
+static bool help(nhf_pool *pool) {
+    if (atomic_load(&pool->job) == NULL)
+        return false;
+    pthread_mutex_lock(&pool->mutex);
+    job *j = atomic_load(&pool->job);
+    if (j == NULL || atomic_load(&j->next) >= j->nchunks) {
+        pthread_mutex_unlock(&pool->mutex);
+        return false;
+    }
+    atomic_fetch_add(&j->helpers, 1);
+    pthread_mutex_unlock(&pool->mutex);
+    copy_chunks(j);
+    atomic_fetch_sub(&j->helpers, 1);
+    return true;
+}
+
+/* The copy of a MEMCPY_LAYOUT descriptor {dst, src, nbytes}: a large one is
+ * shared out to the pool's threads. */
+static void copy_run(nhf_pool *pool, const uint64_t *desc) {
+    char *dst = (char *)(uintptr_t)desc[0];
+    const char *src = (const char *)(uintptr_t)desc[1];
+    size_t nbytes = desc[2];
+    if (nbytes < PARALLEL_COPY_MIN || pool->nthreads <= 1) {
+        memcpy(dst, src, nbytes);
+        return;
+    }
+    job j = {.dst = dst, .src = src, .nbytes = nbytes};
+    size_t per = nbytes / (size_t)(pool->nthreads * 4);
+    j.chunk = (per + 4095) & ~(size_t)4095; /* whole pages, at least one */
+    j.nchunks = (nbytes + j.chunk - 1) / j.chunk;
+    pthread_mutex_lock(&pool->mutex);
+    job *none = NULL;
+    bool posted = atomic_compare_exchange_strong(&pool->job, &none, &j);
+    pthread_mutex_unlock(&pool->mutex);
+    if (!posted) { /* another copy is being shared out: this one alone */
+        memcpy(dst, src, nbytes);
+        return;
+    }
+    copy_chunks(&j);
+    while (atomic_load(&j.finished) != j.nchunks)
+        nhf_cpu_relax();
+    pthread_mutex_lock(&pool->mutex);
+    atomic_store(&pool->job, NULL);
+    pthread_mutex_unlock(&pool->mutex);
+    while (atomic_load(&j.helpers) != 0)
+        nhf_cpu_relax();
+}
+
+/* Any thread (a pool's): a copy task's trampoline.  record.arg is the
+ * MEMCPY_LAYOUT descriptor, record.context the pool. */
+void nhf_exec_copy(void *record_) {
+    nhf_record *record = record_;
+    copy_run(record->context, record->arg);
+    nhf_record_complete(record);
+}
+
+/* A graph slot whose replay has reached it (reached swapped back to 0); NULL if none. */
+static slot *claim_slot(nhf_pool *pool) {
+    for (slot *s = atomic_load(&pool->slots); s != NULL; s = s->next) {
+        if (!atomic_load_explicit(&s->live, memory_order_acquire))
+            continue;
+        uint32_t one = 1;
+        if (atomic_load(&s->words[0]) == 1 && atomic_compare_exchange_strong(&s->words[0], &one, 0))
+            return s;
+    }
+    return NULL;
+}
+
+/* Run a claimed slot's work, then write its "done" (the graph's wait goes on). */
+static void run_slot(nhf_pool *pool, slot *s) {
+    if (s->copy)
+        copy_run(pool, s->arg);
+    else
+        s->fn(s->arg);
+    atomic_thread_fence(memory_order_seq_cst); /* the work's writes before "done" */
+    atomic_store(&s->words[1], 1);
+}
+
+/* If this thread is the poller, give the role up and wake the parked threads
+ * (one of them becomes the poller; all of them spin for a while first). */
+static void hand_on(nhf_pool *pool, int *me_poller) {
+    if (!*me_poller)
+        return;
+    *me_poller = 0;
+    atomic_store(&pool->poller, 0);
+    pthread_mutex_lock(&pool->mutex);
+    pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->mutex);
+}
+
+/* Wait on the pool's condition variable while there is nothing to do: no task
+ * outstanding, and no armed slot without a poller (when stopping: no slot armed). */
+static void park(nhf_pool *pool) {
+    pthread_mutex_lock(&pool->mutex);
+    atomic_fetch_add(&pool->parked, 1);
+    for (;;) {
+        bool work = atomic_load(&pool->outstanding) > 0;
+        bool armed = atomic_load(&pool->live_slots) > 0;
+        bool need_poller = armed && atomic_load(&pool->poller) == 0;
+        bool may_quit = atomic_load(&pool->stopping) && !armed;
+        if (work || need_poller || may_quit)
+            break;
+        pthread_cond_wait(&pool->wake, &pool->mutex);
+    }
+    atomic_fetch_sub(&pool->parked, 1);
+    pthread_mutex_unlock(&pool->mutex);
+}
+
+/* A pool thread: claim and run reached tasks and slots; spin, poll or park in
+ * between.  It spins for spin_ns after its last work (or wake-up); then, with
+ * tasks outstanding, it polls every poll_ns.  With none outstanding but graph
+ * slots armed, a replay may reach a slot at any time and no enqueue announces
+ * it: one thread, the poller, polls every poll_ns (spinning first for spin_ns
+ * after work) and the others park; when the poller finds work it hands the
+ * role on and wakes the others, which spin for a while, so the rest of the
+ * replay finds them awake.  With neither, every thread parks until an enqueue
+ * or an armed slot wakes it. */
+static void *thread_main(void *pool_) {
+    nhf_pool *pool = pool_;
+    int me_poller = 0;
+    /* Sleep as long as asked, not the default 50 us longer. */
+    (void)prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+    long last_work = now_ns();
+    for (;;) {
+        if (help(pool)) {
+            last_work = now_ns();
+            continue;
+        }
+        lane *l;
+        task *t = claim(pool, &l);
+        if (t != NULL) {
+            hand_on(pool, &me_poller);
+            run(pool, l, t);
+            last_work = now_ns();
+            continue;
+        }
+        slot *s = claim_slot(pool);
+        if (s != NULL) {
+            hand_on(pool, &me_poller);
+            run_slot(pool, s);
+            last_work = now_ns();
+            continue;
+        }
+        /* Spinning reads nothing that the producer writes (not even the count
+         * of outstanding tasks): only the words and the lanes' read-mostly fields. */
+        if (now_ns() - last_work < pool->spin_ns) {
+            nhf_cpu_relax();
+            continue;
+        }
+        if (atomic_load(&pool->outstanding) > 0) {
+            sleep_ns(pool->poll_ns);
+            continue;
+        }
+        if (atomic_load(&pool->live_slots) > 0) {
+            int expected = 0;
+            if (me_poller || atomic_compare_exchange_strong(&pool->poller, &expected, 1)) {
+                me_poller = 1;
+                sleep_ns(pool->poll_ns);
+                continue;
+            }
+            park(pool);
+            last_work = now_ns();
+            continue;
+        }
+        hand_on(pool, &me_poller);
+        if (atomic_load(&pool->stopping))
+            break;
+        park(pool);
+        last_work = now_ns();
+    }
+    nhf_gil_forget(); /* invariant 12's exception: threads that end give theirs back */
+    return NULL;
+}
+
+/* ---- enqueue functions: (lane, trampoline, record), without the GIL ------------ */
+
+/* Append a task numbered seq, before its "reached" write goes on the stream:
+ * a thread that sees the write then finds the task in place.  The caller holds
+ * the lane's enqueue mutex.  NULL if there was no memory for it. */
+static task *append(lane *l, uint32_t seq, nhf_hostfn trampoline, void *record) {
+    task *t = malloc(sizeof(task));
+    if (t == NULL)
+        return NULL;
+    *t = (task){NULL, seq, trampoline, record};
+    l->seq = seq;
+    pthread_mutex_lock(&l->fifo_mutex);
+    if (l->tail == NULL)
+        l->head = t;
+    else
+        l->tail->next = t;
+    l->tail = t;
+    pthread_mutex_unlock(&l->fifo_mutex);
+    atomic_fetch_add(&l->pool->outstanding, 1);
+    wake(l->pool);
+    return t;
+}
+
+/* Take back the task just appended, whose "reached" write could not be
+ * enqueued (the caller holds the enqueue mutex, so it is the lane's last task;
+ * no thread claims it, since the stream never reaches it). */
+static void unlink_task(lane *l, task *t) {
+    pthread_mutex_lock(&l->fifo_mutex);
+    if (l->head == t) {
+        l->head = l->tail = NULL;
+    } else {
+        task *before = l->head;
+        while (before->next != t)
+            before = before->next;
+        before->next = NULL;
+        l->tail = before;
+    }
+    pthread_mutex_unlock(&l->fifo_mutex);
+    l->seq = t->seq - 1;
+    free(t);
+    atomic_fetch_sub(&l->pool->outstanding, 1);
+}
+
+/* Under the lane's enqueue mutex: the task for trampoline(record), numbered
+ * next; NULL with *status set if the pool is closed or no memory is left. */
+static task *open_task(lane *l, nhf_hostfn trampoline, void *record, uint64_t *status) {
+    if (atomic_load(&l->pool->stopping)) {
+        *status = NHF_EXECUTOR_CLOSED;
+        return NULL;
+    }
+    task *t = append(l, l->seq + 1, trampoline, record);
+    if (t == NULL)
+        *status = NHF_OUT_OF_MEMORY;
+    return t;
+}
+
+/* Any thread: on a CUDA stream, refuse a capturing stream, append the task,
+ * write "reached", wait for "done" (one cuStreamBatchMemOp, or two calls if the
+ * batch is refused).  If the write fails the task is taken back; if the wait
+ * fails after the write was enqueued, the task still runs (the stream reaches
+ * the write): status NHF_KEPT | CUresult. */
+uint64_t nhf_exec_cuda_enqueue(void *lane_, nhf_hostfn trampoline, void *record) {
+    lane *l = lane_;
+    int capture = 0;
+    int rc = atomic_load(&nhf_cuda.is_capturing)(l->stream, &capture);
+    if (rc != 0)
+        return NHF_CAPTURE_CHECK_FAILED | (uint32_t)rc;
+    if (capture != 0)
+        return NHF_CAPTURING;
+    uint64_t status = 0;
+    pthread_mutex_lock(&l->enqueue_mutex);
+    task *t = open_task(l, trampoline, record, &status);
+    if (t == NULL) {
+        pthread_mutex_unlock(&l->enqueue_mutex);
+        return status;
+    }
+    uint64_t reached = (uintptr_t)&l->words[0], done = (uintptr_t)&l->words[1];
+    /* Both operations in one driver call: cheaper to enqueue (1.1-1.6 us
+     * against 1.7-1.9 for the two calls, in two C probes on the H200) and, as
+     * the driver's documentation says, to run.  A call the driver refuses
+     * enqueues nothing (the rule every step here relies on: a refused write is
+     * taken back); the two single calls then follow. */
+    nhf_cu_batch_mem_op batch = atomic_load(&nhf_cuda.batch_mem_op);
+    if (batch != NULL) {
+        cu_batch_mem_op ops[2];
+        memset(ops, 0, sizeof ops);
+        ops[0].value_op.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+        ops[0].value_op.address = reached;
+        ops[0].value_op.value = t->seq;
+        ops[0].value_op.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+        ops[1].value_op.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+        ops[1].value_op.address = done;
+        ops[1].value_op.value = t->seq;
+        ops[1].value_op.flags = CU_STREAM_WAIT_VALUE_GEQ;
+        rc = batch(l->stream, 2, ops, 0);
+        if (rc == 0) {
+            pthread_mutex_unlock(&l->enqueue_mutex);
+            return 0;
+        }
+        if (rc == CUDA_ERROR_NOT_SUPPORTED) /* a driver without the batch: says so once */
+            atomic_store(&nhf_cuda.batch_mem_op, NULL);
+    }
+    rc = atomic_load(&nhf_cuda.write_value32)(l->stream, reached, t->seq,
+                                              CU_STREAM_WRITE_VALUE_DEFAULT);
+    if (rc != 0) {
+        unlink_task(l, t);
+        pthread_mutex_unlock(&l->enqueue_mutex);
+        return (uint32_t)rc;
+    }
+    rc = atomic_load(&nhf_cuda.wait_value32)(l->stream, done, t->seq, CU_STREAM_WAIT_VALUE_GEQ);
+    pthread_mutex_unlock(&l->enqueue_mutex);
+    return rc == 0 ? 0 : NHF_KEPT | (uint32_t)rc;
+}
+
+/* Any thread (a simulated stream's): write op.word := op.value (a graph node's
+ * argument: kept for the next replay). */
+static void sim_set(void *op_) {
+    word_op *op = op_;
+    atomic_store(op->word, op->value);
+}
+
+/* Any thread (a simulated stream's): wait until op.word >= op.value (cyclic), polling. */
+static void sim_await(void *op_) {
+    word_op *op = op_;
+    while ((int32_t)(atomic_load(op->word) - op->value) < 0)
+        usleep(20);
+}
+
+static void sim_write_once(void *op) {
+    sim_set(op);
+    free(op);
+}
+
+static void sim_wait_once(void *op) {
+    sim_await(op);
+    free(op);
+}
+
+static word_op *new_word_op(_Atomic uint32_t *word, uint32_t value) {
+    word_op *op = malloc(sizeof(word_op));
+    if (op != NULL)
+        *op = (word_op){word, value};
+    return op;
+}
+
+/* Any thread: on a simulated stream, the same steps, as simulated device work. */
+uint64_t nhf_exec_sim_enqueue(void *lane_, nhf_hostfn trampoline, void *record) {
+    lane *l = lane_;
+    uint64_t status = 0;
+    pthread_mutex_lock(&l->enqueue_mutex);
+    word_op *write_op = new_word_op(&l->words[0], l->seq + 1);
+    word_op *wait_op = new_word_op(&l->words[1], l->seq + 1);
+    task *t = write_op && wait_op ? open_task(l, trampoline, record, &status) : NULL;
+    if (t == NULL) {
+        pthread_mutex_unlock(&l->enqueue_mutex);
+        free(write_op);
+        free(wait_op);
+        return status ? status : NHF_OUT_OF_MEMORY;
+    }
+    status = nhf_sim_enqueue_device(l->stream, sim_write_once, write_op);
+    if (status != 0) {
+        unlink_task(l, t);
+        pthread_mutex_unlock(&l->enqueue_mutex);
+        free(write_op);
+        free(wait_op);
+        return status;
+    }
+    status = nhf_sim_enqueue_device(l->stream, sim_wait_once, wait_op);
+    pthread_mutex_unlock(&l->enqueue_mutex);
+    if (status != 0) {
+        free(wait_op);
+        return status | NHF_KEPT;
+    }
+    return 0;
+}
+
+/* ---- the pool's life ------------------------------------------------------------- */
+
+static void *aligned_zeroed(size_t size) {
+    size = (size + CACHE_LINE - 1) & ~(size_t)(CACHE_LINE - 1);
+    void *memory = aligned_alloc(CACHE_LINE, size);
+    if (memory != NULL)
+        memset(memory, 0, size);
+    return memory;
+}
+
+/* Without the GIL: finish the outstanding tasks (the threads keep running
+ * them), then stop the threads: joined if no graph slot is armed, else
+ * detached, to quit on their own once the last graph holding a slot is gone
+ * (its replays still need them).  Idempotent, and one close at a time.  The
+ * pool's memory, lanes and slots are kept: a stream may still have to execute
+ * a wait on their words. */
+static void pool_close(nhf_pool *pool) {
+    pthread_mutex_lock(&pool->close_mutex);
+    if (pool->closed) {
+        pthread_mutex_unlock(&pool->close_mutex);
+        return;
+    }
+    pthread_mutex_lock(&pool->mutex);
+    atomic_store(&pool->stopping, 1);
+    pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->mutex);
+    /* Linearize with enqueues: one that holds a lane's enqueue mutex now saw the
+     * pool open and counts its task before releasing it; later ones see it
+     * stopping.  Slots: arming checks stopping under the pool's mutex. */
+    for (lane *l = atomic_load(&pool->lanes); l != NULL; l = l->next) {
+        pthread_mutex_lock(&l->enqueue_mutex);
+        pthread_mutex_unlock(&l->enqueue_mutex);
+    }
+    while (atomic_load(&pool->outstanding) > 0)
+        sleep_ns(20000);
+    pthread_mutex_lock(&pool->mutex);
+    bool armed = atomic_load(&pool->live_slots) > 0;
+    pthread_mutex_unlock(&pool->mutex);
+    for (long i = 0; i < pool->nthreads; i++) {
+        if (armed)
+            pthread_detach(pool->threads[i]);
+        else
+            pthread_join(pool->threads[i], NULL);
+    }
+    pool->closed = 1;
+    pthread_mutex_unlock(&pool->close_mutex);
+}
+
+/* A pool of nthreads threads, started; NULL if that failed.  Never freed. */
+static nhf_pool *pool_new(long nthreads, long spin_ns, long poll_ns) {
+    nhf_pool *pool = aligned_zeroed(sizeof(nhf_pool));
+    pthread_t *threads = calloc((size_t)nthreads, sizeof(pthread_t));
+    if (pool == NULL || threads == NULL || pthread_mutex_init(&pool->mutex, NULL) ||
+        pthread_cond_init(&pool->wake, NULL) || pthread_mutex_init(&pool->close_mutex, NULL)) {
+        free(pool);
+        free(threads);
+        return NULL;
+    }
+    pool->spin_ns = spin_ns;
+    pool->poll_ns = poll_ns;
+    pool->threads = threads;
+    for (long i = 0; i < nthreads; i++) {
+        if (pthread_create(&threads[i], NULL, thread_main, pool) != 0) {
+            pool->nthreads = i; /* close the threads that started */
+            pool_close(pool);
+            return NULL;
+        }
+        pool->nthreads = i + 1;
+    }
+    return pool;
+}
+
+/* GIL held: the lane of the pool for stream, or NULL if it has none yet. */
+void *nhf_exec_find_lane(nhf_pool *pool, void *stream) {
+    for (lane *l = atomic_load(&pool->lanes); l != NULL; l = l->next)
+        if (l->stream == stream)
+            return l;
+    return NULL;
+}
+
+/* ---- the executor's base type, for Python ---------------------------------------- */
+
+static nhf_pool *started(nhf_executor_object *self) {
+    if (self->pool == NULL)
+        PyErr_SetString(PyExc_RuntimeError, "the HostExecutor was not started");
+    return self->pool;
+}
+
+/* _start(threads, spin_ns, poll_ns): start the pool's threads. */
+static PyObject *executor_start(PyObject *self_, PyObject *const *args, Py_ssize_t nargs) {
+    nhf_executor_object *self = (nhf_executor_object *)self_;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "_start(threads, spin_ns, poll_ns)");
+        return NULL;
+    }
+    long threads = PyLong_AsLong(args[0]);
+    long spin_ns = PyLong_AsLong(args[1]);
+    long poll_ns = PyLong_AsLong(args[2]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (self->pool != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the HostExecutor is started already");
+        return NULL;
+    }
+    nhf_pool *pool;
+    Py_BEGIN_ALLOW_THREADS
+    pool = pool_new(threads, spin_ns, poll_ns);
+    Py_END_ALLOW_THREADS
+    if (pool == NULL) {
+        PyErr_Format(PyExc_RuntimeError,
+                     "HostExecutor could not start %ld threads (memory or thread limit)", threads);
+        return NULL;
+    }
+    self->pool = pool;
+    Py_RETURN_NONE;
+}
+
+/* _close(): finish what is enqueued, then stop the threads (GIL released). */
+static PyObject *executor_close(PyObject *self_, PyObject *unused) {
+    (void)unused;
+    nhf_pool *pool = ((nhf_executor_object *)self_)->pool;
+    if (pool != NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        pool_close(pool);
+        Py_END_ALLOW_THREADS
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *executor_outstanding(PyObject *self_, PyObject *unused) {
+    (void)unused;
+    nhf_pool *pool = started((nhf_executor_object *)self_);
+    return pool == NULL ? NULL : PyLong_FromLong(atomic_load(&pool->outstanding));
+}
+
+static PyObject *executor_live_slots(PyObject *self_, PyObject *unused) {
+    (void)unused;
+    nhf_pool *pool = started((nhf_executor_object *)self_);
+    return pool == NULL ? NULL : PyLong_FromLong(atomic_load(&pool->live_slots));
+}
+
+/* _lane_new(stream, words): a lane for stream, its words at words (two zeroed
+ * 32-bit words of pinned memory); its address. */
+static PyObject *executor_lane_new(PyObject *self_, PyObject *const *args, Py_ssize_t nargs) {
+    nhf_pool *pool = started((nhf_executor_object *)self_);
+    void *stream, *words;
+    if (pool == NULL)
+        return NULL;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "_lane_new(stream, words)");
+        return NULL;
+    }
+    if (nhf_address_arg(args[0], &stream) < 0 || nhf_address_arg(args[1], &words) < 0)
+        return NULL;
+    lane *l = aligned_zeroed(sizeof(lane));
+    if (l == NULL || pthread_mutex_init(&l->fifo_mutex, NULL) ||
+        pthread_mutex_init(&l->enqueue_mutex, NULL)) {
+        free(l);
+        return PyErr_NoMemory();
+    }
+    l->stream = stream;
+    l->words = words;
+    l->pool = pool;
+    pthread_mutex_lock(&pool->mutex);
+    l->next = atomic_load(&pool->lanes);
+    atomic_store(&pool->lanes, l);
+    pthread_mutex_unlock(&pool->mutex);
+    return PyLong_FromVoidPtr(l);
+}
+
+/* _slot_new(words): a disarmed graph slot on words (two 32-bit words); never freed. */
+static PyObject *executor_slot_new(PyObject *self_, PyObject *words_) {
+    nhf_pool *pool = started((nhf_executor_object *)self_);
+    void *words;
+    if (pool == NULL || nhf_address_arg(words_, &words) < 0)
+        return NULL;
+    slot *s = calloc(1, sizeof(slot));
+    if (s == NULL)
+        return PyErr_NoMemory();
+    s->words = words;
+    s->pool = pool;
+    s->ops[0] = (word_op){&s->words[0], 1};
+    s->ops[1] = (word_op){&s->words[1], 1};
+    s->ops[2] = (word_op){&s->words[1], 0};
+    pthread_mutex_lock(&pool->mutex);
+    s->next = atomic_load(&pool->slots);
+    atomic_store(&pool->slots, s);
+    pthread_mutex_unlock(&pool->mutex);
+    return PyLong_FromVoidPtr(s);
+}
+
+static PyObject *executor_pool(PyObject *self_, void *closure) {
+    (void)closure;
+    return PyLong_FromVoidPtr(((nhf_executor_object *)self_)->pool);
+}
+
+static void executor_dealloc(PyObject *self) {
+    /* The pool is never freed: a stream may still wait on its words.  A pool
+     * still running (close() not called) finishes its tasks and parks. */
+    Py_TYPE(self)->tp_free(self);
+}
+
+static PyMethodDef executor_methods[] = {
+    {"_start", (PyCFunction)(void (*)(void))executor_start, METH_FASTCALL,
+     "_start(threads, spin_ns, poll_ns): start the pool."},
+    {"_close", executor_close, METH_NOARGS,
+     "Finish what is enqueued, then stop the threads (GIL released); idempotent."},
+    {"_outstanding", executor_outstanding, METH_NOARGS, "Tasks enqueued and not yet run."},
+    {"_live_slots", executor_live_slots, METH_NOARGS, "Graph slots armed."},
+    {"_lane_new", (PyCFunction)(void (*)(void))executor_lane_new, METH_FASTCALL,
+     "_lane_new(stream, words) -> lane address"},
+    {"_slot_new", executor_slot_new, METH_O, "_slot_new(words) -> slot address"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef executor_getset[] = {
+    {"_pool", executor_pool, NULL, "The native pool's address (0 before _start).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject nhf_executor_type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "numba_hostfn._core.ExecutorBase",
+    .tp_doc = "The native pool of a HostExecutor (its Python class subclasses this).",
+    .tp_basicsize = sizeof(nhf_executor_object),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = executor_dealloc,
+    .tp_methods = executor_methods,
+    .tp_getset = executor_getset,
+};
+
+/* ---- graph slots, from Python ------------------------------------------------------ */
+
+static slot *slot_arg(PyObject *value) {
+    void *s;
+    if (nhf_address_arg(value, &s) < 0)
+        return NULL;
+    if (s == NULL)
+        PyErr_SetString(PyExc_ValueError, "a NULL graph slot");
+    return s;
+}
+
+/* exec_slot_op(slot, i): the simulator's argument for the slot's i-th node. */
+static PyObject *py_slot_op(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "exec_slot_op(slot, i)");
+        return NULL;
+    }
+    slot *s = slot_arg(args[0]);
+    long i = s == NULL ? -1 : PyLong_AsLong(args[1]);
+    if (s == NULL || PyErr_Occurred())
+        return NULL;
+    if (i < 0 || i > 2) {
+        PyErr_SetString(PyExc_ValueError, "a graph slot has nodes 0, 1 and 2");
+        return NULL;
+    }
+    return PyLong_FromVoidPtr(&s->ops[i]);
+}
+
+/* exec_slot_arm(slot, fn, arg, copy) -> status: from now on a replay that
+ * reaches the slot runs fn(arg) (or the pool's copy of arg); refused
+ * (NHF_EXECUTOR_CLOSED) once the pool is stopping. */
+static PyObject *py_slot_arm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "exec_slot_arm(slot, fn, arg, copy)");
+        return NULL;
+    }
+    slot *s = slot_arg(args[0]);
+    void *fn, *arg;
+    if (s == NULL || nhf_address_arg(args[1], &fn) < 0 || nhf_address_arg(args[2], &arg) < 0)
+        return NULL;
+    int copy = PyObject_IsTrue(args[3]);
+    if (copy < 0)
+        return NULL;
+    nhf_pool *pool = s->pool;
+    pthread_mutex_lock(&pool->mutex);
+    if (atomic_load(&pool->stopping)) {
+        pthread_mutex_unlock(&pool->mutex);
+        return PyLong_FromUnsignedLongLong(NHF_EXECUTOR_CLOSED);
+    }
+    atomic_store(&s->words[0], 0);
+    atomic_store(&s->words[1], 0);
+    s->fn = (nhf_hostfn)(uintptr_t)fn;
+    s->arg = arg;
+    s->copy = copy;
+    atomic_store(&s->live, 1);
+    atomic_fetch_add(&pool->live_slots, 1);
+    pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->mutex);
+    return PyLong_FromLong(0);
+}
+
+/* exec_slot_disarm(slot): its graph and every replay of it are gone. */
+static PyObject *py_slot_disarm(PyObject *self, PyObject *arg) {
+    (void)self;
+    slot *s = slot_arg(arg);
+    if (s == NULL)
+        return NULL;
+    atomic_store(&s->live, 0);
+    atomic_fetch_sub(&s->pool->live_slots, 1);
+    wake(s->pool); /* a closing pool's parked threads may now quit */
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"exec_slot_op", (PyCFunction)(void (*)(void))py_slot_op, METH_FASTCALL,
+     "exec_slot_op(slot, i) -> the simulator's argument of the slot's node i"},
+    {"exec_slot_arm", (PyCFunction)(void (*)(void))py_slot_arm, METH_FASTCALL,
+     "exec_slot_arm(slot, fn, arg, copy) -> status"},
+    {"exec_slot_disarm", py_slot_disarm, METH_O, "exec_slot_disarm(slot)"},
+    {NULL, NULL, 0, NULL},
+};
+
+int nhf_executor_init(PyObject *module) {
+    if (PyType_Ready(&nhf_executor_type) < 0 ||
+        PyModule_AddObjectRef(module, "ExecutorBase", (PyObject *)&nhf_executor_type) < 0)
+        return -1;
+    if (PyModule_AddFunctions(module, methods) < 0)
+        return -1;
+    if (nhf_add_address(module, "EXEC_COPY", (void *)(uintptr_t)nhf_exec_copy) < 0 ||
+        nhf_add_address(module, "EXEC_CUDA_ENQUEUE", (void *)(uintptr_t)nhf_exec_cuda_enqueue) < 0 ||
+        nhf_add_address(module, "EXEC_SIM_ENQUEUE", (void *)(uintptr_t)nhf_exec_sim_enqueue) < 0 ||
+        nhf_add_address(module, "EXEC_SIM_SET", (void *)(uintptr_t)sim_set) < 0 ||
+        nhf_add_address(module, "EXEC_SIM_AWAIT", (void *)(uintptr_t)sim_await) < 0)
+        return -1;
+    return 0;
+}

@@ -1,0 +1,103 @@
+/* The interpreter guard, and the GIL on threads that Python did not create.
+ *
+ * Host functions run on threads foreign to Python: the CUDA driver's, a
+ * HostExecutor's, the simulator's.  Such a thread may call into CPython only
+ * between nhf_guard_enter() and nhf_guard_leave().  At interpreter exit,
+ * nhf_guard_close() shuts the guard and waits for the threads inside: from
+ * then on no thread of ours touches CPython (LIFETIME.md, invariant 6).
+ */
+#include "nhf.h"
+
+#include <unistd.h>
+
+static atomic_int closing;   /* the guard is closed: exit has begun */
+static atomic_long inside;   /* threads between enter and leave */
+
+/* Any thread. */
+bool nhf_guard_enter(void) {
+    atomic_fetch_add(&inside, 1);
+    if (atomic_load(&closing)) {
+        atomic_fetch_sub(&inside, 1);
+        return false;
+    }
+    return true;
+}
+
+/* Any thread. */
+void nhf_guard_leave(void) { atomic_fetch_sub(&inside, 1); }
+
+/* Any thread. */
+bool nhf_guard_open(void) { return !atomic_load(&closing); }
+
+/* GIL held: called by the exit hook (LIFETIME.md, invariant 6). */
+long nhf_guard_close(long ms) {
+    long left;
+    atomic_store(&closing, 1);
+    Py_BEGIN_ALLOW_THREADS
+    for (long waited = 0;; waited++) {
+        left = atomic_load(&inside);
+        if (left == 0 || waited >= ms)
+            break;
+        usleep(1000);
+    }
+    Py_END_ALLOW_THREADS
+    return left;
+}
+
+/* Any thread, inside the guard.  The first time, a thread foreign to Python
+ * gets a thread state that it keeps: PyGILState_Ensure makes it (counter 1),
+ * PyEval_SaveThread drops the GIL and keeps it, so later calls only take and
+ * drop the GIL instead of creating and destroying a state each (invariant 12). */
+PyGILState_STATE nhf_gil_take(void) {
+    if (PyGILState_GetThisThreadState() == NULL) {
+        (void)PyGILState_Ensure();
+        (void)PyEval_SaveThread();
+    }
+    return PyGILState_Ensure();
+}
+
+/* Any thread. */
+void nhf_gil_give(PyGILState_STATE state) { PyGILState_Release(state); }
+
+/* Any thread, before it ends (a pool's threads, at close): give back the thread
+ * state that nhf_gil_take kept.  Skipped once the guard is closed: at exit it
+ * is leaked instead. */
+void nhf_gil_forget(void) {
+    if (!nhf_guard_enter())
+        return;
+    if (PyGILState_GetThisThreadState() != NULL) {
+        /* Ensure (counter 1 -> 2, the GIL taken); Release(LOCKED) (2 -> 1, the
+         * GIL kept); Release(UNLOCKED) (1 -> 0): the thread state is cleared
+         * and deleted, and the GIL released with it. */
+        (void)PyGILState_Ensure();
+        PyGILState_Release(PyGILState_LOCKED);
+        PyGILState_Release(PyGILState_UNLOCKED);
+    }
+    nhf_guard_leave();
+}
+
+/* The thread state attached to this thread (3.12+) or holding the GIL (before),
+ * without the fatal error PyThreadState_Get gives when there is none. */
+static PyThreadState *current_thread_state(void) {
+#if PY_VERSION_HEX >= 0x030D0000
+    return PyThreadState_GetUnchecked();
+#else
+    return _PyThreadState_UncheckedGet(); /* its name before 3.13 (_compat.py) */
+#endif
+}
+
+/* Any thread, right after a compiled body returned.  A body is entered without
+ * the GIL and must return without it; some of numba's error paths return from
+ * inside a GIL-taking block (a cfunc whose Environment was never registered:
+ * print's check returns with the GIL held), and a host-function thread that
+ * kept the GIL would stop every Python thread for ever.  Undo that one
+ * PyGILState_Ensure: PyGILState_Release(UNLOCKED) drops the GIL, and the thread
+ * state too if the body created it (invariant 13).  One thread-local read when
+ * nothing leaked; no CPython call once the guard is closed. */
+void nhf_gil_give_back_leaked(void) {
+    if (!nhf_guard_open())
+        return;
+    PyThreadState *own = PyGILState_GetThisThreadState();
+    if (own != NULL && current_thread_state() == own)
+        PyGILState_Release(PyGILState_UNLOCKED);
+}

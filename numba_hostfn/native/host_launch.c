@@ -1,0 +1,620 @@
+/* numba_hostfn.host_launch: the common launches here, everything else in Python.
+ *
+ * host_launch is this METH_FASTCALL | METH_KEYWORDS builtin.  It decides the
+ * common cases with direct type checks, with the GIL held, and hands every
+ * other call, unchanged, to the one Python implementation
+ * (_launch.host_launch_python), which alone raises errors:
+ *
+ *   stream    a simulated Stream whose __cuda_stream__() gives its own native
+ *             stream, or a cuda.core Stream whose __cuda_stream__() gives
+ *             (0, handle) (the types the backend registered);
+ *   fn        a HostFunction (the compiled base type below), a ctypes CUhostFn
+ *             (exactly CFUNCTYPE(None, c_void_p), as the instance declares it
+ *             now), a plain function or a bound method whose code is no
+ *             coroutine's and needs no argument;
+ *   user_data None (a body that does not read it), a nonzero int, a ByRef of
+ *             the declared dtype and size, bytes (copied); for a Python
+ *             callable, None;
+ *   executor  an executor that has a lane for the stream; blocking True.
+ *
+ * Capture (the enqueue function says the stream is capturing), a type it does
+ * not know, and any ordinary error (an Exception raised by __cuda_stream__, a
+ * bad value) fall through: nothing enqueued, nothing kept, no error set.  An
+ * exception that is not an Exception (a KeyboardInterrupt from a signal
+ * handler inside __cuda_stream__) is raised as it is, with nothing enqueued
+ * (LIFETIME.md, invariant 20).  A refused enqueue is raised by the backend's
+ * Python function that raises for a status, as the Python path does.
+ */
+#include "nhf.h"
+
+#include <structmember.h>
+
+enum { FELL_THROUGH, COMPILED, POINTER, PYTHON, EXECUTOR, NCOUNTS };
+static const char *const count_names[NCOUNTS] = {"fell_through", "compiled", "pointer",
+                                                 "python", "executor"};
+static atomic_long counts[NCOUNTS];
+
+static struct {
+    PyObject *fallback;        /* the Python host_launch */
+    PyObject *raise_status;    /* raise_status(status, executor): raises */
+    PyObject *sim_stream_type; /* numba_hostfn.simulator.Stream (exactly) */
+    PyObject *cuda_stream_type; /* cuda.core's Stream (and its subclasses) */
+    PyObject *cuhostfn_type;   /* ctypes.CFUNCTYPE(None, ctypes.c_void_p) */
+    PyObject *c_void_p;        /* ctypes.c_void_p */
+    nhf_enqueue_fn enqueue_fn;
+    nhf_enqueue_fn executor_enqueue_fn;
+    int configured;
+    int wanted;                /* tests may send every call to Python */
+    PyObject *s_user_data, *s_executor, *s_blocking, *s_cuda_stream, *s_restype, *s_argtypes;
+} launch = {.wanted = 1};
+
+static atomic_int forked; /* a forked child: every call goes to Python, which refuses */
+
+static void at_fork_in_child(void) { atomic_store(&forked, 1); }
+
+/* ---- the compiled-function base type (HostFunction subclasses it) ------------ */
+
+static PyObject *compiled_bind(PyObject *self_, PyObject *const *args, Py_ssize_t nargs) {
+    nhf_compiled_object *self = (nhf_compiled_object *)self_;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "_bind(address, dtype, layout_bytes, reads_user_data)");
+        return NULL;
+    }
+    if (self->address != 0) {
+        PyErr_SetString(PyExc_RuntimeError, "a HostFunction is bound once");
+        return NULL;
+    }
+    void *address;
+    if (nhf_address_arg(args[0], &address) < 0)
+        return NULL;
+    Py_ssize_t layout_bytes = PyLong_AsSsize_t(args[2]);
+    int reads = PyObject_IsTrue(args[3]);
+    if ((layout_bytes == -1 && PyErr_Occurred()) || reads < 0)
+        return NULL;
+    if (address == NULL) {
+        PyErr_SetString(PyExc_ValueError, "a HostFunction's address cannot be NULL");
+        return NULL;
+    }
+    self->address = (uintptr_t)address;
+    self->layout = args[1] == Py_None ? NULL : Py_NewRef(args[1]);
+    self->layout_bytes = layout_bytes;
+    self->reads_user_data = reads;
+    Py_RETURN_NONE;
+}
+
+static PyObject *compiled_address(PyObject *self, void *closure) {
+    (void)closure;
+    return PyLong_FromSize_t(((nhf_compiled_object *)self)->address);
+}
+
+static PyObject *compiled_dtype(PyObject *self, void *closure) {
+    (void)closure;
+    PyObject *layout = ((nhf_compiled_object *)self)->layout;
+    return Py_NewRef(layout != NULL ? layout : Py_None);
+}
+
+static PyObject *compiled_reads(PyObject *self, void *closure) {
+    (void)closure;
+    return PyBool_FromLong(((nhf_compiled_object *)self)->reads_user_data);
+}
+
+static void compiled_dealloc(PyObject *self) {
+    Py_CLEAR(((nhf_compiled_object *)self)->layout);
+    Py_TYPE(self)->tp_free(self);
+}
+
+static PyMethodDef compiled_methods[] = {
+    {"_bind", (PyCFunction)(void (*)(void))compiled_bind, METH_FASTCALL,
+     "_bind(address, dtype, layout_bytes, reads_user_data): set once, at compile time."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef compiled_getset[] = {
+    {"address", compiled_address, NULL, "The void (*)(void *) machine-code address.", NULL},
+    {"dtype", compiled_dtype, NULL, "The declared user_data layout (a numpy dtype), or None.",
+     NULL},
+    {"reads_user_data", compiled_reads, NULL,
+     "Whether the body reads its argument (then user_data=None is refused).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject nhf_compiled_type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "numba_hostfn._core.CompiledBase",
+    .tp_doc = "A compiled CUhostFn's address and layout (HostFunction subclasses this).",
+    .tp_basicsize = sizeof(nhf_compiled_object),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = compiled_dealloc,
+    .tp_methods = compiled_methods,
+    .tp_getset = compiled_getset,
+};
+
+/* ---- ByRef: a writable buffer, exported while a launch owns it ------------------ */
+
+static int byref_init(PyObject *self_, PyObject *args, PyObject *kwargs) {
+    nhf_byref_object *self = (nhf_byref_object *)self_;
+    PyObject *obj, *dtype = Py_None;
+    static char *keywords[] = {"obj", "dtype", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:ByRef", keywords, &obj, &dtype))
+        return -1;
+    if (self->exported) {
+        PyErr_SetString(PyExc_RuntimeError, "a ByRef is made once");
+        return -1;
+    }
+    /* The export pins the buffer: a bytearray cannot be resized (and moved)
+     * while it lives (invariant 7). */
+    if (PyObject_GetBuffer(obj, &self->view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    self->exported = 1;
+    self->obj = Py_NewRef(obj);
+    self->dtype = Py_NewRef(dtype);
+    return 0;
+}
+
+static void byref_dealloc(PyObject *self_) {
+    nhf_byref_object *self = (nhf_byref_object *)self_;
+    if (self->exported)
+        PyBuffer_Release(&self->view);
+    Py_CLEAR(self->obj);
+    Py_CLEAR(self->dtype);
+    Py_TYPE(self_)->tp_free(self_);
+}
+
+static PyObject *byref_address(PyObject *self, void *closure) {
+    (void)closure;
+    nhf_byref_object *ref = (nhf_byref_object *)self;
+    return PyLong_FromVoidPtr(ref->exported ? ref->view.buf : NULL);
+}
+
+static PyObject *byref_nbytes(PyObject *self, void *closure) {
+    (void)closure;
+    nhf_byref_object *ref = (nhf_byref_object *)self;
+    return PyLong_FromSsize_t(ref->exported ? ref->view.len : 0);
+}
+
+static PyObject *byref_obj(PyObject *self, void *closure) {
+    (void)closure;
+    PyObject *obj = ((nhf_byref_object *)self)->obj;
+    return Py_NewRef(obj != NULL ? obj : Py_None);
+}
+
+static PyObject *byref_dtype(PyObject *self, void *closure) {
+    (void)closure;
+    PyObject *dtype = ((nhf_byref_object *)self)->dtype;
+    return Py_NewRef(dtype != NULL ? dtype : Py_None);
+}
+
+static PyGetSetDef byref_getset[] = {
+    {"obj", byref_obj, NULL, "The buffer's object.", NULL},
+    {"address", byref_address, NULL, "The buffer's address.", NULL},
+    {"nbytes", byref_nbytes, NULL, "The buffer's size in bytes.", NULL},
+    {"dtype", byref_dtype, NULL, "The numpy array's dtype, or None.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject nhf_byref_type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "numba_hostfn._core.BufferRef",
+    .tp_doc = "BufferRef(obj, dtype=None): obj's writable, C-contiguous buffer, exported.",
+    .tp_basicsize = sizeof(nhf_byref_object),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_new = PyType_GenericNew,
+    .tp_init = byref_init,
+    .tp_dealloc = byref_dealloc,
+    .tp_getset = byref_getset,
+};
+
+/* ---- deciding -------------------------------------------------------------------- */
+
+enum kind { UNKNOWN, KIND_COMPILED, KIND_POINTER, KIND_PYTHON };
+
+/* After a failed call: an ordinary error (an Exception) is cleared, and the
+ * launch falls through to the Python path, which raises its own; anything else
+ * (KeyboardInterrupt, SystemExit) stays set, to be raised. */
+static void clear_ordinary_error(void) {
+    if (PyErr_ExceptionMatches(PyExc_Exception))
+        PyErr_Clear();
+}
+
+/* An exact int as an unsigned 64-bit value; false (no error set) if it is not one. */
+static bool exact_u64(PyObject *value, uint64_t *out) {
+    if (!PyLong_CheckExact(value))
+        return false;
+    unsigned long long n = PyLong_AsUnsignedLongLong(value);
+    if (n == (unsigned long long)-1 && PyErr_Occurred()) {
+        clear_ordinary_error();
+        return false;
+    }
+    *out = n;
+    return true;
+}
+
+/* A plain function (bound 0) or a bound method's function (bound 1) that is no
+ * coroutine function and can be called with no arguments. */
+static enum kind plain_function(PyObject *function, Py_ssize_t bound) {
+    PyCodeObject *code = (PyCodeObject *)PyFunction_GET_CODE(function);
+    if (code->co_flags & (CO_COROUTINE | CO_ASYNC_GENERATOR | CO_ITERABLE_COROUTINE))
+        return UNKNOWN;
+    if (code->co_kwonlyargcount != 0) /* keyword-only defaults: Python checks those */
+        return UNKNOWN;
+    PyObject *defaults = PyFunction_GET_DEFAULTS(function);
+    Py_ssize_t given = defaults == NULL ? 0 : PyTuple_GET_SIZE(defaults);
+    return code->co_argcount - bound - given > 0 ? UNKNOWN : KIND_PYTHON;
+}
+
+/* A ctypes CUhostFn as the instance declares it now: restype None, argtypes
+ * (c_void_p,), and its address (the pointer is the object's buffer). */
+static enum kind ctypes_pointer(PyObject *fn, uintptr_t *address) {
+    PyObject *restype = PyObject_GetAttr(fn, launch.s_restype);
+    if (restype == NULL) {
+        clear_ordinary_error();
+        return UNKNOWN;
+    }
+    bool void_result = restype == Py_None;
+    Py_DECREF(restype);
+    if (!void_result)
+        return UNKNOWN;
+    PyObject *argtypes = PyObject_GetAttr(fn, launch.s_argtypes);
+    if (argtypes == NULL) {
+        clear_ordinary_error();
+        return UNKNOWN;
+    }
+    bool one_pointer = PyTuple_CheckExact(argtypes) && PyTuple_GET_SIZE(argtypes) == 1 &&
+                       PyTuple_GET_ITEM(argtypes, 0) == launch.c_void_p;
+    Py_DECREF(argtypes);
+    if (!one_pointer)
+        return UNKNOWN;
+    Py_buffer view;
+    if (PyObject_GetBuffer(fn, &view, PyBUF_SIMPLE) < 0) {
+        clear_ordinary_error();
+        return UNKNOWN;
+    }
+    uintptr_t value = 0;
+    if (view.len == (Py_ssize_t)sizeof(void *))
+        memcpy(&value, view.buf, sizeof(void *));
+    PyBuffer_Release(&view);
+    if (value == 0) /* NULL: Python raises ValueError */
+        return UNKNOWN;
+    *address = value;
+    return KIND_POINTER;
+}
+
+/* What fn is: a kind, or UNKNOWN to fall through.  For compiled code, its
+ * address, and for a HostFunction its layout and whether it reads its argument. */
+static enum kind function_kind(PyObject *fn, uintptr_t *address, nhf_compiled_object **compiled) {
+    PyTypeObject *type = Py_TYPE(fn);
+    if (type == &PyFunction_Type)
+        return plain_function(fn, 0);
+    if (type == &PyMethod_Type) {
+        PyObject *function = PyMethod_GET_FUNCTION(fn);
+        return Py_IS_TYPE(function, &PyFunction_Type) ? plain_function(function, 1) : UNKNOWN;
+    }
+    if (PyObject_TypeCheck(fn, &nhf_compiled_type)) {
+        nhf_compiled_object *host_function = (nhf_compiled_object *)fn;
+        if (host_function->address == 0)
+            return UNKNOWN;
+        *address = host_function->address;
+        *compiled = host_function;
+        return KIND_COMPILED;
+    }
+    if ((PyObject *)type == launch.cuhostfn_type)
+        return ctypes_pointer(fn, address);
+    return UNKNOWN;
+}
+
+/* user_data of compiled code, as _userdata.resolve_user_data resolves it, for
+ * None, a nonzero int, a ByRef and bytes: true, with the address and what the
+ * launch must own (a new reference, or NULL); false to fall through. */
+static bool user_data(PyObject *data, nhf_compiled_object *compiled, uintptr_t *arg,
+                      PyObject **owner) {
+    PyObject *layout = compiled != NULL ? compiled->layout : NULL;
+    *owner = NULL;
+    if (data == Py_None) { /* NULL: only for a body that never reads it */
+        *arg = 0;
+        return layout == NULL && (compiled == NULL || !compiled->reads_user_data);
+    }
+    uint64_t value;
+    if (PyLong_CheckExact(data)) /* an address, as is; NULL: Python decides */
+        return exact_u64(data, &value) && (*arg = (uintptr_t)value) != 0;
+    if (Py_IS_TYPE(data, &nhf_byref_type) || PyObject_TypeCheck(data, &nhf_byref_type)) {
+        nhf_byref_object *ref = (nhf_byref_object *)data;
+        if (!ref->exported)
+            return false;
+        if (layout != NULL && ((ref->dtype != layout && ref->dtype != Py_None) ||
+                               ref->view.len != compiled->layout_bytes))
+            return false; /* Python compares the dtypes by value, and says what differs */
+        *arg = (uintptr_t)ref->view.buf;
+        *owner = Py_NewRef(data);
+        return true;
+    }
+    if (PyBytes_CheckExact(data)) { /* copied: a body may write its user data */
+        Py_ssize_t size = PyBytes_GET_SIZE(data);
+        if (size <= 0 || (layout != NULL && size != compiled->layout_bytes))
+            return false;
+        PyObject *copy = PyByteArray_FromStringAndSize(PyBytes_AS_STRING(data), size);
+        if (copy == NULL) {
+            clear_ordinary_error();
+            return false;
+        }
+        *arg = (uintptr_t)PyByteArray_AS_STRING(copy);
+        *owner = copy;
+        return true;
+    }
+    return false;
+}
+
+/* The handle from stream.__cuda_stream__() (version 0 of the protocol), for a
+ * stream type the backend registered; false for anything else (the tuple, a
+ * new reference that keeps the handle, is released by the caller). */
+static bool stream_handle(PyObject *stream, void **handle) {
+    PyTypeObject *type = Py_TYPE(stream);
+    void *own = NULL; /* a simulated stream's: the handle must be this one */
+    if ((PyObject *)type == launch.sim_stream_type) {
+        if ((own = nhf_sim_stream_of(stream)) == NULL)
+            return false;
+    } else if (launch.cuda_stream_type == NULL ||
+               !PyObject_TypeCheck(stream, (PyTypeObject *)launch.cuda_stream_type)) {
+        return false;
+    }
+    PyObject *value = PyObject_CallMethodNoArgs(stream, launch.s_cuda_stream);
+    if (value == NULL) {
+        clear_ordinary_error();
+        return false;
+    }
+    uint64_t version, h;
+    bool ok = PyTuple_CheckExact(value) && PyTuple_GET_SIZE(value) == 2 &&
+              exact_u64(PyTuple_GET_ITEM(value, 0), &version) && version == 0 &&
+              exact_u64(PyTuple_GET_ITEM(value, 1), &h);
+    Py_DECREF(value);
+    if (!ok || (own != NULL && (void *)(uintptr_t)h != own))
+        return false; /* not its own handle: Python's registry refuses it */
+    *handle = (void *)(uintptr_t)h;
+    return true;
+}
+
+/* host_launch(stream, fn, user_data=..., executor=...) for the cases above.
+ * Returns 0 (launched), 1 (fall through: nothing enqueued, nothing kept, no
+ * error set) or -1 (an error is set: raise it). */
+static int fast_launch(PyObject *stream, PyObject *fn, PyObject *data, PyObject *executor) {
+    uintptr_t address = 0, arg = 0;
+    nhf_compiled_object *compiled = NULL;
+    enum kind kind = function_kind(fn, &address, &compiled);
+    if (kind == UNKNOWN)
+        return PyErr_Occurred() ? -1 : 1;
+    PyObject *data_owner = NULL;
+    if (kind == KIND_PYTHON) {
+        if (data != Py_None)
+            return 1; /* Python raises ValueError */
+        arg = (uintptr_t)fn;
+    } else if (!user_data(data, compiled, &arg, &data_owner)) {
+        return PyErr_Occurred() ? -1 : 1;
+    }
+    int outcome = 1;
+    void *handle = NULL, *target;
+    PyObject *owner = NULL;
+    nhf_pool *pool = NULL;
+    if (executor != Py_None) {
+        if (!PyObject_TypeCheck(executor, &nhf_executor_type))
+            goto done;
+        pool = ((nhf_executor_object *)executor)->pool;
+        if (pool == NULL)
+            goto done;
+    }
+    if (!stream_handle(stream, &handle))
+        goto done;
+    target = handle;
+    if (pool != NULL && (target = nhf_exec_find_lane(pool, handle)) == NULL)
+        goto done; /* Python makes the lane */
+    /* What the launch owns, as the Python path builds it: the function alone,
+     * or (function, data, None), or (function, data, None, executor). */
+    PyObject *data_or_none = data_owner != NULL ? data_owner : Py_None;
+    if (pool != NULL)
+        owner = PyTuple_Pack(4, fn, data_or_none, Py_None, executor);
+    else if (data_owner != NULL)
+        owner = PyTuple_Pack(3, fn, data_or_none, Py_None);
+    else
+        owner = Py_NewRef(fn);
+    if (owner == NULL)
+        goto error;
+    nhf_hostfn trampoline = kind == KIND_PYTHON ? nhf_run_python : nhf_run_compiled;
+    nhf_enqueue_fn enqueue_fn = pool != NULL ? launch.executor_enqueue_fn : launch.enqueue_fn;
+    uint64_t status = nhf_enqueue_record(enqueue_fn, target, trampoline,
+                                         (nhf_hostfn)address, (void *)arg, NULL, owner);
+    if (status == NHF_NO_RECORD)
+        goto error;
+    if (status == NHF_CAPTURING)
+        goto done; /* a graph node instead: the Python path */
+    if (status != 0) {
+        PyObject *word = PyLong_FromUnsignedLongLong(status);
+        PyObject *raised = word == NULL ? NULL
+                                        : PyObject_CallFunctionObjArgs(launch.raise_status, word,
+                                                                       executor, NULL);
+        Py_XDECREF(word);
+        Py_XDECREF(raised);
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "host_launch: the enqueue was refused");
+        goto error;
+    }
+    atomic_fetch_add(&counts[kind == KIND_PYTHON ? PYTHON : kind == KIND_POINTER ? POINTER
+                                                                                 : COMPILED],
+                     1);
+    if (pool != NULL)
+        atomic_fetch_add(&counts[EXECUTOR], 1);
+    outcome = 0;
+    goto done;
+error:
+    outcome = -1;
+done:
+    if (outcome == 1 && PyErr_Occurred())
+        outcome = -1; /* falling with an error still set: one to raise */
+    Py_XDECREF(owner);
+    Py_XDECREF(data_owner);
+    return outcome;
+}
+
+/* numba_hostfn.host_launch(stream, fn, *, user_data=None, executor=None, blocking=True) */
+PyObject *nhf_host_launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                          PyObject *kwnames) {
+    (void)self;
+    PyObject *data = Py_None, *executor = Py_None;
+    if (!launch.configured || !launch.wanted || atomic_load(&forked) || nargs != 2)
+        goto fall;
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, i), *value = args[nargs + i];
+        if (name == launch.s_user_data)
+            data = value;
+        else if (name == launch.s_executor)
+            executor = value;
+        else if (name != launch.s_blocking || value != Py_True)
+            goto fall; /* blocking=False, a name not interned, an unknown keyword */
+    }
+    switch (fast_launch(args[0], args[1], data, executor)) {
+    case 0:
+        Py_RETURN_NONE;
+    case -1:
+        return NULL;
+    }
+fall:
+    atomic_fetch_add(&counts[FELL_THROUGH], 1);
+    if (launch.fallback == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "numba_hostfn._launch is not imported");
+        return NULL;
+    }
+    return PyObject_Vectorcall(launch.fallback, args, (size_t)nargs, kwnames);
+}
+
+/* ---- configuration, from Python ---------------------------------------------------- */
+
+static int set_object(PyObject **slot, PyObject *value) {
+    Py_XSETREF(*slot, value == Py_None ? NULL : Py_NewRef(value));
+    return 0;
+}
+
+/* configure_launch(*, fallback=, raise_status=, enqueue_fn=, executor_enqueue_fn=,
+ * sim_stream_type=, cuda_stream_type=, cuhostfn_type=, c_void_p=, wanted=):
+ * each given keyword sets what host_launch uses; the fast path is on once
+ * raise_status and enqueue_fn are set.  wanted=False sends every call to Python. */
+PyObject *nhf_py_configure_launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                  PyObject *kwnames) {
+    (void)self;
+    if (nargs != 0) {
+        PyErr_SetString(PyExc_TypeError, "configure_launch() takes keyword arguments only");
+        return NULL;
+    }
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        const char *name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, i));
+        PyObject *value = args[i];
+        void *address;
+        if (name == NULL)
+            return NULL;
+        if (!strcmp(name, "fallback"))
+            set_object(&launch.fallback, value);
+        else if (!strcmp(name, "raise_status"))
+            set_object(&launch.raise_status, value);
+        else if (!strcmp(name, "sim_stream_type"))
+            set_object(&launch.sim_stream_type, value);
+        else if (!strcmp(name, "cuda_stream_type"))
+            set_object(&launch.cuda_stream_type, value);
+        else if (!strcmp(name, "cuhostfn_type"))
+            set_object(&launch.cuhostfn_type, value);
+        else if (!strcmp(name, "c_void_p"))
+            set_object(&launch.c_void_p, value);
+        else if (!strcmp(name, "enqueue_fn") || !strcmp(name, "executor_enqueue_fn")) {
+            if (nhf_address_arg(value, &address) < 0)
+                return NULL;
+            nhf_enqueue_fn *slot =
+                name[0] == 'e' && name[1] == 'n' ? &launch.enqueue_fn : &launch.executor_enqueue_fn;
+            *slot = (nhf_enqueue_fn)(uintptr_t)address;
+        } else if (!strcmp(name, "wanted")) {
+            int wanted = PyObject_IsTrue(value);
+            if (wanted < 0)
+                return NULL;
+            launch.wanted = wanted;
+        } else {
+            PyErr_Format(PyExc_TypeError, "configure_launch() got an unknown keyword %s", name);
+            return NULL;
+        }
+    }
+    launch.configured = launch.fallback != NULL && launch.raise_status != NULL &&
+                        launch.enqueue_fn != NULL && launch.cuhostfn_type != NULL &&
+                        launch.c_void_p != NULL;
+    Py_RETURN_NONE;
+}
+
+/* launch_counts() -> dict: launches that fell through, and fast launches by kind. */
+PyObject *nhf_py_launch_counts(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    PyObject *result = PyDict_New();
+    for (int i = 0; result != NULL && i < NCOUNTS; i++) {
+        PyObject *n = PyLong_FromLong(atomic_load(&counts[i]));
+        if (n == NULL || PyDict_SetItemString(result, count_names[i], n) < 0)
+            Py_CLEAR(result);
+        Py_XDECREF(n);
+    }
+    return result;
+}
+
+static PyMethodDef host_launch_def = {
+    "host_launch", (PyCFunction)(void (*)(void))nhf_host_launch, METH_FASTCALL | METH_KEYWORDS,
+    NULL, /* set by make_host_launch: the signature line, then the numpydoc docstring */
+};
+
+/* make_host_launch(doc) -> the builtin, with doc as its __doc__ (its first line
+ * "host_launch(...)\n--\n\n" becomes its __text_signature__); once. */
+static PyObject *py_make_host_launch(PyObject *module, PyObject *doc) {
+    static PyObject *made;
+    if (made != NULL)
+        return Py_NewRef(made);
+    Py_ssize_t size;
+    const char *text = PyUnicode_AsUTF8AndSize(doc, &size);
+    if (text == NULL)
+        return NULL;
+    char *kept = PyMem_RawMalloc((size_t)size + 1); /* for the process's life */
+    if (kept == NULL)
+        return PyErr_NoMemory();
+    memcpy(kept, text, (size_t)size + 1);
+    host_launch_def.ml_doc = kept;
+    PyObject *name = PyUnicode_FromString("numba_hostfn");
+    made = name == NULL ? NULL : PyCFunction_NewEx(&host_launch_def, NULL, name);
+    Py_XDECREF(name);
+    (void)module;
+    return Py_XNewRef(made);
+}
+
+static PyMethodDef methods[] = {
+    {"configure_launch", (PyCFunction)(void (*)(void))nhf_py_configure_launch,
+     METH_FASTCALL | METH_KEYWORDS, "configure_launch(**settings): what host_launch uses."},
+    {"launch_counts", nhf_py_launch_counts, METH_NOARGS,
+     "Launches that fell through to Python, and fast launches by kind (for tests)."},
+    {"make_host_launch", py_make_host_launch, METH_O,
+     "make_host_launch(doc) -> the host_launch builtin, documented by doc."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyObject *interned(const char *name) { return PyUnicode_InternFromString(name); }
+
+int nhf_host_launch_init(PyObject *module) {
+    if (PyType_Ready(&nhf_compiled_type) < 0 || PyType_Ready(&nhf_byref_type) < 0 ||
+        PyModule_AddObjectRef(module, "CompiledBase", (PyObject *)&nhf_compiled_type) < 0 ||
+        PyModule_AddObjectRef(module, "BufferRef", (PyObject *)&nhf_byref_type) < 0)
+        return -1;
+    if (PyModule_AddFunctions(module, methods) < 0)
+        return -1;
+    launch.s_user_data = interned("user_data");
+    launch.s_executor = interned("executor");
+    launch.s_blocking = interned("blocking");
+    launch.s_cuda_stream = interned("__cuda_stream__");
+    launch.s_restype = interned("restype");
+    launch.s_argtypes = interned("argtypes");
+    if (!launch.s_user_data || !launch.s_executor || !launch.s_blocking ||
+        !launch.s_cuda_stream || !launch.s_restype || !launch.s_argtypes)
+        return -1;
+    if (pthread_atfork(NULL, NULL, at_fork_in_child) != 0) {
+        PyErr_SetString(PyExc_RuntimeError, "numba_hostfn could not register its fork handler");
+        return -1;
+    }
+    return 0;
+}

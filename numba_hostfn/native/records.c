@@ -1,0 +1,165 @@
+/* Launch records: what each launch owns, and its release on the main thread.
+ *
+ * A record's life: *taken* from the free list (with a strong reference to its
+ * owner), handed to the driver with a trampoline, *run* there, *completed*
+ * (pushed on the lock-free completed stack, and a drain scheduled with
+ * Py_AddPendingCall), then *released* by the drain on the main thread: owner
+ * and result decref'd, the record back on the free list.  A record whose
+ * enqueue failed is released at once.  A record kept by a graph is completed
+ * by the graph's user object (or a simulated graph's keeper) when the graph is
+ * gone.  LIFETIME.md, invariants 1, 2, 6, 11 and 14.
+ *
+ * Locks: the free list has its own mutex (never the GIL alone); the completed
+ * stack and the deferred objects are lock-free stacks that only the drain
+ * empties (an exchange, so no ABA); the counters are atomics.
+ */
+#include "nhf.h"
+
+#include <stdlib.h>
+
+#define RECORDS_PER_SLAB 1024
+
+static pthread_mutex_t free_lock = PTHREAD_MUTEX_INITIALIZER;
+static nhf_record *free_records;             /* under free_lock */
+static atomic_long held;                     /* taken and not released */
+static _Atomic(nhf_record *) completed;      /* have run: for the drain */
+static atomic_int drain_scheduled;           /* a pending-call drain is scheduled */
+static atomic_long schedule_failures;        /* Py_AddPendingCall refusals */
+
+/* An object whose release is deferred to the drain (a replayed callable's result). */
+typedef struct deferred {
+    struct deferred *next;
+    PyObject *object; /* one reference */
+} deferred;
+static _Atomic(deferred *) deferred_objects;
+
+Py_ssize_t nhf_records_held(void) { return atomic_load(&held); }
+Py_ssize_t nhf_schedule_failures(void) { return atomic_load(&schedule_failures); }
+
+/* ---- the GIL held ---------------------------------------------------------- */
+
+nhf_record *nhf_record_take(nhf_hostfn fn, void *arg, PyObject *owner) {
+    pthread_mutex_lock(&free_lock);
+    if (free_records == NULL) {
+        /* Slabs come from calloc and are never freed (invariant 6): a driver
+         * thread may still write a record while the process exits. */
+        nhf_record *slab = calloc(RECORDS_PER_SLAB, sizeof(nhf_record));
+        if (slab == NULL) {
+            pthread_mutex_unlock(&free_lock);
+            PyErr_SetString(PyExc_MemoryError, "numba_hostfn could not allocate launch records");
+            return NULL;
+        }
+        for (size_t i = 0; i < RECORDS_PER_SLAB; i++) {
+            slab[i].next = free_records;
+            free_records = &slab[i];
+        }
+    }
+    nhf_record *record = free_records;
+    free_records = record->next;
+    pthread_mutex_unlock(&free_lock);
+    record->next = NULL;
+    record->fn = fn;
+    record->arg = arg;
+    record->context = NULL;
+    record->result = NULL;
+    Py_INCREF(owner);
+    record->owner = owner;
+    atomic_fetch_add(&held, 1);
+    return record;
+}
+
+/* The record is back on the free list before its references are dropped: a
+ * finalizer run by the decref may take or drain records itself (invariant 11). */
+void nhf_record_release(nhf_record *record) {
+    PyObject *result = record->result, *owner = record->owner;
+    record->result = NULL;
+    record->owner = NULL;
+    pthread_mutex_lock(&free_lock);
+    record->next = free_records;
+    free_records = record;
+    pthread_mutex_unlock(&free_lock);
+    atomic_fetch_sub(&held, 1);
+    Py_XDECREF(result);
+    Py_XDECREF(owner);
+}
+
+Py_ssize_t nhf_drain(void) {
+    deferred *node = atomic_exchange(&deferred_objects, NULL);
+    while (node != NULL) {
+        deferred *following = node->next;
+        PyObject *object = node->object;
+        free(node);
+        Py_DECREF(object);
+        node = following;
+    }
+    Py_ssize_t n = 0;
+    nhf_record *record = atomic_exchange(&completed, NULL);
+    while (record != NULL) {
+        nhf_record *following = record->next;
+        nhf_record_release(record);
+        n++;
+        record = following;
+    }
+    return n;
+}
+
+/* ---- any thread: complete, and schedule the drain ---------------------------- */
+
+/* The pending call that completions schedule: the main thread drains, unless
+ * the interpreter guard is closed (exit: leak rather than release).  The flag
+ * is cleared first, so a completion during this drain schedules another. */
+static int pending_drain(void *unused) {
+    (void)unused;
+    atomic_store(&drain_scheduled, 0);
+    if (nhf_guard_open())
+        (void)nhf_drain();
+    return 0;
+}
+
+/* Ask the interpreter to drain on the main thread, once: the flag stays set
+ * until that drain starts.  If Py_AddPendingCall refuses (its queue is small
+ * and shared), clear the flag so that the next completion, or the next
+ * enqueue, tries again, and count the refusal (invariant 14).  Py_AddPendingCall
+ * needs no GIL. */
+static void schedule_drain(void) {
+    int expected = 0;
+    if (!atomic_compare_exchange_strong(&drain_scheduled, &expected, 1))
+        return;
+    if (!nhf_guard_enter())
+        return;
+    int refused = Py_AddPendingCall(pending_drain, NULL);
+    nhf_guard_leave();
+    if (refused) {
+        atomic_store(&drain_scheduled, 0);
+        atomic_fetch_add(&schedule_failures, 1);
+    }
+}
+
+/* Any thread (the trampolines, a user object's destructor, a keeper). */
+void nhf_record_complete(nhf_record *record) {
+    nhf_record *top = atomic_load(&completed);
+    do {
+        record->next = top;
+    } while (!atomic_compare_exchange_weak(&completed, &top, record));
+    schedule_drain();
+}
+
+/* Any thread, GIL held by the caller.  None is released at once: its release
+ * never frees anything; so is everything when no memory is left for a node. */
+void nhf_defer_release(PyObject *object) {
+    deferred *node = object == Py_None ? NULL : malloc(sizeof(deferred));
+    if (node == NULL) {
+        Py_DECREF(object);
+        return;
+    }
+    node->object = object;
+    deferred *top = atomic_load(&deferred_objects);
+    do {
+        node->next = top;
+    } while (!atomic_compare_exchange_weak(&deferred_objects, &top, node));
+    schedule_drain();
+}
+
+bool nhf_drain_wanted(void) {
+    return atomic_load(&completed) != NULL || atomic_load(&deferred_objects) != NULL;
+}

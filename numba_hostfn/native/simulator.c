@@ -1,0 +1,695 @@
+/* The simulator: simulated streams, the simulated context's one host-function
+ * thread, and the keepers that stand in for CUDA user objects.
+ *
+ * A simulated stream is a FIFO of items that the stream's own native thread
+ * (its "device engine") takes in order.  A *device* item (simulated device
+ * work: a delay, a compiled "kernel", a stream memory operation) runs on that
+ * thread.  A *host* item (a host function, as cuLaunchHostFunc enqueues it) is
+ * handed to the context's host-function thread, and the stream waits until it
+ * has run.  So, as on the driver, the host functions of all streams run one at
+ * a time on one thread, and each stream waits for its own.  Every thread here
+ * is native, foreign to Python; none touches CPython but through the
+ * trampolines.
+ */
+#include "nhf.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+enum lane { LANE_DEVICE, LANE_HOST };
+
+typedef struct item {
+    struct item *next;
+    nhf_hostfn fn;
+    void *arg;
+    enum lane lane;
+} item;
+
+struct nhf_sim_stream {
+    pthread_mutex_t mutex; /* guards every field below */
+    pthread_cond_t wake;   /* an item arrived, the host function ran, or stop */
+    pthread_cond_t idle;   /* nothing pending */
+    item *head, *tail;     /* the FIFO */
+    long pending;          /* items enqueued and not yet finished */
+    int stopping;          /* refuse new items; the thread ends once empty */
+    int capturing;         /* enqueues refuse: the capture path records */
+    pthread_t thread;
+    /* The stream's turn on the host-function thread. */
+    nhf_sim_stream *host_next; /* link in the context's queue */
+    nhf_hostfn host_fn;
+    void *host_arg;
+    int host_done;
+};
+
+/* The simulated context: its host-function thread and the streams waiting for it. */
+static struct {
+    pthread_mutex_t mutex;
+    pthread_cond_t work; /* a stream handed over a host function */
+    nhf_sim_stream *head, *tail;
+    pthread_t thread;
+    int started;
+} context = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, 0, 0};
+
+/* ---- enqueue (without the GIL) ------------------------------------------------ */
+
+static item *new_item(nhf_hostfn fn, void *arg, enum lane lane) {
+    item *it = malloc(sizeof(item));
+    if (it != NULL) {
+        it->next = NULL;
+        it->fn = fn;
+        it->arg = arg;
+        it->lane = lane;
+    }
+    return it;
+}
+
+/* Under the stream's mutex: append a chain of n items, first..last. */
+static void append_locked(nhf_sim_stream *stream, item *first, item *last, long n) {
+    if (stream->tail == NULL)
+        stream->head = first;
+    else
+        stream->tail->next = first;
+    stream->tail = last;
+    stream->pending += n;
+    pthread_cond_signal(&stream->wake);
+}
+
+/* Under the stream's mutex: 0, or why the stream takes nothing now. */
+static uint64_t refusal_locked(nhf_sim_stream *stream) {
+    if (stream->stopping)
+        return NHF_QUEUE_STOPPED;
+    if (stream->capturing)
+        return NHF_CAPTURING;
+    return 0;
+}
+
+static uint64_t enqueue(nhf_sim_stream *stream, nhf_hostfn fn, void *arg, enum lane lane) {
+    item *it = new_item(fn, arg, lane);
+    if (it == NULL)
+        return NHF_OUT_OF_MEMORY;
+    pthread_mutex_lock(&stream->mutex);
+    uint64_t status = refusal_locked(stream);
+    if (status == 0)
+        append_locked(stream, it, it, 1);
+    pthread_mutex_unlock(&stream->mutex);
+    if (status != 0)
+        free(it);
+    return status;
+}
+
+/* Any thread: a host function, handed to the context's host-function thread
+ * when the stream reaches it (the simulator's cuLaunchHostFunc). */
+uint64_t nhf_sim_enqueue(void *stream, nhf_hostfn fn, void *arg) {
+    return enqueue(stream, fn, arg, LANE_HOST);
+}
+
+/* Any thread: simulated device work, run by the stream's own thread. */
+uint64_t nhf_sim_enqueue_device(void *stream, nhf_hostfn fn, void *arg) {
+    return enqueue(stream, fn, arg, LANE_DEVICE);
+}
+
+/* ---- the threads ---------------------------------------------------------------- */
+
+/* On the stream's thread: hand fn(arg) to the host-function thread and wait
+ * until it has run, as a CUDA stream waits for its host function. */
+static void run_on_host_thread(nhf_sim_stream *stream, nhf_hostfn fn, void *arg) {
+    stream->host_fn = fn;
+    stream->host_arg = arg;
+    stream->host_next = NULL;
+    pthread_mutex_lock(&context.mutex);
+    if (context.tail == NULL)
+        context.head = stream;
+    else
+        context.tail->host_next = stream;
+    context.tail = stream;
+    pthread_cond_signal(&context.work);
+    pthread_mutex_unlock(&context.mutex);
+    pthread_mutex_lock(&stream->mutex);
+    while (!stream->host_done)
+        pthread_cond_wait(&stream->wake, &stream->mutex);
+    stream->host_done = 0;
+    pthread_mutex_unlock(&stream->mutex);
+}
+
+/* A stream's thread: run its items in order until it is stopped and empty. */
+static void *stream_main(void *stream_) {
+    nhf_sim_stream *stream = stream_;
+    pthread_mutex_lock(&stream->mutex);
+    for (;;) {
+        item *it = stream->head;
+        if (it == NULL) {
+            if (stream->stopping)
+                break;
+            pthread_cond_wait(&stream->wake, &stream->mutex);
+            continue;
+        }
+        stream->head = it->next;
+        if (stream->head == NULL)
+            stream->tail = NULL;
+        pthread_mutex_unlock(&stream->mutex);
+        if (it->lane == LANE_HOST)
+            run_on_host_thread(stream, it->fn, it->arg);
+        else
+            it->fn(it->arg);
+        free(it);
+        pthread_mutex_lock(&stream->mutex);
+        if (--stream->pending == 0)
+            pthread_cond_broadcast(&stream->idle);
+    }
+    pthread_mutex_unlock(&stream->mutex);
+    return NULL;
+}
+
+/* The context's host-function thread: run the host functions that streams hand
+ * over, one at a time, in the order they were reached.  It runs until the
+ * process ends, like the driver's. */
+static void *host_thread_main(void *unused) {
+    (void)unused;
+    pthread_mutex_lock(&context.mutex);
+    for (;;) {
+        nhf_sim_stream *stream = context.head;
+        if (stream == NULL) {
+            pthread_cond_wait(&context.work, &context.mutex);
+            continue;
+        }
+        context.head = stream->host_next;
+        if (context.head == NULL)
+            context.tail = NULL;
+        pthread_mutex_unlock(&context.mutex);
+        stream->host_fn(stream->host_arg);
+        pthread_mutex_lock(&stream->mutex);
+        stream->host_done = 1;
+        pthread_cond_signal(&stream->wake);
+        pthread_mutex_unlock(&stream->mutex);
+        pthread_mutex_lock(&context.mutex);
+    }
+    return NULL;
+}
+
+/* Any thread: simulated device work that sleeps for (uintptr_t)arg microseconds. */
+void nhf_sim_delay(void *arg) {
+    uintptr_t left = (uintptr_t)arg;
+    while (left > 0) {
+        unsigned chunk = left > 500000 ? 500000 : (unsigned)left;
+        usleep(chunk);
+        left -= chunk;
+    }
+}
+
+/* ---- keepers: what a simulated graph owns, like a CUDA user object ------------- */
+
+/* A keeper holds a graph's records and its nodes, and a count of references:
+ * the graph definition, each executable graph, each replay not yet finished.
+ * The last release completes every record (invariant 8). */
+typedef struct node {
+    int device; /* device work, else a host function */
+    nhf_hostfn fn;
+    void *arg;
+} node;
+
+typedef struct keeper {
+    atomic_long refs;
+    pthread_mutex_t lock; /* guards records and nodes */
+    nhf_record *records;  /* linked through their next field */
+    node *nodes;
+    size_t count, capacity;
+} keeper;
+
+/* Any thread (the last item of every replay, on a stream's thread). */
+void nhf_sim_keeper_release(void *keeper_) {
+    keeper *k = keeper_;
+    if (atomic_fetch_sub(&k->refs, 1) != 1)
+        return;
+    nhf_record *record = k->records;
+    while (record != NULL) {
+        nhf_record *following = record->next;
+        nhf_record_complete(record);
+        record = following;
+    }
+    pthread_mutex_destroy(&k->lock);
+    free(k->nodes);
+    free(k);
+}
+
+/* Without the GIL: one replay of the keeper's nodes on the stream, all of it or
+ * nothing.  Every item is made first, then the whole chain (the nodes, then the
+ * keeper's release) is appended under the stream's mutex in one step, with the
+ * replay's reference to the keeper taken there: a refused or interrupted replay
+ * enqueues nothing and holds nothing (issue 27: a half-enqueued replay whose
+ * hold was dropped let the graph free a buffer its queued nodes still wrote). */
+static uint64_t replay(nhf_sim_stream *stream, keeper *k) {
+    pthread_mutex_lock(&k->lock);
+    size_t count = k->count;
+    item *first = NULL, *last = NULL;
+    uint64_t status = 0;
+    for (size_t i = 0; i <= count && status == 0; i++) {
+        item *it = i < count ? new_item(k->nodes[i].fn, k->nodes[i].arg,
+                                        k->nodes[i].device ? LANE_DEVICE : LANE_HOST)
+                             : new_item(nhf_sim_keeper_release, k, LANE_DEVICE);
+        if (it == NULL) {
+            status = NHF_OUT_OF_MEMORY;
+            break;
+        }
+        if (last == NULL)
+            first = it;
+        else
+            last->next = it;
+        last = it;
+    }
+    pthread_mutex_unlock(&k->lock);
+    if (status == 0) {
+        pthread_mutex_lock(&stream->mutex);
+        status = refusal_locked(stream);
+        if (status == 0) {
+            atomic_fetch_add(&k->refs, 1); /* the replay's, dropped by its last item */
+            append_locked(stream, first, last, (long)count + 1);
+        }
+        pthread_mutex_unlock(&stream->mutex);
+    }
+    if (status != 0) {
+        while (first != NULL) {
+            item *following = first->next;
+            free(first);
+            first = following;
+        }
+    }
+    return status;
+}
+
+/* ---- from Python ------------------------------------------------------------------ */
+
+static nhf_sim_stream *stream_arg(PyObject *value) {
+    void *stream;
+    if (nhf_address_arg(value, &stream) < 0)
+        return NULL;
+    if (stream == NULL)
+        PyErr_SetString(PyExc_ValueError, "a NULL simulated stream");
+    return stream;
+}
+
+static keeper *keeper_arg(PyObject *value) {
+    void *k;
+    if (nhf_address_arg(value, &k) < 0)
+        return NULL;
+    if (k == NULL)
+        PyErr_SetString(PyExc_ValueError, "a NULL simulated graph keeper");
+    return k;
+}
+
+static int check_nargs(const char *name, Py_ssize_t nargs, Py_ssize_t expected) {
+    if (nargs == expected)
+        return 0;
+    PyErr_Format(PyExc_TypeError, "%s() takes %zd arguments (%zd given)", name, expected, nargs);
+    return -1;
+}
+
+/* Start the host-function thread (once per process); returns 0 or an errno. */
+static PyObject *py_context_start(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    int rc = 0;
+    pthread_mutex_lock(&context.mutex);
+    if (!context.started) {
+        rc = pthread_create(&context.thread, NULL, host_thread_main, NULL);
+        context.started = rc == 0;
+    }
+    pthread_mutex_unlock(&context.mutex);
+    return PyLong_FromLong(rc);
+}
+
+/* A new stream with its thread running; NULL if that failed.  Its memory is
+ * never freed: a stale handle finds the stream stopped, not freed. */
+static nhf_sim_stream *stream_new(void) {
+    nhf_sim_stream *stream = calloc(1, sizeof(nhf_sim_stream));
+    if (stream == NULL)
+        return NULL;
+    if (pthread_mutex_init(&stream->mutex, NULL) || pthread_cond_init(&stream->wake, NULL) ||
+        pthread_cond_init(&stream->idle, NULL) ||
+        pthread_create(&stream->thread, NULL, stream_main, stream)) {
+        free(stream);
+        return NULL;
+    }
+    return stream;
+}
+
+/* The simulated Stream's base type: the native stream it opened, which is the
+ * handle host_launch trusts (an instance's __cuda_stream__ must give this one). */
+typedef struct {
+    PyObject_HEAD
+    nhf_sim_stream *stream; /* NULL until _open */
+} sim_stream_object;
+
+static PyObject *sim_stream_open(PyObject *self, PyObject *unused) {
+    (void)unused;
+    sim_stream_object *object = (sim_stream_object *)self;
+    if (object->stream != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the simulated stream is open already");
+        return NULL;
+    }
+    nhf_sim_stream *stream;
+    Py_BEGIN_ALLOW_THREADS
+    stream = stream_new();
+    Py_END_ALLOW_THREADS
+    if (stream == NULL) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "the simulator could not create a stream (memory or thread)");
+        return NULL;
+    }
+    object->stream = stream;
+    Py_RETURN_NONE;
+}
+
+static PyObject *sim_stream_handle(PyObject *self, void *closure) {
+    (void)closure;
+    return PyLong_FromVoidPtr(((sim_stream_object *)self)->stream);
+}
+
+static PyMethodDef sim_stream_methods[] = {
+    {"_open", sim_stream_open, METH_NOARGS, "Open the native stream (once)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef sim_stream_getset[] = {
+    {"_handle", sim_stream_handle, NULL, "The native stream's address (0 before _open).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject sim_stream_type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "numba_hostfn._core.SimStreamBase",
+    .tp_doc = "A simulated stream's native queue (numba_hostfn.simulator.Stream subclasses "
+              "this).",
+    .tp_basicsize = sizeof(sim_stream_object),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_new = PyType_GenericNew,
+    .tp_methods = sim_stream_methods,
+    .tp_getset = sim_stream_getset,
+};
+
+void *nhf_sim_stream_of(PyObject *object) {
+    if (!PyObject_TypeCheck(object, &sim_stream_type))
+        return NULL;
+    return ((sim_stream_object *)object)->stream;
+}
+
+static PyObject *py_set_capturing(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (check_nargs("sim_set_capturing", nargs, 2) < 0)
+        return NULL;
+    nhf_sim_stream *stream = stream_arg(args[0]);
+    int capturing = PyObject_IsTrue(args[1]);
+    if (stream == NULL || capturing < 0)
+        return NULL;
+    pthread_mutex_lock(&stream->mutex);
+    stream->capturing = capturing;
+    pthread_mutex_unlock(&stream->mutex);
+    Py_RETURN_NONE;
+}
+
+/* Wait, without the GIL, until everything enqueued so far has run. */
+static PyObject *py_sync(PyObject *self, PyObject *arg) {
+    (void)self;
+    nhf_sim_stream *stream = stream_arg(arg);
+    if (stream == NULL)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&stream->mutex);
+    while (stream->pending > 0)
+        pthread_cond_wait(&stream->idle, &stream->mutex);
+    pthread_mutex_unlock(&stream->mutex);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_pending(PyObject *self, PyObject *arg) {
+    (void)self;
+    nhf_sim_stream *stream = stream_arg(arg);
+    if (stream == NULL)
+        return NULL;
+    pthread_mutex_lock(&stream->mutex);
+    long pending = stream->pending;
+    pthread_mutex_unlock(&stream->mutex);
+    return PyLong_FromLong(pending);
+}
+
+/* Refuse new work; the thread runs what is queued, then ends.  Then wait for it
+ * to end (join true), without the GIL, or let it end alone (join false).  One
+ * call, so that no exception can come between the two (a half-closed stream). */
+static PyObject *py_close(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (check_nargs("sim_close", nargs, 2) < 0)
+        return NULL;
+    nhf_sim_stream *stream = stream_arg(args[0]);
+    int join = PyObject_IsTrue(args[1]);
+    if (stream == NULL || join < 0)
+        return NULL;
+    pthread_mutex_lock(&stream->mutex);
+    int first = !stream->stopping;
+    stream->stopping = 1;
+    pthread_cond_broadcast(&stream->wake);
+    pthread_mutex_unlock(&stream->mutex);
+    if (!first)
+        Py_RETURN_NONE; /* closed before: its thread is joined or detached already */
+    if (join) {
+        Py_BEGIN_ALLOW_THREADS
+        pthread_join(stream->thread, NULL);
+        Py_END_ALLOW_THREADS
+    } else {
+        pthread_detach(stream->thread);
+    }
+    Py_RETURN_NONE;
+}
+
+/* enqueue(stream, fn, arg, device) -> status: fn(arg) as a host function, or
+ * as device work (device true), without the GIL. */
+static PyObject *py_enqueue(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (check_nargs("sim_enqueue", nargs, 4) < 0)
+        return NULL;
+    nhf_sim_stream *stream = stream_arg(args[0]);
+    void *fn, *arg;
+    if (stream == NULL || nhf_address_arg(args[1], &fn) < 0 || nhf_address_arg(args[2], &arg) < 0)
+        return NULL;
+    int device = PyObject_IsTrue(args[3]);
+    if (device < 0)
+        return NULL;
+    uint64_t status;
+    Py_BEGIN_ALLOW_THREADS
+    status = enqueue(stream, (nhf_hostfn)(uintptr_t)fn, arg, device ? LANE_DEVICE : LANE_HOST);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromUnsignedLongLong(status);
+}
+
+/* keeper_own(keeper, record): the keeper owns the record from now on. */
+static PyObject *py_keeper_own(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (check_nargs("sim_keeper_own", nargs, 2) < 0)
+        return NULL;
+    keeper *k = keeper_arg(args[0]);
+    void *record_;
+    if (k == NULL || nhf_address_arg(args[1], &record_) < 0)
+        return NULL;
+    nhf_record *record = record_;
+    pthread_mutex_lock(&k->lock);
+    record->next = k->records;
+    k->records = record;
+    pthread_mutex_unlock(&k->lock);
+    Py_RETURN_NONE;
+}
+
+/* keeper_disown(keeper, record): undo the last keeper_own of the record (its
+ * node could not be added). */
+static PyObject *py_keeper_disown(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (check_nargs("sim_keeper_disown", nargs, 2) < 0)
+        return NULL;
+    keeper *k = keeper_arg(args[0]);
+    void *record_;
+    if (k == NULL || nhf_address_arg(args[1], &record_) < 0)
+        return NULL;
+    nhf_record *record = record_;
+    pthread_mutex_lock(&k->lock);
+    nhf_record **link = &k->records;
+    while (*link != NULL && *link != record)
+        link = &(*link)->next;
+    if (*link == record)
+        *link = record->next;
+    record->next = NULL;
+    pthread_mutex_unlock(&k->lock);
+    Py_RETURN_NONE;
+}
+
+/* keeper_add_node(keeper, device, fn, arg): a captured node, replayed in order. */
+static PyObject *py_keeper_add_node(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (check_nargs("sim_keeper_add_node", nargs, 4) < 0)
+        return NULL;
+    keeper *k = keeper_arg(args[0]);
+    int device = PyObject_IsTrue(args[1]);
+    void *fn, *arg;
+    if (k == NULL || device < 0 || nhf_address_arg(args[2], &fn) < 0 ||
+        nhf_address_arg(args[3], &arg) < 0)
+        return NULL;
+    pthread_mutex_lock(&k->lock);
+    if (k->count == k->capacity) {
+        size_t capacity = k->capacity ? 2 * k->capacity : 16;
+        node *nodes = realloc(k->nodes, capacity * sizeof(node));
+        if (nodes == NULL) {
+            pthread_mutex_unlock(&k->lock);
+            return PyErr_NoMemory();
+        }
+        k->nodes = nodes;
+        k->capacity = capacity;
+    }
+    k->nodes[k->count++] = (node){device, (nhf_hostfn)(uintptr_t)fn, arg};
+    pthread_mutex_unlock(&k->lock);
+    Py_RETURN_NONE;
+}
+
+/* replay(stream, keeper) -> status: one replay of a simulated graph. */
+static PyObject *py_replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (check_nargs("sim_replay", nargs, 2) < 0)
+        return NULL;
+    nhf_sim_stream *stream = stream_arg(args[0]);
+    keeper *k = stream == NULL ? NULL : keeper_arg(args[1]);
+    if (k == NULL)
+        return NULL;
+    uint64_t status;
+    Py_BEGIN_ALLOW_THREADS
+    status = replay(stream, k);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromUnsignedLongLong(status);
+}
+
+/* A KeeperRef: one reference to a keeper, given back once, by release() or at
+ * collection: one C call, so no exception can come between giving it back and
+ * marking it given (a reference lost, or given back twice). */
+typedef struct {
+    PyObject_HEAD
+    _Atomic(keeper *) k;
+} keeper_ref;
+
+/* KeeperRef(): a new keeper, and this, its first reference. */
+static int keeper_ref_init(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, ":KeeperRef", keywords))
+        return -1;
+    if (atomic_load(&((keeper_ref *)self)->k) != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "a KeeperRef is made once");
+        return -1;
+    }
+    keeper *k = calloc(1, sizeof(keeper));
+    if (k == NULL || pthread_mutex_init(&k->lock, NULL)) {
+        free(k);
+        PyErr_SetString(PyExc_MemoryError, "the simulator could not allocate a graph");
+        return -1;
+    }
+    atomic_store(&k->refs, 1);
+    atomic_store(&((keeper_ref *)self)->k, k);
+    return 0;
+}
+
+static PyTypeObject keeper_ref_type;
+
+/* share() -> another reference to the same keeper (an executable graph's). */
+static PyObject *keeper_ref_share(PyObject *self, PyObject *unused) {
+    (void)unused;
+    keeper *k = atomic_load(&((keeper_ref *)self)->k);
+    if (k == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the simulated graph is closed");
+        return NULL;
+    }
+    keeper_ref *other = PyObject_New(keeper_ref, &keeper_ref_type);
+    if (other == NULL)
+        return NULL;
+    atomic_fetch_add(&k->refs, 1);
+    atomic_init(&other->k, k);
+    return (PyObject *)other;
+}
+
+static PyObject *keeper_ref_release(PyObject *self, PyObject *unused) {
+    (void)unused;
+    keeper *k = atomic_exchange(&((keeper_ref *)self)->k, NULL);
+    if (k != NULL)
+        nhf_sim_keeper_release(k);
+    Py_RETURN_NONE;
+}
+
+static PyObject *keeper_ref_held(PyObject *self, void *closure) {
+    (void)closure;
+    return PyBool_FromLong(atomic_load(&((keeper_ref *)self)->k) != NULL);
+}
+
+static PyObject *keeper_ref_address(PyObject *self, void *closure) {
+    (void)closure;
+    return PyLong_FromVoidPtr(atomic_load(&((keeper_ref *)self)->k));
+}
+
+static void keeper_ref_dealloc(PyObject *self) {
+    keeper *k = atomic_exchange(&((keeper_ref *)self)->k, NULL);
+    if (k != NULL)
+        nhf_sim_keeper_release(k);
+    Py_TYPE(self)->tp_free(self);
+}
+
+static PyMethodDef keeper_ref_methods[] = {
+    {"release", keeper_ref_release, METH_NOARGS, "Give the reference back (once)."},
+    {"share", keeper_ref_share, METH_NOARGS, "Another reference to the same keeper."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef keeper_ref_getset[] = {
+    {"held", keeper_ref_held, NULL, "Whether the reference is still held.", NULL},
+    {"keeper", keeper_ref_address, NULL, "The keeper's address (0 once released).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject keeper_ref_type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "numba_hostfn._core.KeeperRef",
+    .tp_doc = "KeeperRef(): a new simulated graph's keeper, and one reference to it.",
+    .tp_basicsize = sizeof(keeper_ref),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = keeper_ref_init,
+    .tp_dealloc = keeper_ref_dealloc,
+    .tp_methods = keeper_ref_methods,
+    .tp_getset = keeper_ref_getset,
+};
+
+static PyMethodDef methods[] = {
+    {"sim_context_start", py_context_start, METH_NOARGS, "Start the host-function thread."},
+    {"sim_set_capturing", (PyCFunction)(void (*)(void))py_set_capturing, METH_FASTCALL,
+     "sim_set_capturing(stream, capturing)"},
+    {"sim_sync", py_sync, METH_O, "Wait (GIL released) until the stream's work has run."},
+    {"sim_pending", py_pending, METH_O, "Items enqueued on the stream and not yet finished."},
+    {"sim_close", (PyCFunction)(void (*)(void))py_close, METH_FASTCALL,
+     "sim_close(stream, join): stop the stream once empty; join its thread or detach it."},
+    {"sim_enqueue", (PyCFunction)(void (*)(void))py_enqueue, METH_FASTCALL,
+     "sim_enqueue(stream, fn, arg, device) -> status"},
+    {"sim_keeper_own", (PyCFunction)(void (*)(void))py_keeper_own, METH_FASTCALL,
+     "sim_keeper_own(keeper, record)"},
+    {"sim_keeper_disown", (PyCFunction)(void (*)(void))py_keeper_disown, METH_FASTCALL,
+     "sim_keeper_disown(keeper, record)"},
+    {"sim_keeper_add_node", (PyCFunction)(void (*)(void))py_keeper_add_node, METH_FASTCALL,
+     "sim_keeper_add_node(keeper, device, fn, arg)"},
+    {"sim_replay", (PyCFunction)(void (*)(void))py_replay, METH_FASTCALL,
+     "sim_replay(stream, keeper) -> status: one replay, all of it or nothing."},
+    {NULL, NULL, 0, NULL},
+};
+
+int nhf_simulator_init(PyObject *module) {
+    if (PyModule_AddFunctions(module, methods) < 0 || PyType_Ready(&keeper_ref_type) < 0 ||
+        PyModule_AddObjectRef(module, "KeeperRef", (PyObject *)&keeper_ref_type) < 0 ||
+        PyType_Ready(&sim_stream_type) < 0 ||
+        PyModule_AddObjectRef(module, "SimStreamBase", (PyObject *)&sim_stream_type) < 0)
+        return -1;
+    if (nhf_add_address(module, "SIM_ENQUEUE", (void *)(uintptr_t)nhf_sim_enqueue) < 0 ||
+        nhf_add_address(module, "SIM_ENQUEUE_DEVICE",
+                        (void *)(uintptr_t)nhf_sim_enqueue_device) < 0 ||
+        nhf_add_address(module, "SIM_DELAY", (void *)(uintptr_t)nhf_sim_delay) < 0 ||
+        nhf_add_address(module, "SIM_KEEPER_RELEASE",
+                        (void *)(uintptr_t)nhf_sim_keeper_release) < 0)
+        return -1;
+    return 0;
+}

@@ -1,0 +1,77 @@
+/* The trampolines: what the driver calls, void (*)(void *record).
+ *
+ * They run on a thread of the driver's (or a pool's, or the simulator's), which
+ * holds no GIL.  A compiled host function never takes it; a Python callable
+ * takes it inside the interpreter guard and is skipped once the guard is
+ * closed (LIFETIME.md, invariants 4, 5, 6 and 13).
+ */
+#include "nhf.h"
+
+/* Any thread: a compiled host function, once: fn(arg), then complete the
+ * record.  No CPython call but Py_AddPendingCall (in the completion, once per
+ * batch) and, if the body left the GIL taken, giving it back. */
+void nhf_run_compiled(void *record_) {
+    nhf_record *record = record_;
+    record->fn(record->arg);
+    nhf_gil_give_back_leaked();
+    nhf_record_complete(record);
+}
+
+/* GIL held: call callable(); an exception goes to sys.unraisablehook with the
+ * callable as the object, except KeyboardInterrupt (Ctrl-C, whose handler ran
+ * inside the call on the main thread): it is not swallowed but delivered again,
+ * as a new SIGINT that the main thread handles at its next check. */
+PyObject *nhf_call_reporting(PyObject *callable) {
+    PyObject *result = PyObject_CallNoArgs(callable);
+    if (result == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
+            PyErr_Clear();
+            PyErr_SetInterrupt();
+        } else {
+            PyErr_WriteUnraisable(callable);
+        }
+    }
+    return result;
+}
+
+/* GIL held: the record's callable, called; its exception reported with the
+ * callable as the object (a blocking Python callable reports every exception,
+ * KeyboardInterrupt included, as the stream cannot stop). */
+static PyObject *call_python(nhf_record *record) {
+    PyObject *callable = record->arg;
+    PyObject *result = PyObject_CallNoArgs(callable);
+    if (result == NULL)
+        PyErr_WriteUnraisable(callable);
+    return result;
+}
+
+/* Any thread: a Python callable, once: its result stays in the record until
+ * the drain releases it on the main thread. */
+void nhf_run_python(void *record_) {
+    nhf_record *record = record_;
+    if (nhf_guard_enter()) {
+        PyGILState_STATE state = nhf_gil_take();
+        record->result = call_python(record);
+        nhf_gil_give(state);
+        nhf_guard_leave();
+    }
+    nhf_record_complete(record);
+}
+
+/* Any thread: a Python callable in a graph, at every replay: the record stays
+ * with the graph, and the result is released by the next drain. */
+void nhf_replay_python(void *record_) {
+    nhf_record *record = record_;
+    if (!nhf_guard_enter())
+        return;
+    PyGILState_STATE state = nhf_gil_take();
+    PyObject *result = call_python(record);
+    if (result != NULL)
+        nhf_defer_release(result);
+    nhf_gil_give(state);
+    nhf_guard_leave();
+}
+
+/* Any thread: the destructor of the user object that keeps a graph's record:
+ * the graph and all its executable instances are gone (invariant 8). */
+void nhf_user_object_release(void *record) { nhf_record_complete(record); }
