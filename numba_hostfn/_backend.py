@@ -232,7 +232,8 @@ class CudaBackend(Backend):
             proc["cuStreamWaitValue32"],
             proc["cuStreamBatchMemOp"],
         )
-        _core.set_cuda(proc["cuStreamIsCapturing"], proc["cuLaunchHostFunc"], *self._memops)
+        self._enqueue_entry_points = (proc["cuStreamIsCapturing"], proc["cuLaunchHostFunc"])
+        self.set_memops(*self._memops)
         self.enqueue_fn = _core.CUDA_ENQUEUE
         self.device_enqueue_fn = _core.CUDA_ENQUEUE
         # The capture path calls these through ctypes on the raw driver
@@ -285,6 +286,10 @@ class CudaBackend(Backend):
             if proc["cuStreamBeginCaptureToGraph"]
             else None
         )
+
+    def set_memops(self, write_value32: int, wait_value32: int, batch_mem_op: int) -> None:
+        """The stream memory operations the executor's enqueue calls (tests stand in)."""
+        _core.set_cuda(*self._enqueue_entry_points, write_value32, wait_value32, batch_mem_op or 0)
 
     def _proc(self, name: str) -> int:
         d = self._driver

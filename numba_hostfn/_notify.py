@@ -176,15 +176,20 @@ def _pending_call() -> None:
     """Run what is due on this thread, between two of its bytecodes (GIL held).
 
     The main thread (from 3.12 any thread) runs it soon after a signal, even
-    while busy in Python.  Non-blocking callbacks: unless another thread runs
-    their batch (never wait for it here).  async_done: the waits of the loop
-    running on this thread, resolved now rather than at the loop's next poll
-    of its descriptor.  From 3.12 a Python callable's pending call may also run
-    on the driver's thread: nothing there (the descriptor was written).
+    while busy in Python.  Non-blocking callbacks: on the main thread only, and
+    unless another thread runs their batch (never wait for it here); on another
+    thread the pending call may have interrupted anything, numba_hostfn's own
+    futures thread inside a done-callback included, whose locks a callback could
+    then wait for, on its own thread, for ever; the helper thread, woken by the
+    descriptor, runs them instead.  async_done: the waits of the loop running on
+    this thread, resolved now rather than at the loop's next poll of its
+    descriptor (resolving runs no user code).  From 3.12 a Python callable's
+    pending call may also run on the driver's thread: nothing there (the
+    descriptor was written).
     """
     if on_foreign_thread():
         return
-    if _callbacks is not None:
+    if _callbacks is not None and threading.current_thread() is threading.main_thread():
         _callbacks.run(block=False)
     loop = running_loop()
     ref = None if loop is None else _loops.get(loop)

@@ -549,7 +549,7 @@ class _MemOps:
     def install(self, batch=0, write=0, wait=0, no_batch=False):
         """Each argument: 0 forwards (and logs) the call, else the CUresult to refuse with."""
         write_real, wait_real, batch_real = self.real
-        self.backend.native.set_cuda_memops(
+        self.backend.set_memops(
             self._stand_in(self._SINGLE, write_real, "write", write),
             self._stand_in(self._SINGLE, wait_real, "wait", wait),
             None if no_batch else self._stand_in(self._BATCH, batch_real, "batch", batch),
@@ -559,7 +559,7 @@ class _MemOps:
         return self
 
     def __exit__(self, *exc):
-        self.backend.native.set_cuda_memops(*self.real)
+        self.backend.set_memops(*self.real)
 
 
 @pytest.mark.gpu
