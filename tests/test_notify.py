@@ -84,26 +84,26 @@ def test_nonblocking_callbacks_run_in_stream_order_off_the_driver_thread(stream,
 
 
 def test_the_stream_does_not_wait_for_a_nonblocking_callback(stream):
-    """A callback still running does not hold the stream: work after it goes on.  The
-    stream is let go while the main thread is in sync(), blocked in C, so that the
-    helper thread runs the callback (a callback that blocks must not run on a thread
-    it waits for: from 3.12 a pending call may run it on the main thread)."""
-    started, finish = threading.Event(), threading.Event()
+    """A callback still running does not hold the stream: the host function after it
+    runs meanwhile.  The callback itself waits, at most 5 s, until it sees that one
+    done, which it never would if the stream waited for it (blocking=True: the test
+    then fails after 5 s).  The callback may run on the main thread (a pending call)
+    or the helper thread: either way it waits with the GIL released."""
     counter = np.zeros(1, np.int64)
+    saw, returned = [], threading.Event()
 
     def slow():
-        started.set()
-        finish.wait(30)
+        saw.append(bool(_wait_for(lambda: counter[0] == 1, 5.0)))
+        returned.set()
 
-    hold = Hold(stream)
-    nh.host_launch(stream, slow, blocking=False)
-    nh.host_launch(stream, increment, user_data=nh.by_ref(counter))
-    threading.Timer(0.2, hold.release).start()
-    stream.sync()  # returns while slow() waits on the helper thread
-    assert started.wait(30)
-    assert counter[0] == 1 and not finish.is_set()
-    finish.set()
+    with Hold(stream):  # both enqueued before the signal runs
+        nh.host_launch(stream, slow, blocking=False)
+        nh.host_launch(stream, increment, user_data=nh.by_ref(counter))
+    stream.sync()
+    assert returned.wait(30)
     nh.drain()
+    assert saw == [True], "the stream waited for the non-blocking callback"
+    assert counter[0] == 1
 
 
 def test_nonblocking_callbacks_run_on_the_main_thread_while_it_runs_python(stream):
