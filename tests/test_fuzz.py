@@ -531,57 +531,222 @@ def _names(pattern: str, message: str) -> bool:
 # ---- valid and invalid together: either it does what it says, or it is refused ----
 
 
+@dataclass
+class _CopyCase:
+    """A drawn host_copy: dst, src, and what must happen, worked out as they were drawn.
+
+    ``refusal`` is None when the copy must be made, else the exception type and the
+    exact start of its message (the rule it breaks, with its numbers). ``around``
+    is the array dst is a part of, ``where`` the index of dst in it: a copy must
+    leave the rest of it as it was.
+    """
+
+    dst: object
+    src: object
+    refusal: tuple[type[Exception], str] | None = None
+    around: np.ndarray | None = None
+    where: object = None
+
+
+def _layout_refusal(role: str, view: np.ndarray) -> tuple[type[Exception], str]:
+    return ValueError, (
+        f"host_copy() {role} has a layout it cannot copy (shape {view.shape}, "
+        f"strides {view.strides})"
+    )
+
+
+def _sizes_refusal(dst_bytes: int, src_bytes: int) -> tuple[type[Exception], str]:
+    return ValueError, f"host_copy() sizes differ: dst holds {dst_bytes} bytes, src {src_bytes}"
+
+
+_READ_ONLY = (ValueError, "host_copy() dst is read-only; pass a writable buffer")
+_OVERLAP = (ValueError, "host_copy() dst and src overlap; copy through a temporary")
+
+_COPY_CHOICES = [
+    "contiguous",
+    "bytes",
+    "rows",
+    "into rows",
+    "adjacent",
+    "sizes differ",
+    "dtypes differ",
+    "read-only",
+    "overlap",
+    "layout",
+    "row shapes differ",
+    "not a buffer",
+]
+
+
 @st.composite
-def _copy_pair(draw):
-    """dst, src: numpy arrays, bytearrays or views, of drawn dtypes, sizes, strides."""
-    base = np.zeros(256, np.uint8)
-    choice = draw(st.sampled_from(["fresh", "fresh", "overlap", "strided", "readonly", "bytes"]))
-    dtype = draw(st.sampled_from(DTYPES))
+def _copy_case(draw):
+    """One host_copy case of each kind: copies (contiguous, bytes-like, rows evenly
+    spaced on either side, adjacent parts of one array) and refusals, one rule
+    broken at a time."""
+    choice = draw(st.sampled_from(_COPY_CHOICES))
+    dtype = np.dtype(draw(st.sampled_from(DTYPES)))
     n = draw(st.integers(0, 16))
-    src = np.arange(n, dtype=np.int64).astype(dtype)
-    if choice == "fresh":
-        dst = np.zeros(draw(st.sampled_from([n, n, n + 1])), draw(st.sampled_from([dtype, dtype])))
-    elif choice == "overlap":
-        a, b, m = _overlap(draw)
-        return base[a : a + m], base[b : b + m]
-    elif choice == "strided":
-        rows = draw(st.integers(1, 4))
-        wide = np.zeros((rows, 16), dtype)
-        dst = wide[:, : draw(st.integers(1, 8))]
-        src = np.arange(dst.size, dtype=np.int64).astype(dtype).reshape(dst.shape)
-        if draw(st.booleans()):
-            src = np.ascontiguousarray(src)
-        else:
-            src = np.zeros((rows, 32), dtype)[:, : dst.shape[1]]
-            src[...] = np.arange(dst.size).reshape(dst.shape)
-    elif choice == "readonly":
-        dst = np.zeros(n, dtype)
-        dst.flags.writeable = False
-    else:
+    src = np.arange(1, n + 1, dtype=np.int64).astype(dtype)  # no zero: a copy shows
+    if choice == "contiguous":
+        return _CopyCase(np.zeros(n, dtype), src)
+    if choice == "bytes":
         dst = bytearray(src.nbytes)
-        src = bytes(src.tobytes())
-    return dst, src
+        how = draw(st.sampled_from(["bytes", "bytearray", "memoryview", "array"]))
+        data = src.tobytes()
+        other = {"bytes": data, "bytearray": bytearray(data), "memoryview": memoryview(data)}
+        return _CopyCase(dst, other.get(how, src))
+    if choice in ("rows", "into rows", "row shapes differ"):
+        rows, cols = draw(st.integers(2, 4)), draw(st.integers(1, 8))
+        wide = np.zeros((rows, 16), dtype)
+        dst = wide[:, :cols]  # rows of cols elements, 16 elements apart
+        values = np.arange(1, rows * cols + 1).astype(dtype).reshape(rows, cols)
+        if choice == "rows":  # from contiguous memory, or from other evenly spaced rows
+            if draw(st.booleans()):
+                src = values
+            else:
+                src = np.zeros((rows, 32), dtype)[:, :cols]
+                src[...] = values
+            return _CopyCase(dst, src, around=wide, where=(slice(None), slice(None, cols)))
+        if choice == "into rows":  # rows into contiguous memory
+            out = np.zeros(rows * 16, dtype)
+            src = np.zeros((rows, 16), dtype)[:, :cols]
+            src[...] = values
+            return _CopyCase(out[: rows * cols], src, around=out, where=slice(None, rows * cols))
+        # As many bytes, in other rows: r rows of c' elements, c' = rows * cols / r.
+        other_rows = draw(st.sampled_from([r for r in (2, 3, 4, 6, 8) if r != rows]))
+        total = rows * cols * other_rows  # scale both so that it divides
+        width = total + 1  # wider than any row: neither is contiguous
+        dst = np.zeros((rows, width), dtype)[:, : total // rows]
+        src = np.zeros((other_rows, width), dtype)[:, : total // other_rows]
+        item = dtype.itemsize
+        return _CopyCase(
+            dst,
+            src,
+            (
+                ValueError,
+                f"host_copy() row shapes differ: dst is {rows} rows of "
+                f"{total // rows * item} bytes, src {other_rows} rows of "
+                f"{total // other_rows * item}",
+            ),
+        )
+    if choice == "adjacent":  # two parts of one array that touch and do not overlap
+        base = np.zeros(2 * max(n, 1), dtype)
+        m = max(n, 1)
+        first = draw(st.booleans())
+        dst, where = (base[:m], slice(None, m)) if first else (base[m:], slice(m, None))
+        other = base[m:] if first else base[:m]
+        other[...] = np.arange(1, m + 1).astype(dtype)
+        return _CopyCase(dst, other, around=base, where=where)
+    if choice == "sizes differ":
+        extra = draw(st.sampled_from([-1, 1, 2, 3])) if n else draw(st.integers(1, 3))
+        if draw(st.booleans()):
+            dst = np.zeros(n + extra, dtype)  # one dtype: only the sizes differ
+        else:
+            dst = bytearray(max(src.nbytes + extra, 0))  # not both arrays: no dtype rule
+        return _CopyCase(dst, src, _sizes_refusal(memoryview(dst).nbytes, src.nbytes))
+    if choice == "dtypes differ":  # whatever the sizes: the dtype rule comes first
+        other = np.dtype(draw(st.sampled_from([d for d in DTYPES if np.dtype(d) != dtype])))
+        dst = np.zeros(draw(st.integers(0, 16)), other)
+        if draw(st.booleans()):
+            dst.flags.writeable = False  # and before the read-only rule
+        return _CopyCase(
+            dst, src, (ValueError, f"host_copy() dst has dtype {other} and src {dtype}:")
+        )
+    if choice == "read-only":  # even for zero bytes: checked before the sizes
+        if draw(st.booleans()):
+            dst = np.zeros(n, dtype)
+            dst.flags.writeable = False
+            return _CopyCase(dst, src, _READ_ONLY)
+        return _CopyCase(bytes(src.nbytes), bytearray(src.tobytes()), _READ_ONLY)
+    if choice == "overlap":
+        base = np.zeros(128, np.uint8)
+        a, b, m = _overlap(draw)
+        return _CopyCase(base[a : a + m], base[b : b + m], _OVERLAP)
+    if choice == "layout":
+        k = draw(st.integers(2, 6))
+        views = {
+            "every other element": lambda: np.zeros(2 * k, dtype)[::2],
+            "reversed": lambda: np.zeros(k, dtype)[::-1],
+            "rows not contiguous": lambda: np.zeros((draw(st.integers(1, 3)), 2 * k), dtype)[
+                :, ::2
+            ],
+            "rows reversed": lambda: np.zeros((k, 3), dtype)[::-1],
+            "rows overlapping": lambda: np.lib.stride_tricks.as_strided(
+                np.zeros(2 * k, dtype), shape=(k, k), strides=(dtype.itemsize, dtype.itemsize)
+            ),
+        }
+        view = views[draw(st.sampled_from(sorted(views)))]()
+        plain = np.zeros(view.shape, dtype)  # the same dtype and size: only the layout
+        role = draw(st.sampled_from(["dst", "src"]))
+        dst, src = (view, plain) if role == "dst" else (plain, view)
+        return _CopyCase(dst, src, _layout_refusal(role, view))
+    assert choice == "not a buffer"
+    thing = draw(st.sampled_from([[0] * 8, 8, object(), "text"]))
+    role = draw(st.sampled_from(["dst", "src"]))
+    dst, src = (thing, src) if role == "dst" else (np.zeros(n, dtype), thing)
+    return _CopyCase(
+        dst, src, (TypeError, f"host_copy() {role} must be host memory with the buffer protocol")
+    )
 
 
-@settings(FUZZ, max_examples=10 * FUZZ.max_examples)
-@given(pair=_copy_pair(), on_executor=st.booleans())
-def test_host_copy_copies_or_refuses(stream, pair, on_executor):
-    dst, src = pair
-    expected = bytes(np.ascontiguousarray(np.asarray(memoryview(src))).tobytes())
-    before = nh.pending()
+def _is_buffer(obj) -> bool:
+    try:
+        memoryview(obj)
+    except TypeError:
+        return False
+    return True
+
+
+def _contents(buffer) -> bytes:
+    return bytes(np.ascontiguousarray(np.asarray(memoryview(buffer))).tobytes())
+
+
+@settings(FUZZ, max_examples=20 * FUZZ.max_examples)
+@given(case=_copy_case(), on_executor=st.booleans())
+def test_host_copy_copies_or_refuses(stream, case, on_executor):
+    """Each drawn case does exactly what the rules say: the copy is made (every byte
+    of src in dst, nothing around dst touched, nothing enqueued for zero bytes), or
+    it is refused with the one exception and reason that the case breaks, with
+    nothing enqueued and nothing written."""
+    from _device import Hold
+
+    dst, src = case.dst, case.src
+    dst_before = _contents(dst) if _is_buffer(dst) else None
+    src_before = _contents(src) if _is_buffer(src) else None
+    around_before = None if case.around is None else case.around.copy()
     executor = nh.HostExecutor(threads=2) if on_executor else None
     try:
-        try:
-            nh.host_copy(stream, dst, src, executor=executor)
-        except (TypeError, ValueError) as caught:
-            assert _names("dst|src|sizes|overlap", str(caught)), str(caught)
-            stream.sync()
-            nh.drain()
-            assert nh.pending() == before
-            return
         stream.sync()
-        got = bytes(np.ascontiguousarray(np.asarray(memoryview(dst))).tobytes())
-        assert got == expected
+        nh.drain()
+        error = None
+        with Hold(stream):  # nothing enqueued here can run (or be released) yet
+            before = nh.pending()
+            try:
+                nh.host_copy(stream, dst, src, executor=executor)
+            except (TypeError, ValueError) as caught:
+                error = caught
+            held = nh.pending() - before
+        stream.sync()
+        nh.drain()
+        if case.refusal is not None:
+            kind, reason = case.refusal
+            assert error is not None, f"accepted; must raise {kind.__name__}: {reason}"
+            assert type(error) is kind and str(error).startswith(reason), (
+                f"{type(error).__name__}: {error}; must be {kind.__name__}: {reason}"
+            )
+            assert held == 0, "a refused copy enqueued something"
+            if dst_before is not None:
+                assert _contents(dst) == dst_before, "a refused copy wrote dst"
+            return
+        assert error is None, f"refused a valid copy: {type(error).__name__}: {error}"
+        nbytes = memoryview(src).nbytes
+        assert (held > 0) == (nbytes > 0), (held, nbytes)  # zero bytes: nothing enqueued
+        assert _contents(dst) == src_before
+        assert _contents(src) == src_before
+        if case.around is not None:
+            expected = around_before.copy()
+            expected[case.where] = np.asarray(src).reshape(expected[case.where].shape)
+            assert case.around.tobytes() == expected.tobytes(), "the copy wrote around dst"
     finally:
         if executor is not None:
             executor.close()
