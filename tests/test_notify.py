@@ -360,12 +360,14 @@ INTERRUPTED_BATCH_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
 
 
 def test_a_ctrl_c_in_the_middle_of_a_batch_loses_none_of_the_rest():
-    """A callback's Ctrl-C stops its batch (none of the callbacks after it has run when
-    the main thread gets the KeyboardInterrupt): the callbacks after it, whose keys the
-    batch had already taken from the channel, run at the next drain (they were
-    dropped, and kept in the table of waiting callbacks for ever), and the interrupt
-    is delivered exactly once."""
+    """A callback's Ctrl-C stops its batch: the callbacks after it, whose keys the
+    batch had already taken from the channel, still run (they were dropped, and kept in
+    the table of waiting callbacks for ever), at the next drain or from the pending
+    call that the main thread may run while the KeyboardInterrupt propagates, and the
+    interrupt is delivered exactly once."""
     out = run_child(INTERRUPTED_BATCH_SCRIPT)
+    ran_before = out.split()[11]
+    assert ran_before in ("[0]", "[5]"), out  # stopped, or the rest run by the pending call
     assert out.split() == [
         "ran",
         "[0,",
@@ -378,7 +380,7 @@ def test_a_ctrl_c_in_the_middle_of_a_batch_loses_none_of_the_rest():
         "ran",
         "before",
         "it",
-        "[0]",
+        ran_before,
         "waiting",
         "0",
         "pending",
