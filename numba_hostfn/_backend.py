@@ -495,10 +495,17 @@ class SimulatorBackend(Backend):
 
     def stream_handle(self, stream: Any, handle: int) -> int:
         if self.streams.get(handle) is None:
+            if _simulator_chosen_because:
+                why = (
+                    f"The simulator was chosen because {_simulator_chosen_because}: real "
+                    "CUDA streams need a machine with a usable CUDA driver and device"
+                )
+            else:
+                why = f"{SIMULATOR_ENV} is set: unset it to use real CUDA streams"
             raise TypeError(
-                f"the simulator backend ({SIMULATOR_ENV}=1) runs host functions only on "
-                f"numba_hostfn.simulator.Stream objects; got {stream!r}. Unset "
-                f"{SIMULATOR_ENV} to use real CUDA streams"
+                "the simulator backend runs host functions only on numba_hostfn.simulator."
+                "Stream objects (or objects whose __cuda_stream__ gives an open one's "
+                f"handle); got {stream!r}. {why}"
             )
         return handle
 
@@ -591,10 +598,19 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def use_simulator() -> None:
-    """Select the simulator for this process (before first use), as the env variable does."""
+#: Why this process chose the simulator itself ("" if it did not): error messages say it.
+_simulator_chosen_because = ""
+
+
+def use_simulator(because: str = "") -> None:
+    """Select the simulator for this process (before first use), as the env variable does.
+
+    ``because`` says why, when it is not the caller's request (no driver found).
+    """
+    global _simulator_chosen_because
     if _backend is not None and _backend.name != "simulator":
         raise RuntimeError("numba_hostfn already uses the CUDA backend in this process")
+    _simulator_chosen_because = because
     os.environ[SIMULATOR_ENV] = "1"
 
 
@@ -609,5 +625,5 @@ def simulator_unless_driver() -> bool:
         return True
     if cuda_driver_usable():
         return False
-    use_simulator()
+    use_simulator(because="no usable CUDA driver was found")
     return True

@@ -1,7 +1,7 @@
 """``@host_callback``: compile ``fn(user_data)`` with numba into a GIL-free ``CUhostFn``.
 
 The body is compiled with :func:`numba.cfunc` to ``void(void*)`` in nopython
-mode with ``error_model='numpy'``.  Two things differ from a plain cfunc:
+mode, by default with ``error_model='numpy'``.  Two things differ from a plain cfunc:
 
 * numba reports an exception raised inside a cfunc as coming from
   ``'<numba.core.cpu.CPUContext ...>'``; a host function is compiled with a
@@ -314,11 +314,11 @@ def host_callback(
     """Compile ``func(user_data)`` into a :class:`HostFunction` that runs without the GIL.
 
     Use as ``@host_callback`` or ``@host_callback(dtype=..., cache=True)``.  The
-    body is compiled by numba in nopython mode with ``error_model='numpy'``, so
-    division by zero gives inf/nan instead of raising.  The body stays GIL-free
-    unless it raises, prints, enters ``objmode``, or an allocation fails: each
-    of those takes the GIL (docs/threading.md).  A host function must not call
-    CUDA.
+    body is compiled by numba in nopython mode, by default with
+    ``error_model='numpy'``, so division by zero gives inf/nan instead of
+    raising.  The body stays GIL-free unless it raises, prints, enters
+    ``objmode``, or an allocation fails: each of those takes the GIL
+    (docs/threading.md).  A host function must not call CUDA.
 
     Parameters
     ----------

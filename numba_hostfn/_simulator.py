@@ -221,6 +221,7 @@ class Graph:
 
     @property
     def is_closed(self) -> bool:
+        """True once :meth:`close` has run."""
         return not self._keeper.held
 
     def launch(self, stream: Stream) -> None:
@@ -266,13 +267,16 @@ class GraphBuilder:
 
     @property
     def stream(self) -> Stream:
+        """The stream the builder captures."""
         return self._stream
 
     @property
     def is_building(self) -> bool:
+        """True between :meth:`begin_building` and :meth:`end_building`."""
         return self._stream.is_capturing and self._definition is None and not self._closed
 
     def __cuda_stream__(self) -> tuple[int, int]:
+        """The builder's stream's ``(0, handle)``: work enqueued on the builder is captured."""
         return self._stream.__cuda_stream__()
 
     def begin_building(self, mode: str = "relaxed") -> GraphBuilder:
@@ -283,6 +287,7 @@ class GraphBuilder:
         return self
 
     def end_building(self) -> GraphBuilder:
+        """Stop capturing: what was enqueued since :meth:`begin_building` is the graph."""
         if not self.is_building:
             raise RuntimeError("end_building() on a GraphBuilder that is not building")
         self._definition = self._stream._end_capture()

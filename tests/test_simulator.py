@@ -73,6 +73,51 @@ def test_foreign_stream_objects_are_refused(request):
     assert nh.pending() == 0
 
 
+_FOREIGN_STREAM = """
+import numpy as np
+import numba_hostfn as nh
+
+class Foreign:
+    def __cuda_stream__(self):
+        return (0, 0xDEAD0000)
+
+@nh.host_callback
+def body(p):
+    pass
+
+{choose}
+try:
+    nh.host_launch(Foreign(), body, user_data=np.zeros(1, np.int64))
+except TypeError as e:
+    print(e)
+"""
+
+
+@pytest.mark.parametrize(
+    "how, says, never",
+    [
+        ("NUMBA_HOSTFN_SIMULATOR=1", "NUMBA_HOSTFN_SIMULATOR is set: unset it", "driver"),
+        ("simulate_without_gpu(), no GPU", "chosen because no usable CUDA driver", "is set"),
+    ],
+)
+def test_a_refused_stream_is_told_why_the_simulator_is_in_use(how, says, never):
+    """The refusal of a foreign stream says why the simulator runs: the variable, or
+    simulate_without_gpu() finding no driver (then unsetting anything would not help)."""
+    env = child_env(CUDA_VISIBLE_DEVICES="")  # hides every GPU from the driver
+    env.pop("NUMBA_HOSTFN_SIMULATOR", None)
+    if how.startswith("NUMBA_HOSTFN_SIMULATOR"):
+        env["NUMBA_HOSTFN_SIMULATOR"] = "1"
+        script = _FOREIGN_STREAM.format(choose="")
+    else:
+        script = _FOREIGN_STREAM.format(choose="assert nh.simulate_without_gpu()")
+    run = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    assert "simulator.Stream" in run.stdout and says in run.stdout, run.stdout
+    assert never not in run.stdout, run.stdout
+
+
 def test_simulator_stream_refused_without_simulator_backend(request):
     if rerun_on_simulator(request):
         return
