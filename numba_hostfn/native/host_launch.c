@@ -110,7 +110,7 @@ static PyMethodDef compiled_methods[] = {
 };
 
 static PyGetSetDef compiled_getset[] = {
-    {"address", compiled_address, NULL, "The void (*)(void *) machine-code address.", NULL},
+    {"address", compiled_address, NULL, "The ``void (*)(void *)`` machine-code address.", NULL},
     {"dtype", compiled_dtype, NULL, "The declared user_data layout (a numpy dtype), or None.",
      NULL},
     {"reads_user_data", compiled_reads, NULL,
