@@ -1,11 +1,15 @@
-"""Build the sdist and wheel, check what they carry, and install and run the wheel in a fresh venv.
+"""Build the sdist and wheel, check what they carry, and install and run each in a fresh venv.
 
-Checks: the wheel has the license (``*.dist-info/licenses/LICENSE``), the native ``*.ll``
-files and ``LIFETIME.md``, and no package file that is missing from the source tree (a stale
-``build/lib`` copy); the sdist has ``LICENSE``; ``twine check --strict`` passes (metadata and
-the README as long description); in a fresh venv, ``pip install`` of the wheel (with its
-dependencies, from the registry), then ``import numba_hostfn`` (its ``__version__`` must equal
-the wheel's) and ``python -m numba_hostfn``, both with NUMBA_HOSTFN_SIMULATOR=1.
+Checks: the wheel is a platform wheel with the license (``*.dist-info/licenses/LICENSE``),
+the native core (``numba_hostfn/_core*.so``) and ``LIFETIME.md``, and no package file that
+is missing from the source tree (a stale ``build/lib`` copy); the sdist has ``LICENSE``, the
+C sources and header of the native core, and no tests (their helpers and conftest are not
+shipped, so it ships none); ``twine check --strict`` passes (metadata and the README as long
+description).  In a fresh venv, ``pip install`` of the wheel (with its dependencies, from
+the registry), then ``import numba_hostfn`` (its ``__version__`` must equal the wheel's) and
+``python -m numba_hostfn``; in another fresh venv, ``pip install`` of the sdist, which
+builds the native core from source (a C compiler and Python's headers alone), then the
+same two commands.  All with NUMBA_HOSTFN_SIMULATOR=1.
 
 Usage: python .ci/check_dist.py   (needs ``build`` and ``twine``: the ``test`` extra)
 """
@@ -81,20 +85,22 @@ def check_wheel(wheel: Path) -> str:
         fail(f"{wheel.name} METADATA: License-Expression {expression!r}, License-File {files}")
     ok(f"wheel METADATA: License-Expression: {expression}, License-File: LICENSE")
 
-    native = sorted(p.name for p in (ROOT / PACKAGE / "native").glob("*.ll"))
-    if not native:
-        fail(f"no {PACKAGE}/native/*.ll in the source tree")
-    missing = [f"{PACKAGE}/native/{n}" for n in native if f"{PACKAGE}/native/{n}" not in names]
-    missing += [n for n in [f"{PACKAGE}/LIFETIME.md"] if n not in names]
-    if missing:
-        fail(f"{wheel.name} lacks {missing}")
-    ok(f"wheel carries {PACKAGE}/native/*.ll ({len(native)} files) and {PACKAGE}/LIFETIME.md")
+    if wheel.name.endswith("-none-any.whl"):
+        fail(f"{wheel.name} is a pure-Python wheel: the native core was not built into it")
+    core = sorted(n for n in names if n.startswith(f"{PACKAGE}/_core.") and n.endswith(".so"))
+    if not core or f"{PACKAGE}/LIFETIME.md" not in names:
+        fail(f"{wheel.name} lacks the native core ({core}) or {PACKAGE}/LIFETIME.md")
+    ok(f"platform wheel carries {core[0]} and {PACKAGE}/LIFETIME.md")
 
     # A file removed from the source can survive in build/lib and be packed from there.
-    stale = sorted(n for n in names if n.startswith(f"{PACKAGE}/") and not (ROOT / n).is_file())
+    stale = sorted(
+        n
+        for n in names
+        if n.startswith(f"{PACKAGE}/") and n not in core and not (ROOT / n).is_file()
+    )
     if stale:
         fail(f"{wheel.name} has files that are not in the source tree (stale build/?): {stale}")
-    ok(f"every {PACKAGE}/ file in the wheel is in the source tree")
+    ok(f"every other {PACKAGE}/ file in the wheel is in the source tree")
     return metadata["Version"]
 
 
@@ -104,7 +110,30 @@ def check_sdist(sdist: Path) -> None:
     top = sdist.name.removesuffix(".tar.gz")
     if f"{top}/LICENSE" not in names:
         fail(f"{sdist.name} has no {top}/LICENSE")
-    ok(f"sdist carries {top}/LICENSE")
+    sources = sorted(p.name for p in (ROOT / PACKAGE / "native").glob("*.[ch]"))
+    missing = [n for n in sources if f"{top}/{PACKAGE}/native/{n}" not in names]
+    if not sources or missing:
+        fail(f"{sdist.name} lacks the native core's sources {missing or sources}")
+    tests = sorted(n for n in names if n.startswith(f"{top}/tests/"))
+    if tests:
+        fail(f"{sdist.name} ships tests without what they need to run: {tests[:5]}")
+    ok(f"sdist carries {top}/LICENSE and the native sources ({len(sources)} files), no tests")
+
+
+def check_installed(
+    python: Path, venv: Path, version: str, cwd: Path, env: dict[str, str], what: str
+) -> None:
+    """``import numba_hostfn`` from ``venv`` at ``version``, then the demo, on the simulator."""
+    code = f"import {PACKAGE}, sys; print({PACKAGE}.__version__); print({PACKAGE}.__file__)"
+    out = run([python, "-c", code], cwd=cwd, env=env).splitlines()
+    if len(out) < 2 or out[-2] != version:
+        fail(f"{PACKAGE}.__version__ printed {out[-2:]!r}, the {what} is version {version}")
+    if not Path(out[-1]).resolve().is_relative_to(venv.resolve()):
+        fail(f"imported {PACKAGE} from {out[-1]}, not from the fresh venv")
+    ok(f"import {PACKAGE} from the {what} (simulator): __version__ {out[-2]}")
+    out = run([python, "-m", PACKAGE], cwd=cwd, env=env)
+    print("\n".join(f"    | {line}" for line in out.rstrip().splitlines()[-8:]))
+    ok(f"python -m {PACKAGE} from the {what} (simulator) exited 0")
 
 
 def venv_python(venv: Path) -> Path:
@@ -130,28 +159,17 @@ def main() -> None:
         run([sys.executable, "-m", "twine", "check", "--strict", wheel, sdist], cwd=ROOT)
         ok("twine check --strict passed (metadata, README long description)")
 
-        venv = tmp / "venv"
-        run([sys.executable, "-m", "venv", venv], cwd=tmp)
-        python = venv_python(venv)
-        # Outside the repository (cwd=tmp, no PYTHONPATH): the import must find the wheel.
+        # Outside the repository (cwd=tmp, no PYTHONPATH): the import must find the install.
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
         env["NUMBA_HOSTFN_SIMULATOR"] = "1"
         env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
-        run([python, "-m", "pip", "install", "--quiet", wheel], cwd=tmp, env=env)
-        ok(f"installed {wheel.name} and its dependencies into a fresh venv")
-
-        code = f"import {PACKAGE}, sys; print({PACKAGE}.__version__); print({PACKAGE}.__file__)"
-        out = run([python, "-c", code], cwd=tmp, env=env).splitlines()
-        if len(out) < 2 or out[-2] != version:
-            fail(f"{PACKAGE}.__version__ printed {out[-2:]!r}, the wheel is version {version}")
-        if not Path(out[-1]).resolve().is_relative_to(venv.resolve()):
-            fail(f"imported {PACKAGE} from {out[-1]}, not from the fresh venv")
-        ok(f"import {PACKAGE} in the venv (simulator): __version__ {out[-2]} == wheel version")
-
-        out = run([python, "-m", PACKAGE], cwd=tmp, env=env)
-        print("\n".join(f"    | {line}" for line in out.rstrip().splitlines()[-8:]))
-        ok(f"python -m {PACKAGE} in the venv (simulator) exited 0")
-
+        for what, artifact in (("wheel", wheel), ("sdist, built from source", sdist)):
+            venv = tmp / f"venv-{artifact.suffix.strip('.')}"
+            run([sys.executable, "-m", "venv", venv], cwd=tmp)
+            python = venv_python(venv)
+            run([python, "-m", "pip", "install", "--quiet", artifact], cwd=tmp, env=env)
+            ok(f"installed the {what} ({artifact.name}) and its dependencies into a fresh venv")
+            check_installed(python, venv, version, tmp, env, what)
     print(f"check_dist: all checks passed in {time.monotonic() - started:.0f} s")
 
 

@@ -47,13 +47,14 @@ __all__ = [
     "classify_function",
     "drain",
     "enqueue",
-    "enqueue_signal",
     "host_launch",
     "host_launch_python",
     "launch_counts",
     "pending",
     "python_path",
     "refuse_coroutine_function",
+    "refuse_signal",
+    "signal_route",
 ]
 
 _CDECL = FUNCFLAG_CDECL
@@ -544,15 +545,13 @@ def host_launch_python(
     return enqueue(stream, fn, user_data, None, executor=executor)
 
 
-def enqueue_signal(target: Any, channel: int, key: int, executor: Any, refusal: str) -> None:
-    """Enqueue a signal of ``channel`` saying ``key`` on a stream (``native/notify.c``).
+def signal_route(target: Any, executor: Any, refusal: str) -> tuple[int, int, int, Any]:
+    """Where a signal of ``target`` goes: ``(enqueue_fn, target, trampoline, owner)``
+    for the native dispatcher's launch (``native/notify.c``).
 
-    A signal says "the stream got here" once, so it is only for streams:
-    a graph target or a capturing stream raises ``RuntimeError(refusal)``,
-    having enqueued nothing.  The signal is made, and freed if refused, by the
-    native enqueue: an exception that reaches the caller after the enqueue (a
-    Ctrl-C, or one raised by a pending call at a bytecode boundary) leaves it
-    with the stream.
+    A signal says "the stream got here" once, so it is only for streams: a graph
+    target raises ``RuntimeError(refusal)``, having enqueued nothing (a capturing
+    stream is refused by the enqueue: :func:`refuse_signal`).
     """
     if _target_kind(target) != "stream":
         raise RuntimeError(refusal)
@@ -562,15 +561,19 @@ def enqueue_signal(target: Any, channel: int, key: int, executor: Any, refusal: 
     handle = _stream_handle(target)
     if backend.checks_streams:
         handle = backend.stream_handle(target, handle)
-    run, signal = _core.RUN_COMPILED, _core.enqueue_signal
-    if executor is not None:
-        enqueued = _executor_enqueue(
-            backend, executor, handle, run, channel, key, executor, False, builtin=signal
-        )
-    else:
-        enqueued = backend.enqueue(handle, run, channel, key, None, builtin=signal)
-    if not enqueued:
+    if executor is None:
+        return backend.enqueue_fn, handle, _core.RUN_COMPILED, None
+    # An executor's task owns the executor: it is collected only with nothing outstanding.
+    return backend.executor_enqueue_fn, executor._lane(handle), _core.RUN_COMPILED, executor
+
+
+def refuse_signal(status: int, executor: Any, refusal: str) -> None:
+    """Raise for a signal's refused enqueue: ``RuntimeError(refusal)`` if the stream is
+    capturing, else what a refused launch raises."""
+    if status == _core.CAPTURING:
         raise RuntimeError(refusal)
+    call = "cuLaunchHostFunc" if executor is None else "cuStreamWriteValue32"
+    get_backend().refused(status, call)
 
 
 def enqueue(

@@ -24,10 +24,8 @@ been drained.
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import functools
-import itertools
 import os
 import threading
 import weakref
@@ -43,15 +41,17 @@ from ._compat import (
     running_loop,
 )
 from ._decorator import HostFunction
-from ._launch import enqueue, enqueue_signal, refuse_coroutine_function
+from ._launch import enqueue, refuse_coroutine_function, refuse_signal, signal_route
 
 __all__ = ["add_callback", "async_done", "done_future", "launch_nonblocking", "run_callbacks"]
 
 
 class _Channel:
-    """A native channel over a new eventfd; its reference is dropped when this dies."""
+    """A native channel over a new eventfd, and its dispatcher (``native/notify.c``):
+    the entries its signals act on, registered with their signal's enqueue and acted
+    on in batches, natively.  Its reference is dropped when this dies."""
 
-    def __init__(self, *, wake_main: bool, nonblocking: bool) -> None:
+    def __init__(self, *, wake_main: bool, nonblocking: bool, resolve: bool = False) -> None:
         get_backend()  # in a forked child: RuntimeError, naming spawn
         flags = os.EFD_CLOEXEC | (os.EFD_NONBLOCK if nonblocking else 0)
         self.fd = os.eventfd(0, flags)
@@ -62,83 +62,50 @@ class _Channel:
             raise
         # From here the native channel owns the descriptor: it is closed by the
         # last release, after the last signal has written it (invariant 17).
-        self._keys = itertools.count(1)
         # Not at exit: a reader on a daemon thread may still be taking from it
         # (invariant 6: leak rather than dangle).
         weakref.finalize(self, _core.channel_release, self.address).atexit = False
+        invalid = asyncio.InvalidStateError if resolve else None
+        self.dispatcher = _core.Dispatcher(self.address, resolve, invalid)  # its own reference
 
-    def new_key(self) -> int:
-        return next(self._keys)
-
-    def launch(self, key: int, target: Any, executor: Any, refusal: str) -> None:
-        """Enqueue a signal saying ``key`` on ``target`` (made, and freed if refused,
-        natively: nothing here to undo if an exception comes after the enqueue)."""
-        enqueue_signal(target, self.address, key, executor, refusal)
-
-    def take(self) -> list[int]:
-        """The keys of the signals that have run since the last take, oldest first."""
-        return _core.channel_take(self.address)
+    def launch(self, target: Any, executor: Any, refusal: str, entry: Any) -> None:
+        """Register ``entry`` and enqueue its signal on ``target``, as one native step:
+        an exception after it (a Ctrl-C) leaves the launch enqueued, and its entry
+        acted on when the signal comes; a refused launch keeps nothing."""
+        route = signal_route(target, executor, refusal)
+        status = self.dispatcher.launch(*route, entry)
+        if status:
+            refuse_signal(status, executor, refusal)
 
 
 # ---- non-blocking callbacks and done_future: one channel for the process ----
 
 
 class _Callbacks:
-    """The process's non-blocking callbacks: run by the main thread or a helper thread."""
+    """The process's non-blocking callbacks: run by the main thread or a helper thread.
+
+    Their batches run natively (``_core.Dispatcher``), one at a time, oldest first:
+    a callable is owned by the table of waiting callbacks from its launch until it
+    has been called, with no Python-level step between (LIFETIME.md, 17 and 21).
+    """
 
     def __init__(self, *, wake_main: bool = True, name: str = "numba_hostfn-callbacks") -> None:
         self._channel = _Channel(wake_main=wake_main, nonblocking=False)
-        self._waiting: dict[int, Any] = {}  # key -> callable, until it has run
-        # Keys taken from the channel and not yet run: an exception in the middle of
-        # a batch (a callback's Ctrl-C) leaves the rest here for the next run.
-        self._due: collections.deque[int] = collections.deque()
-        self._lock = threading.Lock()  # one batch at a time: stream order
-        self._runner: int | None = None
-        self._call = _core.call_reporting
+        self._batch = self._channel.dispatcher
         if wake_main:
             _route_pending_calls()
         self._helper = threading.Thread(target=self._serve, name=name, daemon=True)
         self._helper.start()
 
     def launch(self, target: Any, fn: Any, executor: Any, refusal: str) -> None:
-        # Registered first: the signal may run, and a batch take it, at once.
-        key = self._channel.new_key()
-        self._waiting[key] = fn
-        try:
-            self._channel.launch(key, target, executor, refusal)
-        except BaseException:
-            # Refused, or interrupted (Ctrl-C, a pending call's exception) perhaps
-            # after the enqueue, even after fn ran: the launch raised, so fn is not
-            # to run; a signal that still comes finds nothing, and is skipped.
-            self._waiting.pop(key, None)
-            raise
+        self._channel.launch(target, executor, refusal, fn)
 
     def run(self, block: bool = True) -> int:
         """Run the callables whose signals have run, oldest first; return how many.
 
         Re-entrant calls (a callback that drains) return 0 at once.
         """
-        if self._runner == threading.get_ident():
-            return 0
-        if not self._lock.acquire(blocking=block):
-            return 0  # another thread is running the batch; it takes what is left
-        try:
-            self._runner = threading.get_ident()
-            ran = 0
-            due, waiting, call = self._due, self._waiting, self._call
-            while True:
-                if not due:
-                    due.extend(self._channel.take())
-                    if not due:
-                        return ran
-                fn = waiting.pop(due[0], None)  # None: its launch raised (see launch)
-                due.popleft()
-                if fn is not None:
-                    call(fn)
-                    ran += 1
-        finally:
-            self._runner = None
-            self._lock.release()
+        return self._batch.run(block)
 
     def _serve(self) -> None:
         fd = self._channel.fd
@@ -147,7 +114,11 @@ class _Callbacks:
             self.run()
 
     def outstanding(self) -> int:
-        return len(self._waiting)
+        return self._batch.outstanding()
+
+    def running_here(self) -> bool:
+        """Whether this thread is inside this batch (a callback that drains)."""
+        return self._batch.running_here()
 
 
 # ---- the pending call that signals of channels made with wake_main ask for ----
@@ -233,8 +204,7 @@ def run_callbacks() -> int:
     draining too, and waiting for this one.
     """
     runners = [c for c in (_callbacks, _futures) if c is not None]
-    me = threading.get_ident()
-    inside = any(c._runner == me for c in runners)
+    inside = any(c.running_here() for c in runners)
     return sum(c.run(block=not inside) for c in runners)
 
 
@@ -296,7 +266,14 @@ def _resolve(future: concurrent.futures.Future, stream: Any) -> None:
 
 
 class _LoopWaits:
-    """The waits of one event loop: a channel whose descriptor the loop reads."""
+    """The waits of one event loop: a channel whose descriptor the loop reads.
+
+    Its dispatcher resolves them natively: registered with their signal's enqueue,
+    taken and resolved with no Python-level step between, one resolve at a time (a
+    nested one, the pending call between two bytecodes of the loop's reader,
+    returns at once), so an exception raised in between (a signal handler's) loses
+    no wait and leaves none stuck (LIFETIME.md, invariants 19 and 21).
+    """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         # Also a pending call, where one can run on the loop's thread: it
@@ -306,10 +283,7 @@ class _LoopWaits:
         wake = wake or any_thread_pending_call() is not None
         if wake:
             _route_pending_calls()
-        self.channel = _Channel(wake_main=wake, nonblocking=True)
-        self.futures: dict[int, tuple[asyncio.Future, Any]] = {}
-        self._due: collections.deque[int] = collections.deque()  # taken, not yet resolved
-        self._resolving = False
+        self.channel = _Channel(wake_main=wake, nonblocking=True, resolve=True)
         loop.add_reader(self.channel.fd, self._ready)
 
     def _ready(self) -> None:
@@ -320,37 +294,11 @@ class _LoopWaits:
         self.resolve()
 
     def resolve(self) -> None:
-        """Resolve the futures whose signals have run, oldest first (loop's thread).
+        """Resolve the futures whose signals have run, oldest first (loop's thread)."""
+        self.channel.dispatcher.run(False)
 
-        The pending call may run between two bytecodes of this very method (or
-        of _ready): it returns at once, and the keys it would have taken are
-        taken here (or, pushed after the last take, written to the descriptor).
-        A key leaves ``_due`` only once its future is resolved, so an exception
-        raised in between (a signal handler's) loses no wait: the next call
-        goes on from there.
-        """
-        if self._resolving:
-            return
-        self._resolving = True
-        try:
-            due, futures = self._due, self.futures
-            while True:
-                if not due:
-                    due.extend(self.channel.take())
-                    if not due:
-                        return
-                entry = futures.get(due[0])
-                if entry is not None:  # else resolved, and interrupted before popleft
-                    future, stream = entry
-                    if not future.done():  # cancelled: interest dropped
-                        try:
-                            future.set_result(stream)
-                        except asyncio.InvalidStateError:  # cancelled just now
-                            pass
-                    del futures[due[0]]
-                due.popleft()
-        finally:
-            self._resolving = False
+    def outstanding(self) -> int:
+        return self.channel.dispatcher.outstanding()
 
 
 # loop -> a weak reference to its waits.  The loop alone keeps its waits alive,
@@ -415,13 +363,7 @@ def async_done(stream: Any, *, executor: Any = None) -> asyncio.Future:
         waits = _LoopWaits(loop)
         _loops[loop] = weakref.ref(waits)
     future = loop.create_future()
-    key = waits.channel.new_key()
-    waits.futures[key] = (future, stream)
-    try:
-        waits.channel.launch(key, stream, executor, _IN_GRAPH.format(what="async_done()"))
-    except BaseException:
-        waits.futures.pop(key, None)  # perhaps after the enqueue: see _Callbacks.launch
-        raise
+    waits.channel.launch(stream, executor, _IN_GRAPH.format(what="async_done()"), (future, stream))
     return future
 
 

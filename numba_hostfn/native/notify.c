@@ -75,14 +75,21 @@ static _Atomic(add_pending_fn) any_thread_pending;
 static void *main_interpreter;
 
 /* The pending call: the thread that runs it (the main thread, or from 3.12 any
- * thread) calls the notify callable, GIL held.  Its errors are reported, never
- * raised into whatever that thread was running. */
+ * thread) calls the notify callable, GIL held.  The callable reports what the
+ * callbacks raise itself; an exception that still comes out of it is a signal
+ * handler's (a SIGALRM timeout, a Ctrl-C) that ran inside it: returned as the
+ * pending call's failure, CPython raises it in whatever that thread was running,
+ * as it raises a signal handler's own (issue 27: it went to sys.unraisablehook). */
 static int pending_notify(void *unused) {
     (void)unused;
     atomic_store(&notify_scheduled, 0);
     PyObject *callable = atomic_load(&notify_callable);
-    if (nhf_guard_open() && callable != NULL)
-        Py_XDECREF(nhf_call_reporting(callable));
+    if (!nhf_guard_open() || callable == NULL)
+        return 0;
+    PyObject *result = PyObject_CallNoArgs(callable);
+    if (result == NULL)
+        return -1;
+    Py_DECREF(result);
     return 0;
 }
 
@@ -168,6 +175,21 @@ static PyObject *py_channel_release(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+/* Under the channel's take lock: the signals run since the last take, oldest
+ * first, in ch->taken (the newest-first stack reversed). */
+static void take_locked(channel *ch) {
+    if (ch->taken != NULL)
+        return;
+    signal_node *node = atomic_exchange(&ch->pushed, NULL), *oldest = NULL;
+    while (node != NULL) { /* newest first -> oldest first */
+        signal_node *following = node->next;
+        node->next = oldest;
+        oldest = node;
+        node = following;
+    }
+    ch->taken = oldest;
+}
+
 /* channel_take(channel) -> list: the keys of the signals that have run since
  * the last take, oldest first; their nodes are freed. */
 static PyObject *py_channel_take(PyObject *self, PyObject *arg) {
@@ -179,16 +201,7 @@ static PyObject *py_channel_take(PyObject *self, PyObject *arg) {
     if (keys == NULL)
         return NULL;
     pthread_mutex_lock(&ch->take_lock);
-    if (ch->taken == NULL) {
-        signal_node *node = atomic_exchange(&ch->pushed, NULL), *oldest = NULL;
-        while (node != NULL) { /* newest first -> oldest first */
-            signal_node *following = node->next;
-            node->next = oldest;
-            oldest = node;
-            node = following;
-        }
-        ch->taken = oldest;
-    }
+    take_locked(ch);
     while (ch->taken != NULL) {
         PyObject *key = PyLong_FromUnsignedLongLong(ch->taken->key);
         if (key == NULL || PyList_Append(keys, key) < 0) {
@@ -205,12 +218,28 @@ static PyObject *py_channel_take(PyObject *self, PyObject *arg) {
     return keys;
 }
 
-/* enqueue_signal(enqueue_fn, target, trampoline, channel, key, owner) -> status:
- * the enqueue builtin (enqueue.c) with a signal of (channel, key) in place of
- * fn(arg).  The signal is made here and, if the enqueue refused it, freed here:
- * it never reaches Python, so no exception raised in Python around this call (a
- * Ctrl-C, or one a pending call raises, after the enqueue) can free a signal
- * that the stream, and then the channel's reader, owns. */
+/* GIL held: enqueue a signal of (channel, key) on target: the enqueue (enqueue.c)
+ * with a signal in place of fn(arg).  The signal is made here and, if the
+ * enqueue refused it, freed here: it never reaches Python, so no exception raised
+ * in Python around this call (a Ctrl-C, or one a pending call raises, after the
+ * enqueue) can free a signal that the stream, and then the channel's reader,
+ * owns.  Returns the status word; NHF_NO_RECORD with an error set. */
+static uint64_t enqueue_signal(nhf_enqueue_fn enqueue_fn, void *target, nhf_hostfn trampoline,
+                               channel *ch, uint64_t key, PyObject *owner) {
+    signal_node *node = malloc(sizeof(signal_node));
+    if (node == NULL)
+        return NHF_OUT_OF_MEMORY;
+    atomic_fetch_add(&ch->refs, 1);
+    *node = (signal_node){NULL, ch, key};
+    uint64_t status = nhf_enqueue_record(enqueue_fn, target, trampoline, nhf_signal, node, NULL, owner);
+    if (status != 0 && !(status & NHF_KEPT)) {
+        free(node);
+        channel_release(ch);
+    }
+    return status;
+}
+
+/* enqueue_signal(enqueue_fn, target, trampoline, channel, key, owner) -> status. */
 static PyObject *py_enqueue_signal(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 6) {
@@ -227,22 +256,313 @@ static PyObject *py_enqueue_signal(PyObject *self, PyObject *const *args, Py_ssi
     uint64_t key = ch == NULL ? 0 : PyLong_AsUnsignedLongLong(args[4]);
     if (ch == NULL || PyErr_Occurred())
         return NULL;
-    signal_node *node = malloc(sizeof(signal_node));
-    if (node == NULL)
-        return PyLong_FromUnsignedLongLong(NHF_OUT_OF_MEMORY);
-    atomic_fetch_add(&ch->refs, 1);
-    *node = (signal_node){NULL, ch, key};
-    uint64_t status =
-        nhf_enqueue_record((nhf_enqueue_fn)(uintptr_t)enqueue_fn, target,
-                           (nhf_hostfn)(uintptr_t)trampoline, nhf_signal, node, NULL, args[5]);
-    if (status != 0 && !(status & NHF_KEPT)) {
-        free(node);
-        channel_release(ch);
-        if (status == NHF_NO_RECORD)
-            return NULL;
-    }
+    uint64_t status = enqueue_signal((nhf_enqueue_fn)(uintptr_t)enqueue_fn, target,
+                                     (nhf_hostfn)(uintptr_t)trampoline, ch, key, args[5]);
+    if (status == NHF_NO_RECORD)
+        return NULL;
     return PyLong_FromUnsignedLongLong(status);
 }
+
+/* ---- the dispatcher: what Python does when a channel's signals have run --------- */
+
+/* A Dispatcher owns, for one channel, the entries its signals will act on (key ->
+ * a callable to call, or a (future, stream) to resolve), the keys taken from the
+ * channel and not yet acted on, and the lock of its batches.  Everything from
+ * registering an entry with its signal's enqueue to acting on a taken key is
+ * done here, in C: no bytecode boundary of numba_hostfn's own lies between taking
+ * work and owning it, so an asynchronous exception (a Ctrl-C, a signal handler's)
+ * loses, strands or doubly runs nothing (LIFETIME.md, invariant 21).  The only
+ * Python code a batch runs is the entries' own. */
+enum dispatch { DISPATCH_CALL, DISPATCH_RESOLVE };
+
+typedef struct {
+    PyObject_HEAD
+    channel *ch;       /* one reference of the channel's, dropped at dealloc */
+    int mode;          /* DISPATCH_CALL or DISPATCH_RESOLVE */
+    PyObject *waiting; /* dict: key -> entry, until it has been acted on */
+    uint64_t next_key;
+    uint64_t *due;     /* a ring of keys taken from the channel, oldest first */
+    size_t due_head, due_len, due_cap;
+    pthread_mutex_t lock;     /* one batch at a time: stream order */
+    atomic_ulong runner;      /* the thread running the batch, or 0 */
+    PyObject *invalid_state;  /* for DISPATCH_RESOLVE: asyncio.InvalidStateError */
+} dispatcher;
+
+static int due_push(dispatcher *d, uint64_t key) {
+    if (d->due_len == d->due_cap) {
+        size_t cap = d->due_cap ? 2 * d->due_cap : 64;
+        uint64_t *ring = malloc(cap * sizeof(uint64_t));
+        if (ring == NULL)
+            return -1;
+        for (size_t i = 0; i < d->due_len; i++)
+            ring[i] = d->due[(d->due_head + i) % d->due_cap];
+        free(d->due);
+        d->due = ring;
+        d->due_head = 0;
+        d->due_cap = cap;
+    }
+    d->due[(d->due_head + d->due_len) % d->due_cap] = key;
+    d->due_len++;
+    return 0;
+}
+
+/* Under the batch lock: move the channel's run signals into the due ring. */
+static int take_into(dispatcher *d) {
+    int rc = 0;
+    pthread_mutex_lock(&d->ch->take_lock);
+    take_locked(d->ch);
+    while (d->ch->taken != NULL) {
+        if (due_push(d, d->ch->taken->key) < 0) {
+            rc = -1; /* what is left stays taken, for the next batch */
+            break;
+        }
+        signal_node *next = d->ch->taken->next;
+        free(d->ch->taken);
+        d->ch->taken = next;
+    }
+    pthread_mutex_unlock(&d->ch->take_lock);
+    return rc;
+}
+
+/* Act on one entry: call it (reporting its exception), or resolve its future.
+ * -1 with an error set only for what must reach the program. */
+static int act(dispatcher *d, PyObject *entry) {
+    if (d->mode == DISPATCH_CALL) {
+        Py_XDECREF(nhf_call_reporting(entry));
+        return 0;
+    }
+    /* (future, stream): the result is the stream; a future cancelled meanwhile
+     * is skipped (interest dropped).  Resolving runs no user code: the awaiting
+     * coroutines are scheduled with call_soon. */
+    if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 2)
+        return 0;
+    PyObject *future = PyTuple_GET_ITEM(entry, 0), *stream = PyTuple_GET_ITEM(entry, 1);
+    PyObject *done = PyObject_CallMethod(future, "done", NULL);
+    if (done == NULL)
+        return -1;
+    int is_done = PyObject_IsTrue(done);
+    Py_DECREF(done);
+    if (is_done)
+        return is_done < 0 ? -1 : 0;
+    PyObject *set = PyObject_CallMethod(future, "set_result", "O", stream);
+    if (set != NULL) {
+        Py_DECREF(set);
+        return 0;
+    }
+    if (d->invalid_state != NULL && PyErr_ExceptionMatches(d->invalid_state)) {
+        PyErr_Clear(); /* cancelled just now */
+        return 0;
+    }
+    return -1;
+}
+
+/* run(block=True) -> how many entries were acted on; the due keys oldest first.
+ * A call from inside the batch (an entry that drains) returns 0 at once; with
+ * block false, so does a call while another thread runs the batch.  Between two
+ * entries, pending signals are handled (PyErr_CheckSignals, a no-op off the main
+ * thread): a handler's exception (a Ctrl-C, a callback's own delivered again)
+ * stops the batch, the rest stay due for the next run, and the exception is
+ * raised to the caller. */
+static PyObject *dispatcher_run(PyObject *self_, PyObject *const *args, Py_ssize_t nargs) {
+    dispatcher *d = (dispatcher *)self_;
+    int block = nargs > 0 ? PyObject_IsTrue(args[0]) : 1;
+    if (block < 0)
+        return NULL;
+    unsigned long me = PyThread_get_thread_ident();
+    if (atomic_load(&d->runner) == me)
+        return PyLong_FromLong(0);
+    if (pthread_mutex_trylock(&d->lock) != 0) {
+        if (!block)
+            return PyLong_FromLong(0);
+        Py_BEGIN_ALLOW_THREADS /* the batch's thread may need the GIL to finish it */
+        pthread_mutex_lock(&d->lock);
+        Py_END_ALLOW_THREADS
+    }
+    atomic_store(&d->runner, me);
+    Py_INCREF(self_); /* an entry may drop the last other reference to this */
+    long ran = 0;
+    int failed = 0;
+    for (;;) {
+        if (d->due_len == 0 && take_into(d) < 0) {
+            PyErr_NoMemory();
+            failed = 1;
+            break;
+        }
+        if (d->due_len == 0)
+            break;
+        if (ran > 0 && PyErr_CheckSignals() < 0) {
+            failed = 1;
+            break;
+        }
+        uint64_t key = d->due[d->due_head];
+        PyObject *k = PyLong_FromUnsignedLongLong(key);
+        if (k == NULL) {
+            failed = 1;
+            break;
+        }
+        PyObject *entry = PyDict_GetItemWithError(d->waiting, k);
+        Py_XINCREF(entry);
+        if (entry != NULL && PyDict_DelItem(d->waiting, k) < 0) {
+            Py_DECREF(entry);
+            Py_DECREF(k);
+            failed = 1;
+            break;
+        }
+        Py_DECREF(k);
+        if (entry == NULL && PyErr_Occurred()) {
+            failed = 1;
+            break;
+        }
+        d->due_head = (d->due_head + 1) % d->due_cap; /* taken: it is this batch's now */
+        d->due_len--;
+        if (entry != NULL) { /* else its launch was refused after all: nothing to do */
+            ran++;
+            int rc = act(d, entry);
+            Py_DECREF(entry);
+            if (rc < 0) {
+                failed = 1;
+                break;
+            }
+        }
+    }
+    atomic_store(&d->runner, 0);
+    pthread_mutex_unlock(&d->lock);
+    Py_DECREF(self_);
+    return failed ? NULL : PyLong_FromLong(ran);
+}
+
+/* launch(enqueue_fn, target, trampoline, owner, entry) -> status: register entry
+ * under a new key and enqueue that key's signal, as one step: refused, the entry
+ * is dropped again (nothing will come); enqueued, the entry is the batch's to act
+ * on, whatever Python raises afterwards. */
+static PyObject *dispatcher_launch(PyObject *self_, PyObject *const *args, Py_ssize_t nargs) {
+    dispatcher *d = (dispatcher *)self_;
+    void *enqueue_fn, *target, *trampoline;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "launch(enqueue_fn, target, trampoline, owner, entry)");
+        return NULL;
+    }
+    if (nhf_address_arg(args[0], &enqueue_fn) < 0 || nhf_address_arg(args[1], &target) < 0 ||
+        nhf_address_arg(args[2], &trampoline) < 0)
+        return NULL;
+    uint64_t key = ++d->next_key;
+    PyObject *k = PyLong_FromUnsignedLongLong(key);
+    if (k == NULL || PyDict_SetItem(d->waiting, k, args[4]) < 0) {
+        Py_XDECREF(k);
+        return NULL;
+    }
+    uint64_t status = enqueue_signal((nhf_enqueue_fn)(uintptr_t)enqueue_fn, target,
+                                     (nhf_hostfn)(uintptr_t)trampoline, d->ch, key, args[3]);
+    if (status != 0 && !(status & NHF_KEPT)) {
+        PyObject *type, *value, *traceback;
+        PyErr_Fetch(&type, &value, &traceback); /* a no-record error, if any */
+        if (PyDict_DelItem(d->waiting, k) < 0)
+            PyErr_Clear();
+        PyErr_Restore(type, value, traceback);
+    }
+    Py_DECREF(k);
+    if (status == NHF_NO_RECORD)
+        return NULL;
+    return PyLong_FromUnsignedLongLong(status);
+}
+
+static PyObject *dispatcher_outstanding(PyObject *self_, PyObject *unused) {
+    (void)unused;
+    return PyLong_FromSsize_t(PyDict_Size(((dispatcher *)self_)->waiting));
+}
+
+static PyObject *dispatcher_running_here(PyObject *self_, PyObject *unused) {
+    (void)unused;
+    return PyBool_FromLong(atomic_load(&((dispatcher *)self_)->runner) ==
+                           PyThread_get_thread_ident());
+}
+
+static PyObject *dispatcher_due(PyObject *self_, PyObject *unused) {
+    (void)unused;
+    return PyLong_FromSize_t(((dispatcher *)self_)->due_len);
+}
+
+/* Dispatcher(channel, resolve=False, invalid_state=None) */
+static int dispatcher_init(PyObject *self_, PyObject *args, PyObject *kwargs) {
+    dispatcher *d = (dispatcher *)self_;
+    PyObject *address, *invalid_state = Py_None;
+    int resolve = 0;
+    static char *keywords[] = {"channel", "resolve", "invalid_state", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|pO:Dispatcher", keywords, &address,
+                                     &resolve, &invalid_state))
+        return -1;
+    if (d->waiting != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "a Dispatcher is made once");
+        return -1;
+    }
+    channel *ch = channel_arg(address);
+    if (ch == NULL)
+        return -1;
+    d->waiting = PyDict_New();
+    if (d->waiting == NULL || pthread_mutex_init(&d->lock, NULL)) {
+        Py_CLEAR(d->waiting);
+        PyErr_NoMemory();
+        return -1;
+    }
+    atomic_fetch_add(&ch->refs, 1);
+    d->ch = ch;
+    d->mode = resolve ? DISPATCH_RESOLVE : DISPATCH_CALL;
+    d->invalid_state = invalid_state == Py_None ? NULL : Py_NewRef(invalid_state);
+    return 0;
+}
+
+static int dispatcher_traverse(PyObject *self_, visitproc visit, void *arg) {
+    dispatcher *d = (dispatcher *)self_;
+    Py_VISIT(d->waiting);
+    Py_VISIT(d->invalid_state);
+    return 0;
+}
+
+static int dispatcher_clear(PyObject *self_) {
+    dispatcher *d = (dispatcher *)self_;
+    Py_CLEAR(d->waiting);
+    Py_CLEAR(d->invalid_state);
+    return 0;
+}
+
+static void dispatcher_dealloc(PyObject *self_) {
+    dispatcher *d = (dispatcher *)self_;
+    PyObject_GC_UnTrack(self_);
+    dispatcher_clear(self_);
+    if (d->ch != NULL) {
+        pthread_mutex_destroy(&d->lock);
+        channel_release(d->ch);
+    }
+    free(d->due);
+    Py_TYPE(self_)->tp_free(self_);
+}
+
+static PyMethodDef dispatcher_methods[] = {
+    {"run", (PyCFunction)(void (*)(void))dispatcher_run, METH_FASTCALL,
+     "run(block=True) -> how many entries the batch acted on, oldest first."},
+    {"launch", (PyCFunction)(void (*)(void))dispatcher_launch, METH_FASTCALL,
+     "launch(enqueue_fn, target, trampoline, owner, entry) -> status: register and enqueue."},
+    {"outstanding", dispatcher_outstanding, METH_NOARGS, "Entries registered, not acted on."},
+    {"due", dispatcher_due, METH_NOARGS, "Keys taken from the channel, not acted on yet."},
+    {"running_here", dispatcher_running_here, METH_NOARGS,
+     "Whether this thread is running the batch (an entry that drains)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject dispatcher_type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "numba_hostfn._core.Dispatcher",
+    .tp_doc = "Dispatcher(channel, resolve=False, invalid_state=None): what a "
+              "channel's signals act on, registered and run without a Python-level window.",
+    .tp_basicsize = sizeof(dispatcher),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_init = dispatcher_init,
+    .tp_dealloc = dispatcher_dealloc,
+    .tp_traverse = dispatcher_traverse,
+    .tp_clear = dispatcher_clear,
+    .tp_methods = dispatcher_methods,
+};
 
 /* set_notify_callable(callable): what the pending call calls; kept for the
  * process's life. */
@@ -295,7 +615,8 @@ static PyMethodDef methods[] = {
 };
 
 int nhf_notify_init(PyObject *module) {
-    if (PyModule_AddFunctions(module, methods) < 0)
+    if (PyModule_AddFunctions(module, methods) < 0 || PyType_Ready(&dispatcher_type) < 0 ||
+        PyModule_AddObjectRef(module, "Dispatcher", (PyObject *)&dispatcher_type) < 0)
         return -1;
     return nhf_add_address(module, "SIGNAL", (void *)(uintptr_t)nhf_signal);
 }
