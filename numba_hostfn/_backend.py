@@ -139,17 +139,13 @@ class Backend:
         """
         raise NotImplementedError  # pragma: no cover
 
-    def own_by_graph(self, graph: Any, record: int) -> Any:
-        """From now on ``graph`` owns ``record``; returns a token for :meth:`disown`.
+    def graph_record(self, graph: Any, fn: int, arg: int, owner: Any) -> int:
+        """A record for ``fn(arg)`` owning ``owner``, owned by ``graph`` from the start.
 
-        The record is completed once the graph and every instance and replay
-        of it are gone.  If this raises, the record has been released (or will
-        be, by the driver's destructor) and the graph owns nothing new.
+        One native call: the record is completed once the graph and every instance
+        and replay of it are gone, and never before, whatever follows (a node that
+        cannot be added leaves it with the graph, released with it).
         """
-        raise NotImplementedError  # pragma: no cover
-
-    def disown(self, graph: Any, token: Any) -> None:
-        """Undo :meth:`own_by_graph` (the node could not be added)."""
         raise NotImplementedError  # pragma: no cover
 
     def add_captured_node(
@@ -209,7 +205,6 @@ class CudaBackend(Backend):
                 "cuUserObjectCreate",
                 "cuUserObjectRelease",
                 "cuGraphRetainUserObject",
-                "cuGraphReleaseUserObject",
                 "cuStreamGetCaptureInfo",
                 "cuStreamWriteValue32",
                 "cuStreamWaitValue32",
@@ -241,15 +236,8 @@ class CudaBackend(Backend):
         # wraps any CUhostFn argument in a trampoline that takes the GIL.
         c_int, c_uint, vp = ctypes.c_int, ctypes.c_uint, ctypes.c_void_p
         self._launch_host_func = ctypes.CFUNCTYPE(c_int, vp, vp, vp)(proc["cuLaunchHostFunc"])
-        self._user_object_create = ctypes.CFUNCTYPE(
-            c_int, ctypes.POINTER(vp), vp, vp, c_uint, c_uint
-        )(proc["cuUserObjectCreate"])
-        self._user_object_release = ctypes.CFUNCTYPE(c_int, vp, c_uint)(proc["cuUserObjectRelease"])
-        self._graph_retain = ctypes.CFUNCTYPE(c_int, vp, vp, c_uint, c_uint)(
-            proc["cuGraphRetainUserObject"]
-        )
-        self._graph_release = ctypes.CFUNCTYPE(c_int, vp, vp, c_uint)(
-            proc["cuGraphReleaseUserObject"]
+        _core.set_cuda_user_objects(
+            proc["cuUserObjectCreate"], proc["cuUserObjectRelease"], proc["cuGraphRetainUserObject"]
         )
         # (stream, status*, id*, graph*, then optional outs): the CUDA 12 form has
         # two optional outs after graph, the CUDA 13 form three; both take NULL
@@ -258,13 +246,11 @@ class CudaBackend(Backend):
         self._capture_info = ctypes.CFUNCTYPE(
             c_int, vp, ctypes.POINTER(c_int), vp, ctypes.POINTER(vp), vp, vp, vp
         )(proc["cuStreamGetCaptureInfo"])
-        self._no_destructor_sync = int(driver.CUuserObject_flags.CU_USER_OBJECT_NO_DESTRUCTOR_SYNC)
         self.executor_enqueue_fn = _core.EXEC_CUDA_ENQUEUE
         self._host_alloc = ctypes.CFUNCTYPE(c_int, ctypes.POINTER(vp), ctypes.c_size_t, c_uint)(
             proc["cuMemHostAlloc"]
         )
         self._executor_checked = False
-        self._move = int(driver.CUuserObjectRetain_flags.CU_GRAPH_USER_OBJECT_MOVE)
         u64 = ctypes.c_uint64
         self._write_value32 = ctypes.CFUNCTYPE(c_int, vp, u64, c_uint, c_uint)(
             proc["cuStreamWriteValue32"]
@@ -362,27 +348,11 @@ class CudaBackend(Backend):
             )
         return None  # the capture ended since the enqueue saw it
 
-    def own_by_graph(self, graph: Any, record: int) -> Any:
-        user_object = ctypes.c_void_p()
-        rc = self._user_object_create(
-            ctypes.byref(user_object),
-            record,
-            _core.USER_OBJECT_RELEASE,
-            1,
-            self._no_destructor_sync,
-        )
+    def graph_record(self, graph: Any, fn: int, arg: int, owner: Any) -> int:
+        record, rc, call = _core.cuda_graph_record(graph, fn, arg, owner)
         if rc:
-            self.records.release(record)
-            self._check(rc, "cuUserObjectCreate")
-        # From here the user object owns the record: its destructor completes it.
-        rc = self._graph_retain(graph, user_object.value, 1, self._move)
-        if rc:
-            self._user_object_release(user_object.value, 1)
-            self._check(rc, "cuGraphRetainUserObject")
-        return user_object.value
-
-    def disown(self, graph: Any, token: Any) -> None:
-        self._graph_release(graph, token, 1)
+            self._check(rc, ("cuUserObjectCreate", "cuGraphRetainUserObject")[call - 1])
+        return record
 
     def add_captured_node(
         self, graph: Any, handle: int, fn: int, arg: int, device: bool = False
@@ -530,13 +500,8 @@ class SimulatorBackend(Backend):
             )
         return capture
 
-    def own_by_graph(self, graph: Any, record: int) -> Any:
-        _core.sim_keeper_own(graph.keeper.keeper, record)
-        return record
-
-    def disown(self, graph: Any, token: Any) -> None:
-        _core.sim_keeper_disown(graph.keeper.keeper, token)
-        self.records.release(token)
+    def graph_record(self, graph: Any, fn: int, arg: int, owner: Any) -> int:
+        return _core.sim_graph_record(graph.keeper.keeper, fn, arg, owner)
 
     def add_captured_node(
         self, graph: Any, handle: int, fn: int, arg: int, device: bool = False

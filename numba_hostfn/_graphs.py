@@ -2,7 +2,8 @@
 
 A graph node runs at every replay of every executable instance of its graph,
 so no launch record can follow one run.  Instead the graph owns a record that
-holds the node's owners (the callable or compiled code, copied user data, the
+holds the node's owners, from before the node is added and never given back
+before the graph is gone (the callable or compiled code, copied user data, the
 ``by_ref`` buffer, what ``host_copy`` and ``release_after`` keep): a CUDA
 *user object* whose destructor completes the record, retained by the graph
 with ``cuGraphRetainUserObject``.  The driver destroys it once the graph and
@@ -42,9 +43,17 @@ __all__ = [
 ]
 
 
-def _graph_record(backend: Any, kind: str, fn: int, arg: int, owner: Any) -> tuple[int, int, int]:
-    """Take the record a graph will own; return ``(node_fn, node_arg, record)``."""
-    record = backend.records.take(fn, arg, owner)
+def _graph_record(
+    backend: Any, graph: Any, kind: str, fn: int, arg: int, owner: Any
+) -> tuple[int, int, int]:
+    """Take the record ``graph`` owns from the start; return ``(node_fn, node_arg, record)``.
+
+    Owned first, in one native call, and never undone: whatever happens after it (a
+    node the driver refuses, an exception between two bytecodes), the record is
+    released with the graph, never while a node of it may still replay (issue 27:
+    undoing after an add that had succeeded freed what the replays used).
+    """
+    record = backend.graph_record(graph, fn, arg, owner)
     if kind == "python":
         return _core.REPLAY_PYTHON, record, record
     return fn, arg, record
@@ -69,13 +78,8 @@ def add_captured_node(
     graph = backend.capture_graph(handle, builder)
     if graph is None:
         return False
-    node_fn, node_arg, record = _graph_record(backend, kind, fn, arg, owner)
-    token = backend.own_by_graph(graph, record)
-    try:
-        backend.add_captured_node(graph, handle, node_fn, node_arg, device)
-    except BaseException:
-        backend.disown(graph, token)
-        raise
+    node_fn, node_arg, _ = _graph_record(backend, graph, kind, fn, arg, owner)
+    backend.add_captured_node(graph, handle, node_fn, node_arg, device)
     return True
 
 
@@ -96,23 +100,18 @@ def _explicit_graph(backend: Any, after: Any) -> tuple[type, int]:
 def add_graph_node(backend: Any, after: Any, kind: str, fn: int, arg: int, owner: Any) -> Any:
     """Add ``fn(arg)`` to an explicit cuda.core graph after ``after``; return the new node."""
     base, graph = _explicit_graph(backend, after)
-    node_fn, node_arg, record = _graph_record(backend, kind, fn, arg, owner)
-    token = backend.own_by_graph(graph, record)
-    try:
-        # A fresh CUhostFn: cuda.core would take a numba CFunc (callable) for a
-        # Python callable.  The record owns the code it points to.
-        return base.callback(after, CUhostFn(node_fn), user_data=node_arg)
-    except BaseException:
-        backend.disown(graph, token)
-        raise
+    node_fn, node_arg, _ = _graph_record(backend, graph, kind, fn, arg, owner)
+    # A fresh CUhostFn: cuda.core would take a numba CFunc (callable) for a Python
+    # callable.  The record owns the code it points to.
+    return base.callback(after, CUhostFn(node_fn), user_data=node_arg)
 
 
 def _slot_record(
-    backend: Any, executor: Any, kind: str, fn: int, arg: int, owner: Any, copy: bool
-) -> tuple[int, Any]:
-    """Arm a graph slot of ``executor`` for the node; return the record that owns it, and it."""
+    backend: Any, graph: Any, executor: Any, kind: str, fn: int, arg: int, owner: Any, copy: bool
+) -> Any:
+    """Arm a graph slot of ``executor`` for the node, owned by ``graph``'s record; return it."""
     slot = executor._graph_slot()
-    record = backend.records.take(fn, arg, (owner, slot))
+    _, _, record = _graph_record(backend, graph, "compiled", fn, arg, (owner, slot))
     if copy:  # the pool's own (parallel) copy of the MEMCPY_LAYOUT at arg
         node_fn, node_arg = 0, arg
     elif kind == "python":
@@ -120,7 +119,7 @@ def _slot_record(
     else:
         node_fn, node_arg = fn, arg
     slot.arm(node_fn, node_arg, copy)
-    return record, slot
+    return slot
 
 
 def add_captured_executor_node(
@@ -137,18 +136,14 @@ def add_captured_executor_node(
     """Add an executor node for ``fn(arg)`` to the capture on stream ``handle``.
 
     Returns False, having done nothing, if the stream is not capturing (and
-    ``builder`` is false); raises, with nothing added or kept, if it cannot.
+    ``builder`` is false).  A failure after the graph owns the node's record
+    leaves it there, released with the graph.
     """
     graph = backend.capture_graph(handle, builder)
     if graph is None:
         return False
-    record, slot = _slot_record(backend, executor, kind, fn, arg, owner, copy)
-    token = backend.own_by_graph(graph, record)
-    try:
-        backend.add_slot_nodes(graph, handle, slot)
-    except BaseException:
-        backend.disown(graph, token)
-        raise
+    slot = _slot_record(backend, graph, executor, kind, fn, arg, owner, copy)
+    backend.add_slot_nodes(graph, handle, slot)
     return True
 
 
@@ -157,10 +152,5 @@ def add_executor_graph_node(
 ) -> Any:
     """Add an executor node to an explicit cuda.core graph after ``after``; return it."""
     base, graph = _explicit_graph(backend, after)
-    record, slot = _slot_record(backend, executor, kind, fn, arg, owner, copy)
-    token = backend.own_by_graph(graph, record)
-    try:
-        return base.embed(after, backend.slot_graph(slot))
-    except BaseException:
-        backend.disown(graph, token)
-        raise
+    slot = _slot_record(backend, graph, executor, kind, fn, arg, owner, copy)
+    return base.embed(after, backend.slot_graph(slot))

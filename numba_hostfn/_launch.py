@@ -97,9 +97,9 @@ def _forget(kinds: dict, key: int, ref: weakref.ref) -> None:
 
 # id(type) -> "stream" | "builder" | "node", filled on first sight
 _TARGET_KINDS = _KindsByType()
-# id(type) -> "compiled" | "python", filled on first sight.  Exact: both depend on
-# the type alone (isinstance, and callable(), which reads the type's tp_call).
-# ctypes pointers are never cached: their restype and argtypes can be set per instance.
+# id(type) -> "compiled" (a HostFunction subclass), filled on first sight: it depends
+# on the type alone.  Python callables are checked each time (a class's __call__ can
+# be replaced); ctypes pointers too (their restype and argtypes can be set per instance).
 _FN_KINDS = _KindsByType()
 
 
@@ -114,8 +114,6 @@ def _prototype_error(detail: str) -> TypeError:
 def classify_function(fn: Any) -> tuple[str, int, Any]:
     """Return ``(kind, address, owner)``: kind is "compiled", "pointer" or "python"."""
     kind = _FN_KINDS.get(type(fn))
-    if kind == "python":
-        return kind, 0, fn
     if type(fn) in _PER_INSTANCE:  # a plain function: not async (checked each time)
         refuse_coroutine_function(fn)
         _refuse_required_arguments(fn)
@@ -164,9 +162,9 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
         refuse_coroutine_function(inner)
         _refuse_required_arguments(inner)
         return "python", 0, fn
+    # Checked each time, never remembered by type: a class's __call__ can be replaced.
     refuse_coroutine_function(fn)
     _refuse_required_arguments(fn)
-    _FN_KINDS.remember(type(fn), "python")
     return "python", 0, fn
 
 
@@ -422,13 +420,21 @@ def _target_kind(target: Any) -> str:
 
 
 def _stream_handle(stream: Any) -> int:
-    protocol = stream.__cuda_stream__
-    value = protocol() if callable(protocol) else protocol
+    try:
+        protocol = stream.__cuda_stream__
+        value = protocol() if callable(protocol) else protocol
+    except Exception as exc:  # the stream's own code: say so (a KeyboardInterrupt passes)
+        raise TypeError(
+            f"{type(stream).__name__}.__cuda_stream__ raised {type(exc).__name__}: {exc}; a "
+            "stream gives (0, handle) as in version 0 of the protocol"
+        ) from exc
     if (
-        not isinstance(value, tuple)
+        type(value) is not tuple
         or len(value) != 2
+        or type(value[0]) is not int  # not 0.0 or False: version 0 is the int 0
         or value[0] != 0
         or not isinstance(value[1], int)
+        or isinstance(value[1], bool)
     ):
         raise TypeError(
             f"{type(stream).__name__}.__cuda_stream__ returned {value!r}; expected "

@@ -342,6 +342,14 @@ def resolve_user_data(
         # Never copied: the host function's writes would go to the copy, and be lost.
         shared = ByRef(user_data, view, what="writable user_data")
         return shared.address, shared
-    data = view.tobytes()  # C-order copy, whatever the source's strides
+    try:
+        data = view.tobytes()  # C-order copy, whatever the source's strides
+    except MemoryError:
+        raise MemoryError(
+            f"user_data of {view.nbytes} bytes (a {type(user_data).__name__} of shape "
+            f"{getattr(user_data, 'shape', (view.nbytes,))}) could not be copied: not enough "
+            "memory. A read-only buffer is copied at launch; pass a smaller one, or share "
+            "writable memory instead (by_ref)"
+        ) from None
     copy = (ctypes.c_char * max(len(data), 1)).from_buffer_copy(data.ljust(1, b"\0"))
     return ctypes.addressof(copy), copy

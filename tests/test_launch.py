@@ -657,8 +657,8 @@ else:
     target.fail = True
 try:
     nh.host_launch(target, noop)
-except ValueError as e:
-    print("fell", e)
+except TypeError as e:  # the stream's own exception, named and chained
+    print("fell", e.__cause__)
 if nh.backend_name() == "simulator":
     type(stream).__cuda_stream__ = real
 

@@ -77,6 +77,56 @@ def test_bad_cuda_stream_protocol_value_rejected():
         nh.host_launch(Weird(), touch)
 
 
+@pytest.mark.parametrize("version", [0.0, False, None, "0"])
+def test_only_the_int_zero_is_protocol_version_zero(stream, version):
+    """(0.0, h) and (False, h) compare equal to 0 but are not version 0 of the protocol."""
+    handle = stream.__cuda_stream__()[1]
+
+    class Versioned:
+        def __cuda_stream__(self):
+            return (version, handle)
+
+    before = nh.pending()
+    with pytest.raises(TypeError, match=r"expected\s+\(0, handle\)"):
+        nh.host_launch(Versioned(), touch)
+    assert nh.pending() == before
+
+
+@pytest.mark.parametrize("error", [KeyError("k"), ZeroDivisionError(), StopIteration(), OSError()])
+def test_an_exception_from_cuda_stream_is_a_type_error_naming_it(stream, error):
+    """What a stream's own __cuda_stream__ raises is reported as its failure (a
+    TypeError naming the exception, chained to it), with nothing enqueued."""
+
+    class Raising:
+        def __cuda_stream__(self):
+            raise error
+
+    before = nh.pending()
+    with pytest.raises(TypeError, match=f"__cuda_stream__ raised {type(error).__name__}") as info:
+        nh.host_launch(Raising(), touch)
+    assert info.value.__cause__ is error and nh.pending() == before
+
+
+def test_a_class_whose_call_is_replaced_is_checked_again(stream):
+    """A callable object's type is not remembered: after its first launch, a __call__
+    that needs an argument is refused (it was accepted, and failed on the stream)."""
+
+    class Replaced:
+        def __call__(self):
+            pass
+
+    nh.host_launch(stream, Replaced())
+    stream.sync()
+    nh.drain()
+    Replaced.__call__ = lambda self, needed: None
+    _rejects(stream, TypeError, "takes 1 argument", Replaced())
+
+
+def test_read_only_user_data_too_large_to_copy_says_so(stream):
+    huge = np.broadcast_to(np.zeros(1), (1 << 40,))  # 8 TiB, read-only: it would be copied
+    _rejects(stream, MemoryError, r"could not be copied: not enough memory", touch, user_data=huge)
+
+
 @pytest.mark.parametrize("fn", [None, 42, "callable", b"bytes"])
 def test_non_callable_fn_rejected(stream, fn):
     with pytest.raises(TypeError, match="expected a HostFunction"):

@@ -138,6 +138,7 @@ struct nhf_cuda {
 extern struct nhf_cuda nhf_cuda;
 
 uint64_t nhf_cuda_enqueue(void *stream, nhf_hostfn trampoline, void *record);
+int nhf_enqueue_init(PyObject *module);
 
 /* ---- host_launch (host_launch.c) ----------------------------------------------- */
 

@@ -479,6 +479,26 @@ static PyObject *py_enqueue(PyObject *self, PyObject *const *args, Py_ssize_t na
     return PyLong_FromUnsignedLongLong(status);
 }
 
+/* sim_graph_record(keeper, fn, arg, owner) -> record: a record for fn(arg) owning
+ * owner, owned by the keeper from the start (one call: see cuda_graph_record). */
+static PyObject *py_graph_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (check_nargs("sim_graph_record", nargs, 4) < 0)
+        return NULL;
+    keeper *k = keeper_arg(args[0]);
+    void *fn, *arg;
+    if (k == NULL || nhf_address_arg(args[1], &fn) < 0 || nhf_address_arg(args[2], &arg) < 0)
+        return NULL;
+    nhf_record *record = nhf_record_take((nhf_hostfn)(uintptr_t)fn, arg, args[3]);
+    if (record == NULL)
+        return NULL;
+    pthread_mutex_lock(&k->lock);
+    record->next = k->records;
+    k->records = record;
+    pthread_mutex_unlock(&k->lock);
+    return PyLong_FromVoidPtr(record);
+}
+
 /* keeper_own(keeper, record): the keeper owns the record from now on. */
 static PyObject *py_keeper_own(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
@@ -667,6 +687,8 @@ static PyMethodDef methods[] = {
      "sim_close(stream, join): stop the stream once empty; join its thread or detach it."},
     {"sim_enqueue", (PyCFunction)(void (*)(void))py_enqueue, METH_FASTCALL,
      "sim_enqueue(stream, fn, arg, device) -> status"},
+    {"sim_graph_record", (PyCFunction)(void (*)(void))py_graph_record, METH_FASTCALL,
+     "sim_graph_record(keeper, fn, arg, owner) -> a record the keeper owns"},
     {"sim_keeper_own", (PyCFunction)(void (*)(void))py_keeper_own, METH_FASTCALL,
      "sim_keeper_own(keeper, record)"},
     {"sim_keeper_disown", (PyCFunction)(void (*)(void))py_keeper_disown, METH_FASTCALL,
