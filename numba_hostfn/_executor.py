@@ -114,6 +114,7 @@ class HostExecutor(_core.ExecutorBase):
 
     def outstanding(self) -> int:
         """How many tasks are enqueued and not yet run."""
+        get_backend()  # in a forked child: RuntimeError, naming spawn
         return self._outstanding()
 
     def _lane(self, handle: int) -> int:
@@ -161,6 +162,7 @@ class HostExecutor(_core.ExecutorBase):
         While there are any, one of the pool's threads polls for their replays
         every ``poll_us`` (docs/executor.md, "In graphs").
         """
+        get_backend()  # in a forked child: RuntimeError, naming spawn
         return self._live_slots()
 
     def close(self) -> None:

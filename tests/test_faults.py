@@ -13,7 +13,7 @@ import weakref
 import numba
 import numpy as np
 import pytest
-from _device import CHILD_PREAMBLE, run_child
+from _device import CHILD_PREAMBLE, rerun_on_simulator, run_child
 from numba import carray
 
 import numba_hostfn as nh
@@ -264,6 +264,66 @@ def test_a_forked_child_is_refused_clearly_and_exits():
     assert out.count("child refused: numba_hostfn was used in this process's parent") == 3, out
     assert "child: exited cleanly" in out, out
     assert "parent: 0 200 0" in out, out
+
+
+SIMULATED_FORK_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import os, sys, warnings
+
+    warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads: the point
+    executor = nh.HostExecutor(threads=1)
+    builder = stream.create_graph_builder()
+    builder.begin_building()
+    nh.host_launch(builder, increment, user_data=nh.by_ref(np.zeros(1, np.int64)))
+    builder.end_building()
+    graph = builder.complete()
+    other = nh.create_stream()
+    other.begin_capture()
+    pid = os.fork()
+    if pid == 0:
+        calls = {
+            "sync": stream.sync,
+            "sleep": lambda: stream.sleep(0.01),
+            "is_done": stream.is_done,
+            "launch": lambda: stream.launch(increment, user_data=np.zeros(1, np.int64)),
+            "begin_capture": stream.begin_capture,
+            "end_capture": other.end_capture,
+            "create_graph_builder": stream.create_graph_builder,
+            "Stream()": nh.simulator.Stream,
+            "Graph.launch": lambda: graph.launch(stream),
+            "begin_building": lambda: stream.create_graph_builder().begin_building(),
+            "outstanding": executor.outstanding,
+            "graph_nodes": executor.graph_nodes,
+            "done_future": lambda: nh.done_future(stream),
+            "host_copy": lambda: nh.host_copy(stream, bytearray(4), b"abcd"),
+            "release_after": lambda: nh.release_after(stream, object()),
+            "pending": nh.pending,
+        }
+        for name, call in calls.items():
+            try:
+                call()
+                print(name, "ACCEPTED", flush=True)
+            except RuntimeError as exc:
+                print(name, "refused" if "'spawn'" in str(exc) else f"refused: {exc}", flush=True)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    other.end_capture().close()
+    graph.close()
+    builder.close()
+    executor.close()
+    print("parent:", os.waitstatus_to_exitcode(status), flush=True)
+""")
+
+
+def test_every_simulated_entry_point_of_a_forked_child_is_refused(request):
+    """A simulated stream's methods, its graphs', an executor's, and the module's
+    entry points each raise the RuntimeError that names 'spawn' in a forked child (a
+    stream's sync() blocked for ever there, sleep(), is_done(), begin_capture() and
+    end_capture() succeeded)."""
+    if rerun_on_simulator(request):
+        return
+    out = run_child(SIMULATED_FORK_SCRIPT).split("\n")
+    refused = [line for line in out if line.endswith(" refused")]
+    assert len(refused) == 16 and "parent: 0" in out, out
 
 
 @pytest.mark.gpu
