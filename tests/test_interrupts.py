@@ -1,0 +1,438 @@
+"""Interrupt- and race-safety: a Ctrl-C at any line, a SIGINT storm, close() racing launches.
+
+Each hand-off between native code and Python is attacked at every line of its Python
+part: a trace function raises KeyboardInterrupt when the function reaches line N, for
+every N, as a Ctrl-C between two bytecodes would.  After each, the operation is retried
+or finished, and the test checks that nothing was lost (a launch whose call returned
+runs exactly once), stranded (nothing stays waiting or pending, no thread is left) or
+doubly run.  LIFETIME.md, invariant 21.
+"""
+
+import os
+import sys
+import textwrap
+
+import pytest
+from _device import CHILD_PREAMBLE, rerun_on_simulator, run_child
+
+#: A child's helpers: interrupt a function at one of its lines, and its lines.
+INJECT = textwrap.dedent("""
+    import sys, os, time, threading
+
+    def lines_of(fn):
+        code = getattr(fn, "__code__", fn)
+        return sorted({line for _, _, line in code.co_lines() if line is not None})
+
+    def interrupted(fn, line, op):
+        # op(), with a KeyboardInterrupt raised the first time fn's frame reaches line.
+        code = fn.__code__
+        fired = []
+
+        def local(frame, event, arg):
+            if event == "line" and frame.f_lineno == line and not fired:
+                fired.append(line)
+                raise KeyboardInterrupt
+            return local
+
+        def tracer(frame, event, arg):
+            return local if frame.f_code is code and not fired else None
+
+        sys.settrace(tracer)
+        try:
+            op()
+            return "returned"
+        except KeyboardInterrupt:
+            return "interrupted"
+        finally:
+            sys.settrace(None)
+
+    def settle(predicate, seconds=20):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            nh.drain()
+            if predicate():
+                return True
+            time.sleep(0.005)
+        return predicate()
+
+    def native_threads():
+        return len(os.listdir("/proc/self/task"))
+""")
+
+CALLBACKS_SCRIPT = (
+    CHILD_PREAMBLE
+    + INJECT
+    + textwrap.dedent("""
+    from numba_hostfn import _launch, _notify
+
+    ran = {}
+    outcome = {}
+    targets = [_notify._Channel.launch, _notify.launch_nonblocking, _launch.host_launch_python,
+               _notify._Callbacks.run, _notify.run_callbacks, _notify._pending_call,
+               _notify._Callbacks.launch]
+    k = 0
+    for fn in targets:
+        for line in lines_of(fn):
+            k += 1
+            key = k
+
+            def callback(key=key):
+                ran[key] = ran.get(key, 0) + 1
+
+            outcome[key] = interrupted(
+                fn, line, lambda: (nh.host_launch(stream, callback, blocking=False),
+                                   stream.sync(), nh.drain()))
+    settle(lambda: all(ran.get(k) == 1 for k, o in outcome.items() if o == "returned"))
+    lost = [k for k, o in outcome.items() if o == "returned" and ran.get(k) != 1]
+    twice = [k for k, n in ran.items() if n > 1]
+    settle(lambda: nh.pending() == 0)
+    print("cases", len(outcome), "lost", lost, "twice", twice,
+          "waiting", _notify._callbacks.outstanding(), "pending", nh.pending())
+""")
+)
+
+
+def test_an_interrupt_at_any_line_of_a_callback_launch_or_batch_loses_nothing():
+    """blocking=False launches, each interrupted at one line of the Python between
+    host_launch and the native dispatcher, or of the batch runners: every launch
+    whose call returned runs once, none twice, nothing stays waiting (main lost the
+    batch's keys, or left its lock held so that later callbacks never ran)."""
+    out = run_child(CALLBACKS_SCRIPT, timeout=300)
+    words = out.split()
+    assert words[0] == "cases" and int(words[1]) > 20, out
+    assert words[2:] == ["lost", "[]", "twice", "[]", "waiting", "0", "pending", "0"], out
+
+
+WAITS_SCRIPT = (
+    CHILD_PREAMBLE
+    + INJECT
+    + textwrap.dedent("""
+    import asyncio
+    from numba_hostfn import _notify
+
+    results = []
+
+    async def main():
+        await nh.async_done(stream)  # the loop's channel exists from here
+        waits = _notify._loops[asyncio.get_running_loop()]()
+        futures = []
+        for fn in (_notify.async_done, _notify._LoopWaits.resolve, _notify._LoopWaits._ready,
+                   _notify._Channel.launch, _notify._pending_call):
+            for line in lines_of(fn):
+                box = []
+                how = interrupted(fn, line, lambda: (box.append(nh.async_done(stream)),
+                                                     stream.sync(), waits.resolve()))
+                if box:
+                    futures.append(box[0])
+        for future in futures:
+            results.append(await asyncio.wait_for(future, 20) is stream)
+        return len(futures), waits.outstanding()
+
+    count, outstanding = asyncio.run(main())
+    settle(lambda: nh.pending() == 0)
+    print("waits", count, "resolved", all(results), "outstanding", outstanding,
+          "pending", nh.pending())
+""")
+)
+
+
+def test_an_interrupt_at_any_line_of_an_async_wait_or_its_resolve_leaves_none_stuck():
+    """async_done waits, each interrupted at one line of async_done, the loop's reader
+    or its resolve: every wait that was returned resolves (main left the resolving
+    flag set, and every later wait of that loop never resolved)."""
+    out = run_child(WAITS_SCRIPT, timeout=300)
+    words = out.split()
+    assert words[0] == "waits" and int(words[1]) > 5, out
+    assert words[2:] == ["resolved", "True", "outstanding", "0", "pending", "0"], out
+
+
+CLOSE_SCRIPT = (
+    CHILD_PREAMBLE
+    + INJECT
+    + textwrap.dedent("""
+    from numba_hostfn import _simulator
+
+    counter = np.zeros(1, np.int64)
+    threads = native_threads()
+    cases = 0
+    for line in lines_of(nh.HostExecutor.close):
+        executor = nh.HostExecutor(threads=2)
+        for _ in range(10):
+            nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=executor)
+        interrupted(nh.HostExecutor.close, line, executor.close)
+        executor.close()  # again: it finishes the job
+        cases += 1
+    stream.sync()
+    executors_left = native_threads() - threads
+    simulated = nh.backend_name() == "simulator"
+    if simulated:
+        for line in lines_of(_simulator.Stream.close):
+            other = nh.create_stream()
+            other.sleep(0.001)
+            interrupted(_simulator.Stream.close, line, other.close)
+            other.close()
+            cases += 1
+    settle(lambda: nh.pending() == 0)
+    print("cases", cases, "ran", int(counter[0]) == 10 * len(lines_of(nh.HostExecutor.close)),
+          "threads left", native_threads() - threads, executors_left, "pending", nh.pending())
+""")
+)
+
+
+def test_a_close_interrupted_at_any_line_can_be_called_again_and_finishes():
+    """HostExecutor.close() and a simulated Stream.close() interrupted at each line, then
+    called again: every task ran, no native thread is left (main marked them closed
+    first, and a second close() did nothing while their threads ran on)."""
+    out = run_child(CLOSE_SCRIPT, timeout=300)
+    words = out.split()
+    assert words[0] == "cases" and int(words[1]) > 2, out
+    assert words[2:] == ["ran", "True", "threads", "left", "0", "0", "pending", "0"], out
+
+
+REPLAY_SCRIPT = (
+    CHILD_PREAMBLE
+    + INJECT
+    + textwrap.dedent("""
+    from numba_hostfn import _simulator
+
+    buffers = []
+
+    def build(s):
+        # A 300-node graph whose nodes write a by_ref buffer that only the graph owns.
+        buffer = np.zeros(1, np.int64)
+        buffers.append(buffer)
+        s.begin_capture()
+        for _ in range(300):
+            nh.host_launch(s, increment, user_data=nh.by_ref(buffer))
+        return s.end_capture()
+
+    cases = 0
+    for line in lines_of(_simulator.Graph.launch):
+        s = nh.create_stream()
+        graph = build(s)
+        interrupted(_simulator.Graph.launch, line, lambda: graph.launch(s))
+        graph.close()  # the graph's owners go once no queued replay needs them
+        s.close()
+        cases += 1
+    # The natural race: one thread replays while another closes the stream.
+    for _ in range(20):
+        s = nh.create_stream()
+        graph = build(s)
+        closer = threading.Thread(target=s.close)
+        replays = 0
+        closer.start()
+        try:
+            while closer.is_alive():
+                graph.launch(s)
+                replays += 1
+        except RuntimeError:  # the stream closed: nothing of that replay was enqueued
+            pass
+        closer.join()
+        graph.close()
+    buffers.clear()
+    settle(lambda: nh.pending() == 0)
+    print("cases", cases, "pending", nh.pending())
+""")
+)
+
+
+def test_a_replay_interrupted_or_racing_close_frees_nothing_it_still_uses(request):
+    """A simulated 300-node graph replayed with an interrupt at each line of
+    Graph.launch, and replayed by one thread while another closes the stream: a
+    replay is enqueued all of it or nothing, and holds the graph's owners until its
+    last node ran (main released them at once, and the queued nodes wrote a freed
+    buffer: malloc(): unaligned tcache chunk detected)."""
+    if rerun_on_simulator(request):
+        return
+    out = run_child(REPLAY_SCRIPT, timeout=300)
+    words = out.split()
+    assert words[0] == "cases" and int(words[1]) > 3 and words[2:] == ["pending", "0"], out
+
+
+CAPTURE_SCRIPT = (
+    CHILD_PREAMBLE
+    + INJECT
+    + textwrap.dedent("""
+    from numba_hostfn import _graphs
+
+    counter = np.zeros(1, np.int64)
+    cases = 0
+    for fn in (_graphs.add_captured_node, _graphs._graph_record):
+        for line in lines_of(fn):
+            builder = stream.create_graph_builder().begin_building()
+            interrupted(fn, line, lambda: nh.host_launch(builder, increment,
+                                                         user_data=nh.by_ref(counter)))
+            builder.end_building()
+            graph = builder.complete()
+            graph.launch(stream)
+            stream.sync()
+            graph.close()
+            builder.close()
+            cases += 1
+    stream.sync()
+    settle(lambda: nh.pending() == 0)
+    print("cases", cases, "ran at most once each", int(counter[0]) <= cases,
+          "pending", nh.pending())
+""")
+)
+
+
+def test_a_capture_interrupted_at_any_line_keeps_or_releases_with_the_graph():
+    """A host node captured with an interrupt at each line of the capture path: its
+    record is the graph's from the start and released with it, never before its
+    replays (main disowned it after the node was added), and never leaked."""
+    out = run_child(CAPTURE_SCRIPT, timeout=300)
+    words = out.split()
+    assert words[0] == "cases" and int(words[1]) > 3, out
+    assert words[2:] == ["ran", "at", "most", "once", "each", "True", "pending", "0"], out
+
+
+CLOSE_RACE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import threading, time
+
+    streams = [device.create_stream() for _ in range(2)]
+    cells = [np.zeros(1, np.int64) for _ in streams]
+    returned = [0, 0]
+    refused = [0, 0]
+    current = [nh.HostExecutor(threads=2)]
+    stop = threading.Event()
+
+    def worker(k):
+        while not stop.is_set():
+            try:
+                nh.host_launch(streams[k], increment, user_data=nh.by_ref(cells[k]),
+                               executor=current[0])
+                returned[k] += 1
+            except RuntimeError as exc:
+                assert "closed" in str(exc), exc
+                refused[k] += 1
+            time.sleep(0.0001)  # a launch now and then: the streams keep up
+
+    workers = [threading.Thread(target=worker, args=(k,)) for k in range(2)]
+    for w in workers:
+        w.start()
+    deadline = time.monotonic() + 3
+    closes = 0
+    while time.monotonic() < deadline:
+        old, current[0] = current[0], nh.HostExecutor(threads=2)
+        time.sleep(0.002)
+        old.close()  # racing the workers' launches on it
+        closes += 1
+    stop.set()
+    for w in workers:
+        w.join()
+    current[0].close()
+    for s in streams:
+        s.sync()  # a task enqueued on a closed pool would hang this for ever
+    nh.drain()
+    print("closes", closes >= 5, "each returned launch ran",
+          [int(c[0]) for c in cells] == returned, "launched", min(returned) > 0,
+          "pending", nh.pending(), "refused", sum(refused), "of", sum(returned + refused))
+""")
+
+
+def test_close_racing_launches_refuses_or_runs_each(request):
+    """Two threads launch on their own streams with an executor that the main thread
+    replaces and closes every ~2 ms: each launch either raised RuntimeError ("closed")
+    having enqueued nothing, or ran; every stream syncs (main enqueued tasks on a pool
+    whose threads had quit, and that stream's sync() hung)."""
+    out = run_child(CLOSE_RACE_SCRIPT, timeout=120)
+    assert out[: out.index(" refused")].split() == [
+        "closes",
+        "True",
+        "each",
+        "returned",
+        "launch",
+        "ran",
+        "True",
+        "launched",
+        "True",
+        "pending",
+        "0",
+    ], out
+
+
+def _storm_size() -> int:
+    return 20000 if os.environ.get("NUMBA_HOSTFN_STRESS", "") == "full" else 3000
+
+
+@pytest.mark.stress
+def test_a_sigint_storm_loses_strands_and_doubles_no_launch():
+    """tests/storm.py: SIGINT every 0.1-1 ms over mixed launches (compiled, Python,
+    blocking=False, done_future, async_done, executor): each launch whose call
+    returned ran exactly once, none twice, and nothing stays pending or waiting (main
+    lost hundreds per run, and crashed)."""
+    import subprocess
+
+    from _device import child_env
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    run = subprocess.run(
+        [sys.executable, os.path.join(here, "storm.py"), "-n", str(_storm_size()), "--runs", "2"],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    for line in run.stdout.splitlines():
+        assert "lost 0 twice 0 pending 0 waiting 0 " in line, run.stdout
+
+
+SIGNAL_HANDLER_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import functools, signal, sys, time
+    from _device import Hold
+
+    reported = []
+    sys.unraisablehook = lambda u: reported.append(u.exc_type.__name__)
+
+    def timeout(signum, frame):
+        raise TimeoutError("the SIGALRM timeout")
+
+    signal.signal(signal.SIGALRM, timeout)
+    work = functools.partial(sum, range(200_000))  # C work that checks no signal itself
+    ran = []
+    outcomes = []
+    for how in ("drain", "pending call") if sys.version_info >= (3, 12) else ("drain",):
+        hold = Hold(stream)
+        for i in range(300):
+            nh.host_launch(stream, work, blocking=False)
+        nh.host_launch(stream, lambda: ran.append(1), blocking=False)
+        sys.setswitchinterval(5.0)  # the main thread runs the batch, not the helper
+        try:
+            hold.release()
+            time.sleep(0.05)  # the signals run
+            signal.setitimer(signal.ITIMER_REAL, 0.01)
+            deadline = time.monotonic() + 10
+            if how == "drain":
+                nh.drain()
+            while time.monotonic() < deadline:  # Python: the pending call runs in here
+                pass
+            outcomes.append(how + ": no TimeoutError")
+        except TimeoutError as exc:
+            outcomes.append(how + ": " + str(exc))
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            sys.setswitchinterval(0.005)
+        stream.sync()
+        deadline = time.monotonic() + 20
+        while len(ran) < len(outcomes) and time.monotonic() < deadline:
+            nh.drain()
+            time.sleep(0.01)
+    print(outcomes, "ran", len(ran), "reported", reported, "pending", nh.pending())
+""")
+
+
+def test_a_signal_handlers_exception_reaches_the_program():
+    """A signal handler that raises an ordinary exception (the SIGALRM-timeout pattern)
+    while the package runs non-blocking callbacks on the main thread, from drain() or
+    from its pending call: the exception reaches the program, not sys.unraisablehook,
+    the batch stops, and the callbacks after it run later (main reported it as
+    unraisable, and left the batch's lock held)."""
+    out = run_child(SIGNAL_HANDLER_SCRIPT, timeout=120)
+    expected = "['drain: the SIGALRM timeout'"
+    if sys.version_info >= (3, 12):
+        expected += ", 'pending call: the SIGALRM timeout'] ran 2"
+    else:
+        expected += "] ran 1"
+    assert out.strip() == f"{expected} reported [] pending 0", out
