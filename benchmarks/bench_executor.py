@@ -280,9 +280,9 @@ def baseline(group: str) -> Row | None:
 def targets() -> list[Target]:
     return [
         target(
-            "executor round trip <= 1.5x raw C memory operations",
+            "executor round trip <= 1.2x raw C memory operations",
             ratio(find(ROUND_TRIP, EXECUTOR), find(ROUND_TRIP, C_MEMOP)),
-            1.5,
+            1.2,
         ),
         target(
             "executor round trip / raw C with the batched operation (the executor's own)",

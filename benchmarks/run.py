@@ -34,7 +34,10 @@ full:
    kernel against raw C baselines, 4 streams x 50 x 2 ms of host work in parallel
    (with a timeline plot), and the pool's CPU time; its dispatch delay is a row of
    the dispatch section.
-8. asyncio (bench_async.py): stream done -> coroutine resumed for async_done,
+8. startup (bench_startup.py): fresh processes, start to exit: import numba_hostfn, a
+   stream and one Python callable run, against import numpy (simulator) and against
+   importing cuda.core and making its stream (GPU).
+9. asyncio (bench_async.py): stream done -> coroutine resumed for async_done,
    to_thread(sync), a call_soon_threadsafe host callback and numba-cuda's
    async_done, with the loop idle and busy; 10k waits; the non-blocking
    callback's delay against a blocking callable and CuPy (plots asyncio*.png).
@@ -57,6 +60,7 @@ import bench_dispatch
 import bench_enqueue
 import bench_executor
 import bench_graphs
+import bench_startup
 import bench_throughput
 from _bench import Row, report
 
@@ -68,6 +72,7 @@ SECTIONS = {
     "compile": bench_compile,
     "graphs": bench_graphs,
     "executor": bench_executor,
+    "startup": bench_startup,
     "asyncio": bench_async,
 }
 
@@ -94,8 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     from numba_hostfn._backend import simulator_unless_driver
 
     simulator_unless_driver()
+    from numba_hostfn._demodevice import Device
+
     import numba_hostfn as nh
-    from numba_hostfn._devicework import Device
 
     device = Device()
     n, repeats, window = (200, 2, 0.02) if args.smoke else (20000, 7, 0.02)
@@ -120,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         "executor": lambda: bench_executor.run(
             nh, device, 50 if args.smoke else 2000, repeats, 3 if args.smoke else 50
         ),
+        "startup": lambda: bench_startup.run(2 if args.smoke else 15, nh.backend_name() == "cuda"),
         "asyncio": lambda: bench_async.run(
             nh, device, 2 if args.smoke else 15, 200 if args.smoke else 10_000
         ),
