@@ -60,7 +60,7 @@ def run(repeats: int, gpu: bool) -> None:
         jobs += [(CUDA_CORE, _CORE, cuda), (CUDA, _JOB, cuda)]
     times: dict[str, list[float]] = {name: [] for name, _, _ in jobs}
     numba: dict[str, str] = {}
-    for name, code, job_env in jobs:  # warm the page cache once
+    for _name, code, job_env in jobs:  # warm the page cache once
         _time(code, job_env)
     for _ in range(repeats):
         for name, code, job_env in jobs:
