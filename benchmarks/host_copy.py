@@ -93,11 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--executor-threads", type=int, default=4)
     args = parser.parse_args(argv)
 
-    from numba_hostfn._backend import simulator_unless_driver
+    from numba_hostfn._process import simulator_unless_driver
 
     simulator_unless_driver()
     import numba_hostfn as nh
-    from numba_hostfn._devicework import Device
+    from numba_hostfn._demodevice import Device
 
     device = Device()
     stream = device.create_stream()

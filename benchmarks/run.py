@@ -96,12 +96,11 @@ def main(argv: list[str] | None = None) -> int:
         help="run only these sections (repeatable)",
     )
     args = parser.parse_args(argv)
-    from numba_hostfn._backend import simulator_unless_driver
+    from numba_hostfn._process import simulator_unless_driver
 
     simulator_unless_driver()
-    from numba_hostfn._demodevice import Device
-
     import numba_hostfn as nh
+    from numba_hostfn._demodevice import Device
 
     device = Device()
     n, repeats, window = (200, 2, 0.02) if args.smoke else (20000, 7, 0.02)

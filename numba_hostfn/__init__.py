@@ -9,9 +9,7 @@ docs/threading.md.
 """
 
 from . import simulator
-from ._backend import get_backend as _get_backend
-from ._backend import simulator_unless_driver as _simulator_unless_driver
-from ._decorator import CUhostFn, HostFunction, host_callback
+from ._drain import drain, pending
 from ._errors import (
     SIMULATOR_ENV,
     BackendUnavailableError,
@@ -28,8 +26,12 @@ from ._hostcopy import (
     host_memcpy_2d,
     release_after,
 )
-from ._launch import drain, host_launch, pending
-from ._notify import add_callback, async_done, done_future
+from ._hostfunction import CUhostFn, HostFunction, host_callback
+from ._launch import host_launch
+from ._notify import async_done, done_future
+from ._numba_cuda import add_callback
+from ._process import get_backend as _get_backend
+from ._process import simulator_unless_driver as _simulator_unless_driver
 from ._userdata import ByRef, Record, by_ref, record
 
 __version__ = "0.1.0"

@@ -14,13 +14,13 @@ import time
 import numpy as np
 from numba import carray
 
-from . import _backend
+from . import _process
 from ._errors import SIMULATOR_ENV
 
 
 def _choose_backend() -> str:
-    requested = _backend.simulator_requested()
-    if not _backend.simulator_unless_driver():
+    requested = _process.simulator_requested()
+    if not _process.simulator_unless_driver():
         return "cuda"
     if requested:
         return f"simulator ({SIMULATOR_ENV}=1)"
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
 
     chosen = _choose_backend()
     import numba_hostfn as nh
-    from numba_hostfn._devicework import Device
+    from numba_hostfn._demodevice import Device
 
     device = Device()
     where = f"GPU: {device.name}" if not device.simulator else "no GPU needed"

@@ -19,8 +19,8 @@ import threading
 from typing import Any
 
 from . import _core
-from ._backend import forked, get_backend
 from ._errors import SIMULATOR_ENV, CudaDriverError
+from ._process import forked, get_backend
 
 __all__ = ["HostExecutor"]
 

@@ -32,8 +32,8 @@ from __future__ import annotations
 from typing import Any
 
 from . import _core
-from ._decorator import CUhostFn
 from ._errors import SimulatorUnsupportedError
+from ._hostfunction import CUhostFn
 
 __all__ = [
     "add_captured_executor_node",

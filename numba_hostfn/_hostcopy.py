@@ -20,9 +20,10 @@ from typing import Any
 import numpy as np
 
 from ._compat import numba_hooks
-from ._decorator import HostFunction, host_callback
+from ._enqueue import enqueue
 from ._executor import check_executor
-from ._launch import _target_kind, enqueue
+from ._hostfunction import HostFunction, host_callback
+from ._streams import target_kind
 
 __all__ = [
     "MEMCPY_2D_LAYOUT",
@@ -248,7 +249,7 @@ def host_copy(stream: Any, dst: Any, src: Any, *, executor: Any = None) -> Any:
     keep = (dst, src)
     if d.contiguous and s.contiguous:
         data = _PACK.pack(d.address, s.address, d.nbytes)
-        return enqueue(stream, host_memcpy(), data, keep, executor=executor, copy=True)
+        return enqueue(stream, host_memcpy(), data, keep, executor=executor, parallel_copy=True)
     rows = d.rows if not d.contiguous else s.rows
     row_bytes = d.nbytes // rows
     for r in (d, s):
@@ -297,4 +298,4 @@ def release_after(stream: Any, *objs: Any, executor: Any = None) -> Any:
 
 def _unchanged(target: Any) -> Any:
     """What a call that adds nothing returns: an explicit graph's node itself, else None."""
-    return target if _target_kind(target) == "node" else None
+    return target if target_kind(target) == "node" else None

@@ -32,18 +32,11 @@ import weakref
 from typing import Any
 
 from . import _core
-from ._backend import get_backend
-from ._compat import (
-    CFuncPtr,
-    any_thread_pending_call,
-    numba_cfunc_type,
-    on_foreign_thread,
-    running_loop,
-)
-from ._decorator import HostFunction
-from ._launch import enqueue, refuse_coroutine_function, refuse_signal, signal_route
+from ._compat import any_thread_pending_call, on_foreign_thread, running_loop
+from ._enqueue import refuse_signal, signal_route
+from ._process import get_backend
 
-__all__ = ["add_callback", "async_done", "done_future", "launch_nonblocking", "run_callbacks"]
+__all__ = ["async_done", "done_future", "launch_nonblocking", "run_callbacks"]
 
 
 class _Channel:
@@ -365,47 +358,3 @@ def async_done(stream: Any, *, executor: Any = None) -> asyncio.Future:
     future = loop.create_future()
     waits.channel.launch(stream, executor, _IN_GRAPH.format(what="async_done()"), (future, stream))
     return future
-
-
-# ---- numba-cuda parity ----
-
-
-def add_callback(stream: Any, callback: Any, arg: Any = None) -> None:
-    """numba-cuda's ``Stream.add_callback``, for any stream: ``callback(stream, 0, arg)``.
-
-    The callback is a Python function called on the driver's thread when the
-    stream reaches this point; it takes the GIL, and the stream (and every
-    other host function of the context) waits while it runs, exactly as in
-    numba-cuda.  The status is always 0: ``cuLaunchHostFunc`` runs a host
-    function only when the work before it has succeeded.  For a notification
-    that never takes the GIL on the driver's thread, use
-    ``host_launch(stream, fn, blocking=False)``, :func:`async_done` or
-    :func:`done_future`.
-
-    Parameters
-    ----------
-    stream : stream
-        A cuda.core ``Stream`` or any object with ``__cuda_stream__`` (a
-        numba-cuda ``Stream`` too).
-    callback : callable
-        ``callback(stream, status, arg)``.
-    arg : object, optional
-        Passed to the callback; kept alive until it has run.
-
-    Raises
-    ------
-    TypeError
-        If ``callback`` is not callable, or ``stream`` is not a stream.
-    """
-    compiled = (HostFunction, CFuncPtr, numba_cfunc_type())
-    if not callable(callback) or isinstance(callback, compiled):
-        raise TypeError(
-            "add_callback() expected a Python callable callback(stream, status, arg), got "
-            f"{type(callback).__name__}; compiled host functions go to host_launch()"
-        )
-    refuse_coroutine_function(callback, "add_callback")
-    enqueue(stream, functools.partial(_numba_cuda_call, callback, stream, arg), None, None)
-
-
-def _numba_cuda_call(callback: Any, stream: Any, arg: Any) -> None:
-    callback(stream, 0, arg)

@@ -12,7 +12,8 @@ foreign to Python and without the GIL.  Simulated device work (``sleep``,
 Graphs: ``Stream.begin_capture``/``end_capture`` (CuPy's shape) and
 ``Stream.create_graph_builder`` (cuda.core's) record the work enqueued while
 capturing; a :class:`Graph` replays it in order.  A graph owns its host nodes'
-owners through a native *keeper*, as a CUDA user object does: released once
+owners through a native *simulated graph* (``_core.SimGraph``), as a CUDA
+user object does: released once
 the graph (and every instance) is closed and no replay of it is still queued.
 docs/simulator.md lists what is and is not modelled.
 """
@@ -23,8 +24,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _core
-from ._backend import SimulatorBackend, forked, get_backend
+from ._classify import classify_function
+from ._enqueue import enqueue
 from ._errors import SIMULATOR_ENV, SimulatorUnsupportedError
+from ._process import forked, get_backend
+from ._simbackend import SimulatorBackend
 
 __all__ = ["Graph", "GraphBuilder", "Stream"]
 
@@ -41,9 +45,9 @@ def _simulator() -> SimulatorBackend:
 
 @dataclass
 class _Capture:
-    """The work captured on a stream so far: its keeper, which holds its nodes."""
+    """The work captured on a stream so far: its native graph, which holds its nodes."""
 
-    keeper: Any  # a KeeperRef: the capture's reference
+    graph: Any  # a SimGraph: the capture's reference
 
 
 class Stream(_core.SimStreamBase):
@@ -119,9 +123,9 @@ class Stream(_core.SimStreamBase):
         status = _core.sim_enqueue(self._live(), _core.SIM_DELAY, micros, True)
         if status == _core.CAPTURING:
             capture = self._backend.captures[self._handle]
-            _core.sim_keeper_add_node(capture.keeper.keeper, True, _core.SIM_DELAY, micros)
+            _core.sim_graph_add_node(capture.graph.address, True, _core.SIM_DELAY, micros)
         elif status:
-            self._backend.refused(status)
+            self._backend.raise_refusal(status)
 
     def launch(self, fn: Any, *, user_data: Any = None) -> None:
         """Enqueue a compiled host function as simulated device work (a "kernel").
@@ -131,8 +135,6 @@ class Stream(_core.SimStreamBase):
         stream's own thread, with the lifetimes of
         :func:`~numba_hostfn.host_launch` (a graph owns it when captured).
         """
-        from ._launch import classify_function, enqueue
-
         self._live()
         kind = classify_function(fn)[0]
         if kind == "python":
@@ -140,7 +142,7 @@ class Stream(_core.SimStreamBase):
                 "simulated device work must be compiled: pass a HostFunction or a "
                 f"CUhostFn ctypes pointer, got {fn!r}; use host_launch() for Python callables"
             )
-        enqueue(self, fn, user_data, None, device=True)
+        enqueue(self, fn, user_data, None, as_device_work=True)
 
     # ---- graphs ----
 
@@ -149,7 +151,7 @@ class Stream(_core.SimStreamBase):
         handle = self._live()
         if self.is_capturing:
             raise RuntimeError("the simulated stream is already capturing")
-        self._backend.captures[handle] = _Capture(_core.KeeperRef())
+        self._backend.captures[handle] = _Capture(_core.SimGraph())
         _core.sim_set_capturing(handle, True)
 
     def end_capture(self) -> Graph:
@@ -158,13 +160,13 @@ class Stream(_core.SimStreamBase):
         return Graph(self._end_capture())
 
     def _end_capture(self) -> Any:
-        """Stop capturing; the capture's reference to its keeper, now the caller's."""
+        """Stop capturing; the capture's reference to its graph, now the caller's."""
         capture = self._backend.captures.get(self._handle)
         if capture is None:
             raise RuntimeError("end_capture() on a simulated stream that is not capturing")
         _core.sim_set_capturing(self._handle, False)
         del self._backend.captures[self._handle]
-        return capture.keeper
+        return capture.graph
 
     def create_graph_builder(self) -> GraphBuilder:
         """A :class:`GraphBuilder` that captures on this stream (cuda.core's shape)."""
@@ -201,7 +203,7 @@ class Stream(_core.SimStreamBase):
             self._closed = True
             capture = self._backend.captures.pop(self._handle, None)
             if capture is not None:
-                capture.keeper.release()
+                capture.graph.release()
             _core.sim_close(self._handle, False)  # the thread ends on its own
 
     def __repr__(self) -> str:
@@ -216,13 +218,13 @@ class Graph:
     are released once both are closed and no replay is still queued.
     """
 
-    def __init__(self, keeper: Any) -> None:
-        self._keeper = keeper  # a KeeperRef: this executable graph's reference
+    def __init__(self, native: Any) -> None:
+        self._native = native  # a SimGraph: this executable graph's reference
 
     @property
     def is_closed(self) -> bool:
         """True once :meth:`close` has run."""
-        return not self._keeper.held
+        return not self._native.held
 
     def launch(self, stream: Stream) -> None:
         """Enqueue one replay of the graph's work on ``stream``.
@@ -233,20 +235,20 @@ class Graph:
         if not isinstance(stream, Stream):
             raise TypeError(f"Graph.launch() expected a simulator.Stream, got {stream!r}")
         handle = stream._live()
-        keeper = self._keeper.keeper
-        if not keeper:
+        native = self._native.address
+        if not native:
             raise RuntimeError("the simulated graph is closed")
         if stream.is_capturing:
             raise SimulatorUnsupportedError(
                 "the simulator does not model launching a graph inside a capture"
             )
-        status = _core.sim_replay(handle, keeper)
+        status = _core.sim_replay(handle, native)
         if status:
-            stream._backend.refused(status)
+            stream._backend.raise_refusal(status)
 
     def close(self) -> None:
         """Destroy the executable graph (its queued replays still run)."""
-        self._keeper.release()
+        self._native.release()
 
 
 SimulatorBackend.stream_type = Stream  # the native host_launch takes its launches
@@ -262,7 +264,7 @@ class GraphBuilder:
 
     def __init__(self, stream: Stream) -> None:
         self._stream = stream
-        self._definition: Any = None  # a KeeperRef, once built
+        self._definition: Any = None  # a SimGraph, once built
         self._closed = False
 
     @property

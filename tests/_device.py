@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import textwrap
 
-from numba_hostfn._devicework import Device
+from numba_hostfn._demodevice import Device
 
 __all__ = [
     "CHILD_PREAMBLE",

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from numba_hostfn._backend import cuda_driver_usable, simulator_unless_driver
+from numba_hostfn._process import cuda_driver_usable, simulator_unless_driver
 
 if os.environ.get("NUMBA_HOSTFN_REQUIRE_GPU") and not cuda_driver_usable():
     raise pytest.UsageError("NUMBA_HOSTFN_REQUIRE_GPU=1 but no usable CUDA driver was found")

@@ -18,9 +18,10 @@ import pytest
 from _device import child_env, rerun_on_simulator
 
 import numba_hostfn
-import numba_hostfn._backend
-import numba_hostfn._decorator
+import numba_hostfn._hostfunction
+import numba_hostfn._process
 import numba_hostfn._simulator
+from numba_hostfn._errors import SIMULATOR_ENV
 
 ROOT = pathlib.Path(__file__).parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -55,8 +56,8 @@ def _reader_env() -> dict:
     snippet's own ``simulate_without_gpu()`` must choose it, as it would for a reader.
     """
     env = child_env()
-    if numba_hostfn._backend._simulator_chosen_because:
-        env.pop(numba_hostfn._backend.SIMULATOR_ENV, None)
+    if getattr(numba_hostfn._process.get_backend(), "chosen_because", ""):
+        env.pop(SIMULATOR_ENV, None)
     return env
 
 
@@ -82,7 +83,7 @@ def test_snippet_runs(page, code, tmp_path):
 
 
 def test_docstring_examples_of_the_compiler():
-    result = doctest.testmod(numba_hostfn._decorator, extraglobs=vars(numba_hostfn))
+    result = doctest.testmod(numba_hostfn._hostfunction, extraglobs=vars(numba_hostfn))
     assert result.attempted > 0 and result.failed == 0
 
 

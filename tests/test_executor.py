@@ -522,7 +522,7 @@ class _MemOps:
     )
 
     def __init__(self):
-        from numba_hostfn._backend import get_backend
+        from numba_hostfn._process import get_backend
 
         self.backend = get_backend()
         self.real = self.backend._memops  # write, wait, batch

@@ -70,7 +70,7 @@ SCRIPT_THAT_RUNS_ANYWHERE = """
 import numpy as np
 from numba import carray
 import numba_hostfn as nh
-from numba_hostfn._backend import cuda_driver_usable
+from numba_hostfn._cuda import cuda_driver_usable
 
 simulated = nh.simulate_without_gpu()
 stream = nh.create_stream()

@@ -51,7 +51,7 @@ typedef struct nhf_record {
     nhf_hostfn fn;           /* what a trampoline calls (NULL for a Python callable) */
     void *arg;               /* its user_data, or the PyObject* of the Python callable */
     void *context;           /* the executor's pool, for its copy trampoline */
-    struct nhf_record *next; /* link: free list, completed stack, or a keeper's list */
+    struct nhf_record *next; /* link: free list, completed stack, or a simulated graph's list */
     PyObject *result;        /* what a Python callable returned (released by the drain) */
     PyObject *owner;         /* strong reference to what the launch keeps alive */
 } nhf_record;
@@ -178,7 +178,7 @@ uint64_t nhf_sim_enqueue_device(void *stream, nhf_hostfn fn, void *arg);
 void nhf_sim_delay(void *arg);
 /* GIL held: the native stream of a simulated Stream (NULL for anything else). */
 void *nhf_sim_stream_of(PyObject *object);
-void nhf_sim_keeper_release(void *keeper);
+void nhf_sim_graph_release(void *graph);
 int nhf_simulator_init(PyObject *module);
 
 /* ---- the HostExecutor (executor.c) --------------------------------------------- */

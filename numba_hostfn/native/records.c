@@ -6,7 +6,7 @@
  * Py_AddPendingCall), then *released* by the drain on the main thread: owner
  * and result decref'd, the record back on the free list.  A record whose
  * enqueue failed is released at once.  A record kept by a graph is completed
- * by the graph's user object (or a simulated graph's keeper) when the graph is
+ * by the graph's user object (or a simulated graph) when the graph is
  * gone.  LIFETIME.md, invariants 1, 2, 6, 11 and 14.
  *
  * Locks: the free list has its own mutex (never the GIL alone); the completed
@@ -135,7 +135,7 @@ static void schedule_drain(void) {
     }
 }
 
-/* Any thread (the trampolines, a user object's destructor, a keeper). */
+/* Any thread (the trampolines, a user object's destructor, a simulated graph). */
 void nhf_record_complete(nhf_record *record) {
     nhf_record *top = atomic_load(&completed);
     do {

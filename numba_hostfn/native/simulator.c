@@ -1,5 +1,5 @@
 /* The simulator: simulated streams, the simulated context's one host-function
- * thread, and the keepers that stand in for CUDA user objects.
+ * thread, and the simulated graphs, whose owners stand in for CUDA user objects.
  *
  * A simulated stream is a FIFO of items that the stream's own native thread
  * (its "device engine") takes in order.  A *device* item (simulated device
@@ -196,9 +196,9 @@ void nhf_sim_delay(void *arg) {
     }
 }
 
-/* ---- keepers: what a simulated graph owns, like a CUDA user object ------------- */
+/* ---- simulated graphs: their nodes, and what they own, like a CUDA user object ------------- */
 
-/* A keeper holds a graph's records and its nodes, and a count of references:
+/* A simulated graph holds its's records and its nodes, and a count of references:
  * the graph definition, each executable graph, each replay not yet finished.
  * The last release completes every record (invariant 8). */
 typedef struct node {
@@ -207,17 +207,17 @@ typedef struct node {
     void *arg;
 } node;
 
-typedef struct keeper {
+typedef struct sim_graph {
     atomic_long refs;
     pthread_mutex_t lock; /* guards records and nodes */
     nhf_record *records;  /* linked through their next field */
     node *nodes;
     size_t count, capacity;
-} keeper;
+} sim_graph;
 
 /* Any thread (the last item of every replay, on a stream's thread). */
-void nhf_sim_keeper_release(void *keeper_) {
-    keeper *k = keeper_;
+void nhf_sim_graph_release(void *graph_) {
+    sim_graph *k = graph_;
     if (atomic_fetch_sub(&k->refs, 1) != 1)
         return;
     nhf_record *record = k->records;
@@ -231,13 +231,13 @@ void nhf_sim_keeper_release(void *keeper_) {
     free(k);
 }
 
-/* Without the GIL: one replay of the keeper's nodes on the stream, all of it or
+/* Without the GIL: one replay of the graph's nodes on the stream, all of it or
  * nothing.  Every item is made first, then the whole chain (the nodes, then the
- * keeper's release) is appended under the stream's mutex in one step, with the
- * replay's reference to the keeper taken there: a refused or interrupted replay
+ * graph's release) is appended under the stream's mutex in one step, with the
+ * replay's reference to the graph taken there: a refused or interrupted replay
  * enqueues nothing and holds nothing (issue 27: a half-enqueued replay whose
  * hold was dropped let the graph free a buffer its queued nodes still wrote). */
-static uint64_t replay(nhf_sim_stream *stream, keeper *k) {
+static uint64_t replay(nhf_sim_stream *stream, sim_graph *k) {
     pthread_mutex_lock(&k->lock);
     size_t count = k->count;
     item *first = NULL, *last = NULL;
@@ -245,7 +245,7 @@ static uint64_t replay(nhf_sim_stream *stream, keeper *k) {
     for (size_t i = 0; i <= count && status == 0; i++) {
         item *it = i < count ? new_item(k->nodes[i].fn, k->nodes[i].arg,
                                         k->nodes[i].device ? LANE_DEVICE : LANE_HOST)
-                             : new_item(nhf_sim_keeper_release, k, LANE_DEVICE);
+                             : new_item(nhf_sim_graph_release, k, LANE_DEVICE);
         if (it == NULL) {
             status = NHF_OUT_OF_MEMORY;
             break;
@@ -287,12 +287,12 @@ static nhf_sim_stream *stream_arg(PyObject *value) {
     return stream;
 }
 
-static keeper *keeper_arg(PyObject *value) {
+static sim_graph *graph_arg(PyObject *value) {
     void *k;
     if (nhf_address_arg(value, &k) < 0)
         return NULL;
     if (k == NULL)
-        PyErr_SetString(PyExc_ValueError, "a NULL simulated graph keeper");
+        PyErr_SetString(PyExc_ValueError, "a NULL simulated graph graph");
     return k;
 }
 
@@ -479,13 +479,13 @@ static PyObject *py_enqueue(PyObject *self, PyObject *const *args, Py_ssize_t na
     return PyLong_FromUnsignedLongLong(status);
 }
 
-/* sim_graph_record(keeper, fn, arg, owner) -> record: a record for fn(arg) owning
- * owner, owned by the keeper from the start (one call: see cuda_graph_record). */
+/* sim_graph_record(graph, fn, arg, owner) -> record: a record for fn(arg) owning
+ * owner, owned by the graph from the start (one call: see cuda_graph_record). */
 static PyObject *py_graph_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (check_nargs("sim_graph_record", nargs, 4) < 0)
         return NULL;
-    keeper *k = keeper_arg(args[0]);
+    sim_graph *k = graph_arg(args[0]);
     void *fn, *arg;
     if (k == NULL || nhf_address_arg(args[1], &fn) < 0 || nhf_address_arg(args[2], &arg) < 0)
         return NULL;
@@ -499,12 +499,12 @@ static PyObject *py_graph_record(PyObject *self, PyObject *const *args, Py_ssize
     return PyLong_FromVoidPtr(record);
 }
 
-/* keeper_own(keeper, record): the keeper owns the record from now on. */
-static PyObject *py_keeper_own(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+/* graph_own(graph, record): the graph owns the record from now on. */
+static PyObject *py_graph_own(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (check_nargs("sim_keeper_own", nargs, 2) < 0)
+    if (check_nargs("sim_graph_own", nargs, 2) < 0)
         return NULL;
-    keeper *k = keeper_arg(args[0]);
+    sim_graph *k = graph_arg(args[0]);
     void *record_;
     if (k == NULL || nhf_address_arg(args[1], &record_) < 0)
         return NULL;
@@ -516,13 +516,13 @@ static PyObject *py_keeper_own(PyObject *self, PyObject *const *args, Py_ssize_t
     Py_RETURN_NONE;
 }
 
-/* keeper_disown(keeper, record): undo the last keeper_own of the record (its
+/* graph_disown(graph, record): undo the last graph_own of the record (its
  * node could not be added). */
-static PyObject *py_keeper_disown(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *py_graph_disown(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (check_nargs("sim_keeper_disown", nargs, 2) < 0)
+    if (check_nargs("sim_graph_disown", nargs, 2) < 0)
         return NULL;
-    keeper *k = keeper_arg(args[0]);
+    sim_graph *k = graph_arg(args[0]);
     void *record_;
     if (k == NULL || nhf_address_arg(args[1], &record_) < 0)
         return NULL;
@@ -538,12 +538,12 @@ static PyObject *py_keeper_disown(PyObject *self, PyObject *const *args, Py_ssiz
     Py_RETURN_NONE;
 }
 
-/* keeper_add_node(keeper, device, fn, arg): a captured node, replayed in order. */
-static PyObject *py_keeper_add_node(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+/* graph_add_node(graph, device, fn, arg): a captured node, replayed in order. */
+static PyObject *py_graph_add_node(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (check_nargs("sim_keeper_add_node", nargs, 4) < 0)
+    if (check_nargs("sim_graph_add_node", nargs, 4) < 0)
         return NULL;
-    keeper *k = keeper_arg(args[0]);
+    sim_graph *k = graph_arg(args[0]);
     int device = PyObject_IsTrue(args[1]);
     void *fn, *arg;
     if (k == NULL || device < 0 || nhf_address_arg(args[2], &fn) < 0 ||
@@ -565,13 +565,13 @@ static PyObject *py_keeper_add_node(PyObject *self, PyObject *const *args, Py_ss
     Py_RETURN_NONE;
 }
 
-/* replay(stream, keeper) -> status: one replay of a simulated graph. */
+/* replay(stream, graph) -> status: one replay of a simulated graph. */
 static PyObject *py_replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (check_nargs("sim_replay", nargs, 2) < 0)
         return NULL;
     nhf_sim_stream *stream = stream_arg(args[0]);
-    keeper *k = stream == NULL ? NULL : keeper_arg(args[1]);
+    sim_graph *k = stream == NULL ? NULL : graph_arg(args[1]);
     if (k == NULL)
         return NULL;
     uint64_t status;
@@ -581,45 +581,45 @@ static PyObject *py_replay(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return PyLong_FromUnsignedLongLong(status);
 }
 
-/* A KeeperRef: one reference to a keeper, given back once, by release() or at
+/* A SimGraph: one reference to a graph, given back once, by release() or at
  * collection: one C call, so no exception can come between giving it back and
  * marking it given (a reference lost, or given back twice). */
 typedef struct {
     PyObject_HEAD
-    _Atomic(keeper *) k;
-} keeper_ref;
+    _Atomic(sim_graph *) k;
+} sim_graph_ref;
 
-/* KeeperRef(): a new keeper, and this, its first reference. */
-static int keeper_ref_init(PyObject *self, PyObject *args, PyObject *kwargs) {
+/* SimGraph(): a new graph, and this, its first reference. */
+static int sim_graph_ref_init(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, ":KeeperRef", keywords))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, ":SimGraph", keywords))
         return -1;
-    if (atomic_load(&((keeper_ref *)self)->k) != NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "a KeeperRef is made once");
+    if (atomic_load(&((sim_graph_ref *)self)->k) != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "a SimGraph is made once");
         return -1;
     }
-    keeper *k = calloc(1, sizeof(keeper));
+    sim_graph *k = calloc(1, sizeof(sim_graph));
     if (k == NULL || pthread_mutex_init(&k->lock, NULL)) {
         free(k);
         PyErr_SetString(PyExc_MemoryError, "the simulator could not allocate a graph");
         return -1;
     }
     atomic_store(&k->refs, 1);
-    atomic_store(&((keeper_ref *)self)->k, k);
+    atomic_store(&((sim_graph_ref *)self)->k, k);
     return 0;
 }
 
-static PyTypeObject keeper_ref_type;
+static PyTypeObject sim_graph_type;
 
-/* share() -> another reference to the same keeper (an executable graph's). */
-static PyObject *keeper_ref_share(PyObject *self, PyObject *unused) {
+/* share() -> another reference to the same graph (an executable graph's). */
+static PyObject *sim_graph_ref_share(PyObject *self, PyObject *unused) {
     (void)unused;
-    keeper *k = atomic_load(&((keeper_ref *)self)->k);
+    sim_graph *k = atomic_load(&((sim_graph_ref *)self)->k);
     if (k == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "the simulated graph is closed");
         return NULL;
     }
-    keeper_ref *other = PyObject_New(keeper_ref, &keeper_ref_type);
+    sim_graph_ref *other = PyObject_New(sim_graph_ref, &sim_graph_type);
     if (other == NULL)
         return NULL;
     atomic_fetch_add(&k->refs, 1);
@@ -627,54 +627,54 @@ static PyObject *keeper_ref_share(PyObject *self, PyObject *unused) {
     return (PyObject *)other;
 }
 
-static PyObject *keeper_ref_release(PyObject *self, PyObject *unused) {
+static PyObject *sim_graph_ref_release(PyObject *self, PyObject *unused) {
     (void)unused;
-    keeper *k = atomic_exchange(&((keeper_ref *)self)->k, NULL);
+    sim_graph *k = atomic_exchange(&((sim_graph_ref *)self)->k, NULL);
     if (k != NULL)
-        nhf_sim_keeper_release(k);
+        nhf_sim_graph_release(k);
     Py_RETURN_NONE;
 }
 
-static PyObject *keeper_ref_held(PyObject *self, void *closure) {
+static PyObject *sim_graph_ref_held(PyObject *self, void *closure) {
     (void)closure;
-    return PyBool_FromLong(atomic_load(&((keeper_ref *)self)->k) != NULL);
+    return PyBool_FromLong(atomic_load(&((sim_graph_ref *)self)->k) != NULL);
 }
 
-static PyObject *keeper_ref_address(PyObject *self, void *closure) {
+static PyObject *sim_graph_ref_address(PyObject *self, void *closure) {
     (void)closure;
-    return PyLong_FromVoidPtr(atomic_load(&((keeper_ref *)self)->k));
+    return PyLong_FromVoidPtr(atomic_load(&((sim_graph_ref *)self)->k));
 }
 
-static void keeper_ref_dealloc(PyObject *self) {
-    keeper *k = atomic_exchange(&((keeper_ref *)self)->k, NULL);
+static void sim_graph_ref_dealloc(PyObject *self) {
+    sim_graph *k = atomic_exchange(&((sim_graph_ref *)self)->k, NULL);
     if (k != NULL)
-        nhf_sim_keeper_release(k);
+        nhf_sim_graph_release(k);
     Py_TYPE(self)->tp_free(self);
 }
 
-static PyMethodDef keeper_ref_methods[] = {
-    {"release", keeper_ref_release, METH_NOARGS, "Give the reference back (once)."},
-    {"share", keeper_ref_share, METH_NOARGS, "Another reference to the same keeper."},
+static PyMethodDef sim_graph_ref_methods[] = {
+    {"release", sim_graph_ref_release, METH_NOARGS, "Give the reference back (once)."},
+    {"share", sim_graph_ref_share, METH_NOARGS, "Another reference to the same graph."},
     {NULL, NULL, 0, NULL},
 };
 
-static PyGetSetDef keeper_ref_getset[] = {
-    {"held", keeper_ref_held, NULL, "Whether the reference is still held.", NULL},
-    {"keeper", keeper_ref_address, NULL, "The keeper's address (0 once released).", NULL},
+static PyGetSetDef sim_graph_ref_getset[] = {
+    {"held", sim_graph_ref_held, NULL, "Whether the reference is still held.", NULL},
+    {"address", sim_graph_ref_address, NULL, "The native graph's address (0 once released).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-static PyTypeObject keeper_ref_type = {
+static PyTypeObject sim_graph_type = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "numba_hostfn._core.KeeperRef",
-    .tp_doc = "KeeperRef(): a new simulated graph's keeper, and one reference to it.",
-    .tp_basicsize = sizeof(keeper_ref),
+    .tp_name = "numba_hostfn._core.SimGraph",
+    .tp_doc = "SimGraph(): a new simulated graph's graph, and one reference to it.",
+    .tp_basicsize = sizeof(sim_graph_ref),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_new = PyType_GenericNew,
-    .tp_init = keeper_ref_init,
-    .tp_dealloc = keeper_ref_dealloc,
-    .tp_methods = keeper_ref_methods,
-    .tp_getset = keeper_ref_getset,
+    .tp_init = sim_graph_ref_init,
+    .tp_dealloc = sim_graph_ref_dealloc,
+    .tp_methods = sim_graph_ref_methods,
+    .tp_getset = sim_graph_ref_getset,
 };
 
 static PyMethodDef methods[] = {
@@ -688,21 +688,21 @@ static PyMethodDef methods[] = {
     {"sim_enqueue", (PyCFunction)(void (*)(void))py_enqueue, METH_FASTCALL,
      "sim_enqueue(stream, fn, arg, device) -> status"},
     {"sim_graph_record", (PyCFunction)(void (*)(void))py_graph_record, METH_FASTCALL,
-     "sim_graph_record(keeper, fn, arg, owner) -> a record the keeper owns"},
-    {"sim_keeper_own", (PyCFunction)(void (*)(void))py_keeper_own, METH_FASTCALL,
-     "sim_keeper_own(keeper, record)"},
-    {"sim_keeper_disown", (PyCFunction)(void (*)(void))py_keeper_disown, METH_FASTCALL,
-     "sim_keeper_disown(keeper, record)"},
-    {"sim_keeper_add_node", (PyCFunction)(void (*)(void))py_keeper_add_node, METH_FASTCALL,
-     "sim_keeper_add_node(keeper, device, fn, arg)"},
+     "sim_graph_record(graph, fn, arg, owner) -> a record the graph owns"},
+    {"sim_graph_own", (PyCFunction)(void (*)(void))py_graph_own, METH_FASTCALL,
+     "sim_graph_own(graph, record)"},
+    {"sim_graph_disown", (PyCFunction)(void (*)(void))py_graph_disown, METH_FASTCALL,
+     "sim_graph_disown(graph, record)"},
+    {"sim_graph_add_node", (PyCFunction)(void (*)(void))py_graph_add_node, METH_FASTCALL,
+     "sim_graph_add_node(graph, device, fn, arg)"},
     {"sim_replay", (PyCFunction)(void (*)(void))py_replay, METH_FASTCALL,
-     "sim_replay(stream, keeper) -> status: one replay, all of it or nothing."},
+     "sim_replay(stream, graph) -> status: one replay, all of it or nothing."},
     {NULL, NULL, 0, NULL},
 };
 
 int nhf_simulator_init(PyObject *module) {
-    if (PyModule_AddFunctions(module, methods) < 0 || PyType_Ready(&keeper_ref_type) < 0 ||
-        PyModule_AddObjectRef(module, "KeeperRef", (PyObject *)&keeper_ref_type) < 0 ||
+    if (PyModule_AddFunctions(module, methods) < 0 || PyType_Ready(&sim_graph_type) < 0 ||
+        PyModule_AddObjectRef(module, "SimGraph", (PyObject *)&sim_graph_type) < 0 ||
         PyType_Ready(&sim_stream_type) < 0 ||
         PyModule_AddObjectRef(module, "SimStreamBase", (PyObject *)&sim_stream_type) < 0)
         return -1;
@@ -710,8 +710,8 @@ int nhf_simulator_init(PyObject *module) {
         nhf_add_address(module, "SIM_ENQUEUE_DEVICE",
                         (void *)(uintptr_t)nhf_sim_enqueue_device) < 0 ||
         nhf_add_address(module, "SIM_DELAY", (void *)(uintptr_t)nhf_sim_delay) < 0 ||
-        nhf_add_address(module, "SIM_KEEPER_RELEASE",
-                        (void *)(uintptr_t)nhf_sim_keeper_release) < 0)
+        nhf_add_address(module, "SIM_GRAPH_RELEASE",
+                        (void *)(uintptr_t)nhf_sim_graph_release) < 0)
         return -1;
     return 0;
 }

@@ -41,7 +41,7 @@ def raises(p):
     raise ValueError("raised inside a host function")
 
 
-def test_both_decorator_forms_give_host_functions():
+def test_both_hostfunction_forms_give_host_functions():
     assert isinstance(add_one, nh.HostFunction)
     assert isinstance(bump_record, nh.HostFunction)
     assert add_one.py_func.__name__ == "add_one"
@@ -191,12 +191,12 @@ def test_compile_error_raises_at_decoration_naming_the_function():
 
 
 @pytest.mark.parametrize("bad", [1, "fn", len])
-def test_decorator_rejects_non_functions(bad):
+def test_hostfunction_rejects_non_functions(bad):
     with pytest.raises(TypeError, match="Python function"):
         nh.host_callback(bad)
 
 
-def test_decorator_rejects_wrong_arity():
+def test_hostfunction_rejects_wrong_arity():
     def two(a, b):
         pass
 
@@ -205,7 +205,7 @@ def test_decorator_rejects_wrong_arity():
 
 
 @pytest.mark.parametrize("dtype", ["not a dtype", object, np.dtype([("o", object)])])
-def test_decorator_rejects_bad_dtype(dtype):
+def test_hostfunction_rejects_bad_dtype(dtype):
     with pytest.raises(TypeError):
         nh.host_callback(dtype=dtype)(lambda p: None)
 

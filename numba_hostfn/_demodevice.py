@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 from numba import carray
 
-from ._backend import get_backend
-from ._decorator import host_callback
+from ._hostfunction import host_callback
 from ._intrinsics import as_voidptr
+from ._process import get_backend
 from ._simulator import Stream as SimulatedStream
 
 __all__ = ["Device"]

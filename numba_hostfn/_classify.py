@@ -1,0 +1,348 @@
+"""What a callable is, for host_launch: compiled code, a ctypes CUhostFn, or Python.
+
+``classify_function`` decides; the native ``host_launch`` (``native/host_launch.c``)
+decides only the common cases, the same way, and hands every other call here.  A
+Python callable is checked each time (what it needs is its own, and a class's
+``__call__`` can be replaced); what it needs is read off its code or signature, and a
+coroutine function or a callable that needs arguments is refused, saying what was meant.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import inspect
+import types
+import weakref
+from typing import Any
+
+from ._compat import (
+    FUNCFLAG_CDECL,
+    FUNCFLAG_PYTHONAPI,
+    CFuncPtr,
+    cfunc_signature,
+    is_jitted,
+    numba_cfunc_type,
+    numba_hooks,
+    pointer_address,
+    pointer_flags,
+    text_signature,
+)
+from ._hostfunction import HostFunction
+
+__all__ = ["KindsByType", "classify_function", "refuse_coroutine_function"]
+
+_CDECL = FUNCFLAG_CDECL
+
+
+class KindsByType:
+    """What a type is, keyed by ``id(type)``, holding each type weakly.
+
+    A plain dict keyed by the type would keep every type it has seen alive (a
+    class defined in a function, once per call).  Each entry keeps a weak
+    reference and is used only while that reference still gives the type: an
+    entry whose callback never ran (a signal handler raised inside it) cannot
+    describe a new type that reuses the dead one's id.
+    """
+
+    def __init__(self) -> None:
+        self._kinds: dict[int, tuple[str, weakref.ref]] = {}
+
+    def get(self, cls: type) -> str | None:
+        entry = self._kinds.get(id(cls))
+        if entry is None or entry[1]() is not cls:
+            return None
+        return entry[0]
+
+    def remember(self, cls: type, kind: str) -> None:
+        key = id(cls)
+        kinds = self._kinds
+        try:
+            ref = weakref.ref(cls, lambda ref, key=key: _forget(kinds, key, ref))
+        except TypeError:  # not weakly referenceable: not cached
+            return
+        kinds[key] = (kind, ref)
+
+
+def _forget(kinds: dict, key: int, ref: weakref.ref) -> None:
+    entry = kinds.get(key)
+    if entry is not None and entry[1] is ref:  # not since replaced by a newer type
+        del kinds[key]
+
+
+# id(type) -> "compiled" (a HostFunction subclass), filled on first sight: it depends
+# on the type alone.  Python callables are checked each time (a class's __call__ can
+# be replaced); ctypes pointers too (their restype and argtypes can be set per instance).
+_FN_KINDS = KindsByType()
+
+
+def _prototype_error(detail: str) -> TypeError:
+    return TypeError(
+        f"host_launch() got a ctypes function pointer {detail}; CUDA calls a CUhostFn, "
+        "void (*)(void *), declared as ctypes.CFUNCTYPE(None, ctypes.c_void_p) "
+        "(numba_hostfn.CUhostFn). Alternatively pass a Python callable or a HostFunction."
+    )
+
+
+def classify_function(fn: Any) -> tuple[str, int, Any]:
+    """Return ``(kind, address, owner)``: kind is "compiled", "pointer" or "python"."""
+    kind = _FN_KINDS.get(type(fn))
+    if type(fn) in _PER_INSTANCE:  # a plain function: not async (checked each time)
+        refuse_coroutine_function(fn)
+        _refuse_required_arguments(fn)
+        return "python", 0, fn
+    if kind == "compiled":
+        return kind, fn.address, fn
+    if issubclass(type(fn), HostFunction):
+        _FN_KINDS.remember(type(fn), "compiled")
+        return "compiled", fn.address, fn
+    if issubclass(type(fn), CFuncPtr):
+        flags = pointer_flags(fn)
+        if flags != _CDECL:
+            kind = "PYFUNCTYPE" if flags & FUNCFLAG_PYTHONAPI else f"flags {flags:#x}"
+            raise _prototype_error(f"declared with {kind}")
+        if fn.restype is not None or tuple(fn.argtypes or ()) != (ctypes.c_void_p,):
+            raise _prototype_error(f"with restype={fn.restype!r}, argtypes={fn.argtypes!r}")
+        address = pointer_address(fn)
+        if not address:
+            raise ValueError("host_launch() got a NULL ctypes function pointer")
+        return "pointer", address, fn
+    if issubclass(type(fn), numba_cfunc_type()):  # numba is imported: there is one
+        if cfunc_signature(fn) != numba_hooks().signature:
+            raise TypeError(
+                f"host_launch() got a numba cfunc with signature {cfunc_signature(fn)}; a CUhostFn "
+                "needs void(voidptr): use @host_callback, or numba.cfunc('void(voidptr)')"
+            )
+        return "pointer", fn.address, fn
+    if is_jitted(fn):
+        raise TypeError(
+            f"host_launch() got a numba.njit function ({fn.py_func.__qualname__!r}), which "
+            "the driver cannot call: decorate the Python function with "
+            "@numba_hostfn.host_callback instead (or pass host_callback(fn.py_func))"
+        )
+    if fn is None or not callable(fn):
+        raise TypeError(
+            "host_launch() expected a HostFunction, a CUhostFn ctypes pointer or a "
+            f"Python callable, got {type(fn).__name__}"
+        )
+    if (
+        type(fn) in _BUILTINS
+        or issubclass(type(fn), (staticmethod, type, _CACHED))
+        or _function_like(fn)  # a Cython function, say
+    ):
+        # What it needs is its own, not its type's: checked each time.
+        inner = fn.__func__ if issubclass(type(fn), staticmethod) else fn
+        refuse_coroutine_function(inner)
+        _refuse_required_arguments(inner)
+        return "python", 0, fn
+    # Checked each time, never remembered by type: a class's __call__ can be replaced.
+    refuse_coroutine_function(fn)
+    _refuse_required_arguments(fn)
+    return "python", 0, fn
+
+
+_ASYNC_FLAGS = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+# Callables whose coroutine-ness differs from one instance to the next: checked each time.
+_PER_INSTANCE = (types.FunctionType, types.MethodType, functools.partial)
+# Callables of one type whose arguments differ from one instance to the next
+# (len needs one, time.time none; a staticmethod is its function's): checked each
+# time, never remembered by type (and so never taught to the fast path).
+_BUILTINS = (
+    types.BuiltinFunctionType,  # builtin functions and bound builtin methods
+    types.MethodWrapperType,
+    types.MethodDescriptorType,
+    types.WrapperDescriptorType,
+    types.ClassMethodDescriptorType,
+)
+_BOUND_BUILTINS = (types.BuiltinFunctionType, types.MethodWrapperType)
+# functools.lru_cache and functools.cache wrappers: they call the function they wrap
+# with the arguments they get.
+_CACHED = type(functools.lru_cache(None)(len))
+# (type, its text signature, counts_self) -> the arguments it needs; bounded (see
+# _builtin_required).
+_BUILTIN_REQUIRED: dict[tuple[type, str, bool], int] = {}
+_REQUIRED_KINDS = (
+    inspect.Parameter.POSITIONAL_ONLY,
+    inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    inspect.Parameter.KEYWORD_ONLY,
+)
+
+
+def _attribute(obj: Any, name: str) -> Any:
+    """``getattr(obj, name, None)``, and None where reading it raises anything (an
+    object's own ``__getattr__`` or property may): classifying never fails on it."""
+    try:
+        return getattr(obj, name, None)
+    except Exception:
+        return None
+
+
+def _code_of(obj: Any) -> Any:
+    """The code object ``obj`` has (a function's, a Cython or numba function's), or None."""
+    code = _attribute(obj, "__code__")
+    return code if isinstance(code, types.CodeType) else None
+
+
+def _function_like(obj: Any) -> bool:
+    """``obj``'s type gives it a code object, as a function's type does (Cython's
+    functions): not an object that merely forwards attributes to a function."""
+    return _attribute(type(obj), "__code__") is not None and _code_of(obj) is not None
+
+
+def _call_method(fn: Any) -> Any:
+    """The plain function behind calling ``fn``, an instance whose class defines
+    ``__call__`` in Python; else None (a function, a class, a builtin)."""
+    if issubclass(type(fn), type):  # (a function-like fn: _function_of has taken it)
+        return None
+    # The class's own attribute (as the call finds it), not one bound to fn.
+    call = next((vars(c)["__call__"] for c in type(fn).__mro__ if "__call__" in vars(c)), None)
+    return call if type(call) is types.FunctionType else None
+
+
+def _function_of(fn: Any) -> tuple[Any, int]:
+    """The function that calling ``fn`` runs, and how many of its leading parameters
+    are bound: ``fn`` itself (a plain function, or one with a code object: Cython's),
+    a bound method's function, the function an lru_cache wrapper calls (itself
+    perhaps a bound method), or the ``__call__`` of a callable object's class;
+    (None, 0) where it is none of these."""
+    original, bound = fn, 0
+    if type(fn) is types.MethodType:
+        fn, bound = fn.__func__, 1
+    if type(fn) is _CACHED:
+        fn = _attribute(fn, "__wrapped__")
+        if type(fn) is types.MethodType:
+            fn, bound = fn.__func__, bound + 1
+    if type(fn) is types.FunctionType or _function_like(fn):
+        return fn, bound
+    call = _call_method(fn) if fn is original else None
+    return (call, 1) if call is not None else (None, 0)  # its class's __call__, bound
+
+
+def _is_coroutine_partial(fn: Any) -> bool:
+    try:
+        return type(fn) is functools.partial and inspect.iscoroutinefunction(fn)
+    except Exception:  # what its function's own attributes raise
+        return False
+
+
+def refuse_coroutine_function(fn: Any, caller: str = "host_launch") -> None:
+    function, _ = _function_of(fn)
+    # Else whatever code object it has (unittest.mock.AsyncMock sets one).
+    code = _code_of(function if function is not None else fn)
+    is_async = code is not None and code.co_flags & _ASYNC_FLAGS
+    if is_async or _is_coroutine_partial(fn):
+        raise TypeError(
+            f"{caller}() got a coroutine function ({getattr(fn, '__qualname__', fn)!r}): "
+            "a host function is called, not awaited, so it would only make a coroutine that "
+            "never runs. To resume a coroutine when the stream gets here, await "
+            "numba_hostfn.async_done(stream) in it; to call Python there, pass a plain function"
+        )
+
+
+def _builtin_required(fn: Any) -> int:
+    """The arguments a builtin needs, from its text signature, the text that
+    ``inspect.signature`` reads (0 where it has none: unknown, so not refused)."""
+    text = text_signature(fn)
+    if not text:
+        return 0
+    # A builtin function or method-wrapper is always bound to its leading "$"
+    # parameter, but inspect drops it only where __self__ is not None (it counts
+    # it for None.__sizeof__, which [].clear's text shares): counted, then taken off.
+    counts_self = type(fn) in _BOUND_BUILTINS and fn.__self__ is None and text.startswith("($")
+    key = (type(fn), text, counts_self)
+    required = _BUILTIN_REQUIRED.get(key)
+    if required is None:
+        required = max(0, _signature_required(fn) - counts_self)
+        if len(_BUILTIN_REQUIRED) < 4096:  # distinct signatures, not objects
+            _BUILTIN_REQUIRED[key] = required
+    return required
+
+
+def _code_required(function: Any, skipped: int, given: Any = ()) -> int:
+    """The arguments a plain function still needs when its first ``skipped``
+    positional parameters are filled (bound, or given by a partial) and the keywords
+    ``given`` are given: parameters without a default, not filled."""
+    code = function.__code__
+    names = code.co_varnames
+    defaults = _attribute(function, "__defaults__")
+    first_default = code.co_argcount - len(defaults if isinstance(defaults, tuple) else ())
+    required = sum(  # a positional-only parameter cannot be given as a keyword
+        names[i] not in given or i < code.co_posonlyargcount for i in range(skipped, first_default)
+    )
+    defaults = _attribute(function, "__kwdefaults__")  # numba's functions have none
+    defaults = defaults if isinstance(defaults, dict) else {}
+    keyword_only = names[code.co_argcount : code.co_argcount + code.co_kwonlyargcount]
+    return required + sum(name not in defaults and name not in given for name in keyword_only)
+
+
+def _signature_required(fn: Any) -> int:
+    """The arguments ``inspect.signature`` says ``fn`` needs (0 where it has none)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except Exception:  # none (ValueError), or what the object's own attributes raise
+        return 0
+    empty = inspect.Parameter.empty
+    return sum(p.kind in _REQUIRED_KINDS and p.default is empty for p in parameters)
+
+
+def _partial_required(fn: functools.partial) -> tuple[Any, int]:
+    """What a partial calls, and the arguments it still needs: exact for a function
+    with code however reached (_function_of); for a builtin or a class whose needs
+    are known, those less what the partial gives, counted as if every keyword filled
+    one (never more than it needs); else what ``inspect.signature`` says of it."""
+    target = fn.func
+    function, bound = _function_of(target)
+    if function is not None:
+        return function, _code_required(function, bound + len(fn.args), fn.keywords)
+    needs = None
+    if type(target) in _BUILTINS:
+        needs = _builtin_required(target)
+    elif issubclass(type(target), type):
+        needs = _class_required(target)
+    if needs is None:  # a builtin type, a callable object (a numpy ufunc)
+        return target, _signature_required(fn)
+    return target, max(0, needs - len(fn.args) - len(fn.keywords))
+
+
+def _class_required(cls: type) -> int | None:
+    """The arguments ``cls()`` needs, from its ``__new__`` and ``__init__`` where they
+    are Python code (both are called with the same arguments; a ``__new__`` that
+    returns no instance of ``cls``, so that ``__init__`` is skipped, is not seen);
+    None where neither is, or a metaclass has its own ``__call__`` (unknown here)."""
+    if type(cls).__call__ is not type.__call__:
+        return None
+    required = None
+    for name in ("__new__", "__init__"):
+        found = next((vars(c)[name] for c in cls.__mro__ if name in vars(c)), None)
+        if type(found) is staticmethod:  # __new__
+            found = found.__func__
+        if type(found) is types.FunctionType:
+            required = max(required or 0, _code_required(found, 1))
+    return required
+
+
+def _refuse_required_arguments(fn: Any) -> None:
+    """A plain function, bound method, partial, class, cached function, builtin or
+    callable object that cannot be called with no arguments (positional or
+    keyword-only ones without a default)."""
+    if type(fn) is functools.partial:
+        function, required = _partial_required(fn)
+    elif issubclass(type(fn), type):  # a builtin type: its text signature, if any
+        required = _class_required(fn)
+        function, required = fn, _signature_required(fn) if required is None else required
+    elif type(fn) in _BUILTINS:
+        function, required = fn, _builtin_required(fn)
+    else:
+        function, bound = _function_of(fn)
+        if function is None:
+            return
+        required = _code_required(function, bound)
+    if required > 0:
+        name = getattr(function, "__qualname__", function)
+        raise TypeError(
+            f"host_launch() got {name!r}, which takes {required} "
+            "argument(s), but a Python callable is called with none. To run it as "
+            "fn(user_data), compiled and without the GIL, decorate it with "
+            "@numba_hostfn.host_callback; to call Python with data, bind the data: "
+            "functools.partial(fn, data)"
+        )

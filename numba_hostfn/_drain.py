@@ -1,0 +1,37 @@
+"""``pending`` and ``drain``: launches not yet released, and their release at a known point."""
+
+from __future__ import annotations
+
+from ._notify import run_callbacks
+from ._process import get_backend
+
+__all__ = ["drain", "pending"]
+
+
+def pending() -> int:
+    """Return how many launches are not yet released (not run, or run and not drained).
+
+    Returns
+    -------
+    int
+    """
+    return get_backend().records.pending()
+
+
+def drain() -> int:
+    """Release the owners of launches that have run, on the calling thread.
+
+    The main thread does this on its own shortly after each host function
+    (through ``Py_AddPendingCall``); call it to release at a known point, e.g.
+    after synchronizing a stream and before checking a weak reference.  It
+    also runs the non-blocking callbacks (``host_launch(..., blocking=False)``)
+    and sets the ``done_future`` results whose streams got there and that are
+    not done yet, in stream order.
+
+    Returns
+    -------
+    int
+        How many launches were released.
+    """
+    run_callbacks()
+    return get_backend().records.drain()

@@ -1,0 +1,164 @@
+"""The one Python path under host_launch, host_copy, release_after and the signals.
+
+``enqueue`` resolves a launch (its kind, user data, target and what it owns) and puts
+it on the stream through the native enqueue (``_core.enqueue``), on an executor's
+lane, or into the graph being captured or an explicit graph (``_graphs``).
+``signal_route`` says where a signal goes, for the native dispatcher (``_notify``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _core
+from ._classify import classify_function
+from ._executor import check_executor
+from ._graphs import (
+    add_captured_executor_node,
+    add_captured_node,
+    add_executor_graph_node,
+    add_graph_node,
+)
+from ._process import get_backend
+from ._streams import stream_handle, target_kind
+from ._userdata import resolve_user_data
+
+__all__ = ["enqueue", "refuse_signal", "signal_route", "user_data_with_callable"]
+
+
+def signal_route(target: Any, executor: Any, refusal: str) -> tuple[int, int, int, Any]:
+    """Where a signal of ``target`` goes: ``(enqueue_fn, target, trampoline, owner)``
+    for the native dispatcher's launch (``native/notify.c``).
+
+    A signal says "the stream got here" once, so it is only for streams: a graph
+    target raises ``RuntimeError(refusal)``, having enqueued nothing (a capturing
+    stream is refused by the enqueue: :func:`refuse_signal`).
+    """
+    if target_kind(target) != "stream":
+        raise RuntimeError(refusal)
+    if executor is not None:
+        check_executor(executor)
+    backend = get_backend()
+    handle = stream_handle(target)
+    if backend.vets_streams:
+        handle = backend.stream_handle(target, handle)
+    if executor is None:
+        return backend.enqueue_fn, handle, _core.RUN_COMPILED, None
+    # An executor's task owns the executor: it is collected only with nothing outstanding.
+    return backend.executor_enqueue_fn, executor._lane(handle), _core.RUN_COMPILED, executor
+
+
+def refuse_signal(status: int, executor: Any, refusal: str) -> None:
+    """Raise for a signal's refused enqueue: ``RuntimeError(refusal)`` if the stream is
+    capturing, else what a refused launch raises."""
+    if status == _core.CAPTURING:
+        raise RuntimeError(refusal)
+    call = "cuLaunchHostFunc" if executor is None else "cuStreamWriteValue32"
+    get_backend().raise_refusal(status, call)
+
+
+def enqueue(
+    target: Any,
+    fn: Any,
+    user_data: Any,
+    also_owns: Any,
+    *,
+    as_device_work: bool = False,
+    executor: Any = None,
+    parallel_copy: bool = False,
+) -> Any:
+    """host_launch, plus ``also_owns``: more objects the launch owns until it has run.
+
+    ``as_device_work`` (simulator only) enqueues simulated device work instead of a
+    host function.  ``parallel_copy`` says that ``fn`` is the compiled copy with
+    MEMCPY_LAYOUT user data, which an executor shares out among its threads.
+    """
+    kind, address, fn_owned = classify_function(fn)
+    if kind == "python":
+        if user_data is not None:
+            raise user_data_with_callable(fn)
+        arg, data_owned = id(fn), None  # the PyObject*, kept alive by fn_owned
+    else:
+        layout = fn.dtype if kind == "compiled" else None
+        reads = kind == "compiled" and fn.reads_user_data
+        arg, data_owned = resolve_user_data(user_data, layout, fn, reads)
+    kind_of_target = target_kind(target)
+    if executor is not None:
+        check_executor(executor)
+    backend = get_backend()
+    # The function alone when it is all the launch owns: no object per launch,
+    # so a burst of launches does not feed the cyclic garbage collector.
+    if executor is not None:
+        owned = (fn_owned, data_owned, also_owns, executor)  # an executor outlives its tasks
+    elif data_owned is None and also_owns is None:
+        owned = fn_owned
+    else:
+        owned = (fn_owned, data_owned, also_owns)
+    if kind_of_target == "node":
+        if executor is not None:
+            return add_executor_graph_node(
+                backend, executor, target, kind, address, arg, owned, parallel_copy
+            )
+        return add_graph_node(backend, target, kind, address, arg, owned)
+    handle = stream_handle(target)
+    if backend.vets_streams:
+        handle = backend.stream_handle(target, handle)
+    trampoline = _core.RUN_PYTHON if kind == "python" else _core.RUN_COMPILED
+    builder = kind_of_target == "builder"
+    if executor is not None:
+        while True:
+            if not builder and _executor_enqueue(
+                backend, executor, handle, trampoline, address, arg, owned, parallel_copy
+            ):
+                return None
+            if add_captured_executor_node(
+                backend, executor, handle, kind, address, arg, owned, parallel_copy, builder
+            ):
+                return None
+    enqueue_fn = backend.device_enqueue_fn if as_device_work else 0
+    while True:
+        if not builder and backend.enqueue(handle, trampoline, address, arg, owned, enqueue_fn):
+            return None
+        if add_captured_node(backend, handle, kind, address, arg, owned, builder, as_device_work):
+            return None
+        # The capture ended between the two checks: enqueue on the stream.
+
+
+def user_data_with_callable(fn: Any) -> ValueError:
+    return ValueError(
+        "user_data is only supported with compiled host functions and ctypes "
+        f"function pointers; {getattr(fn, '__qualname__', type(fn).__name__)!r} is a "
+        "Python callable, called with no arguments. Decorate it with "
+        "@numba_hostfn.host_callback to run fn(user_data) compiled and without the "
+        "GIL, or bind the data: functools.partial(fn, data)"
+    )
+
+
+def _executor_enqueue(
+    backend: Any,
+    executor: Any,
+    handle: int,
+    trampoline: int,
+    fn: int,
+    arg: int,
+    owner: Any,
+    copy: bool,
+    builtin: Any = None,
+) -> bool:
+    """Enqueue on the executor's lane for stream ``handle``; False if it is capturing."""
+    lane = executor._lane(handle)
+    # The executor's copy trampoline finds its pool in the record's context.
+    context = (executor._pool,) if copy else ()
+    if copy:
+        trampoline = _core.EXEC_COPY
+    return backend.enqueue(
+        lane,
+        trampoline,
+        fn,
+        arg,
+        owner,
+        backend.executor_enqueue_fn,
+        "cuStreamWriteValue32",
+        builtin,
+        context,
+    )

@@ -1,0 +1,58 @@
+"""numba-cuda parity: ``add_callback``, its ``Stream.add_callback`` for any stream.
+
+A blocking Python callback (it takes the GIL on the driver's thread, as numba-cuda's
+does), not a signal: for a notification without the GIL, see ``_notify``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from ._classify import refuse_coroutine_function
+from ._compat import CFuncPtr, numba_cfunc_type
+from ._enqueue import enqueue
+from ._hostfunction import HostFunction
+
+__all__ = ["add_callback"]
+
+
+def add_callback(stream: Any, callback: Any, arg: Any = None) -> None:
+    """numba-cuda's ``Stream.add_callback``, for any stream: ``callback(stream, 0, arg)``.
+
+    The callback is a Python function called on the driver's thread when the
+    stream reaches this point; it takes the GIL, and the stream (and every
+    other host function of the context) waits while it runs, exactly as in
+    numba-cuda.  The status is always 0: ``cuLaunchHostFunc`` runs a host
+    function only when the work before it has succeeded.  For a notification
+    that never takes the GIL on the driver's thread, use
+    ``host_launch(stream, fn, blocking=False)``, :func:`async_done` or
+    :func:`done_future`.
+
+    Parameters
+    ----------
+    stream : stream
+        A cuda.core ``Stream`` or any object with ``__cuda_stream__`` (a
+        numba-cuda ``Stream`` too).
+    callback : callable
+        ``callback(stream, status, arg)``.
+    arg : object, optional
+        Passed to the callback; kept alive until it has run.
+
+    Raises
+    ------
+    TypeError
+        If ``callback`` is not callable, or ``stream`` is not a stream.
+    """
+    compiled = (HostFunction, CFuncPtr, numba_cfunc_type())
+    if not callable(callback) or isinstance(callback, compiled):
+        raise TypeError(
+            "add_callback() expected a Python callable callback(stream, status, arg), got "
+            f"{type(callback).__name__}; compiled host functions go to host_launch()"
+        )
+    refuse_coroutine_function(callback, "add_callback")
+    enqueue(stream, functools.partial(_numba_cuda_call, callback, stream, arg), None, None)
+
+
+def _numba_cuda_call(callback: Any, stream: Any, arg: Any) -> None:
+    callback(stream, 0, arg)

@@ -1,0 +1,91 @@
+"""What a launch target is: a stream (and its handle), a GraphBuilder, or an explicit graph.
+
+A stream is any object with the ``__cuda_stream__`` protocol, version 0: ``(0, handle)``
+(cuda.core, CuPy, PyTorch, numba-cuda, the simulator).  A cuda.core ``GraphBuilder``
+(or the simulator's) captures; a cuda.core ``GraphDefinition`` or ``GraphNode`` is an
+explicit graph (``_graphs``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._classify import KindsByType
+
+__all__ = ["stream_handle", "target_kind"]
+
+# id(type) -> "stream" | "builder" | "node", filled on first sight
+_TARGET_KINDS = KindsByType()
+
+
+def _is_graph_node(target: Any) -> bool:
+    """A cuda.core explicit graph: a GraphDefinition, or any GraphNode (subclasses too)."""
+    for cls in type(target).__mro__:
+        if cls.__name__ in ("GraphDefinition", "GraphNode") and (cls.__module__ or "").startswith(
+            "cuda.core"
+        ):
+            return True
+    return False
+
+
+def target_kind(target: Any) -> str:
+    """ "stream", "builder" (a GraphBuilder) or "node" (an explicit graph), cached per type."""
+    kind = _TARGET_KINDS.get(type(target))
+    if kind is not None:
+        return kind
+    if target is None:
+        raise TypeError(
+            "host_launch() needs a stream, got None; pass a cuda.core Stream or "
+            "GraphBuilder, or a stream object with __cuda_stream__ (CuPy, PyTorch, numba-cuda)"
+        )
+    if isinstance(target, int):
+        raise TypeError(
+            f"host_launch() got a bare int ({target!r}) as stream; wrap a raw CUstream "
+            "handle with cuda.core.Stream.from_handle(handle) (and keep the stream alive)"
+        )
+    module = type(target).__module__ or ""
+    if type(target).__name__ == "GraphBuilder" and (
+        module.startswith("cuda.core") or module == "numba_hostfn._simulator"
+    ):
+        kind = "builder"
+    elif _is_graph_node(target):
+        kind = "node"
+    elif hasattr(target, "__cuda_stream__"):
+        kind = "stream"
+    else:
+        raise TypeError(
+            "host_launch() expected a cuda.core Stream, GraphBuilder, GraphDefinition or "
+            "GraphNode, or an object with the __cuda_stream__ protocol, got "
+            f"{type(target).__name__}"
+        )
+    _TARGET_KINDS.remember(type(target), kind)
+    return kind
+
+
+def stream_handle(stream: Any) -> int:
+    try:
+        protocol = stream.__cuda_stream__
+        value = protocol() if callable(protocol) else protocol
+    except Exception as exc:  # the stream's own code: say so (a KeyboardInterrupt passes)
+        raise TypeError(
+            f"{type(stream).__name__}.__cuda_stream__ raised {type(exc).__name__}: {exc}; a "
+            "stream gives (0, handle) as in version 0 of the protocol"
+        ) from exc
+    if (
+        type(value) is not tuple
+        or len(value) != 2
+        or type(value[0]) is not int  # not 0.0 or False: version 0 is the int 0
+        or value[0] != 0
+        or not isinstance(value[1], int)
+        or isinstance(value[1], bool)
+    ):
+        raise TypeError(
+            f"{type(stream).__name__}.__cuda_stream__ returned {value!r}; expected "
+            "(0, handle) as in version 0 of the protocol"
+        )
+    if not 0 <= value[1] < 1 << 64:
+        raise ValueError(
+            f"{type(stream).__name__}.__cuda_stream__ returned the handle {value[1]}; a "
+            "stream handle is an address, 0 to 2**64 - 1"
+        )
+    return value[1]
