@@ -1,0 +1,80 @@
+"""The package's layers: no import cycle among its modules, counting imports inside
+functions, no private name imported from a sibling module, and docs/design.md's module
+map names every module (issue 26)."""
+
+import ast
+import collections
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "numba_hostfn"
+MODULES = sorted(p.stem for p in PACKAGE.glob("*.py"))
+
+
+def _imports() -> tuple[dict[str, set[str]], list[str]]:
+    """Each module's imports of sibling modules (anywhere in it), and private names
+    imported from one (``from ._x import _y``)."""
+    edges: dict[str, set[str]] = collections.defaultdict(set)
+    private = []
+    for path in PACKAGE.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom) or node.level != 1:
+                continue
+            if node.module:
+                edges[path.stem].add(node.module.split(".")[0])
+                private += [
+                    f"{path.name}: from .{node.module} import {a.name}"
+                    for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")
+                ]
+            else:
+                edges[path.stem].update(a.name for a in node.names)
+    return edges, private
+
+
+def _cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+
+    def visit(module: str, path: list[str]) -> list[str] | None:
+        state[module] = 1
+        for other in sorted(edges.get(module, ())):
+            if other not in MODULES:
+                continue  # _core, the C extension, imports nothing of ours
+            if state.get(other) == 1:
+                return path[path.index(other) :] + [other]
+            if not state.get(other) and (found := visit(other, path + [other])):
+                return found
+        state[module] = 2
+        return None
+
+    for module in MODULES:
+        if not state.get(module) and (found := visit(module, [module])):
+            return found
+    return None
+
+
+def test_no_import_cycle_counting_imports_inside_functions():
+    edges, _ = _imports()
+    assert _cycle(edges) is None, " -> ".join(_cycle(edges))
+
+
+def test_the_cycle_check_finds_a_cycle():
+    edges, _ = _imports()
+    looped = {k: set(v) for k, v in edges.items()}
+    looped["_errors"] = looped.get("_errors", set()) | {"_launch"}  # the lowest, up to the top
+    assert _cycle(looped) is not None
+
+
+def test_no_private_name_is_imported_from_a_sibling_module():
+    _, private = _imports()
+    assert private == [], private
+
+
+def test_the_module_map_names_every_module():
+    design = (ROOT / "docs" / "design.md").read_text()
+    modules = [f"`{m}`" for m in MODULES if m != "__init__"]
+    modules += ["`__init__`", "`_core`"]
+    missing = [m for m in modules if m not in design]
+    assert missing == [], missing
+    native = [f"`{p.name}`" for p in (PACKAGE / "native").glob("*.[ch]")]
+    assert [n for n in native if n not in design] == []
