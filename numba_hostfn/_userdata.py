@@ -20,6 +20,7 @@ and drop them.  It is shared, as ``by_ref`` shares it; pass ``bytes(a)`` (or
 from __future__ import annotations
 
 import ctypes
+import os
 from typing import Any
 
 import numpy as np
@@ -252,6 +253,15 @@ def _check_layout(nbytes: int, dtype: Any, layout: np.dtype | None, what: str, f
         )
 
 
+def _physical_memory() -> int:
+    """This machine's memory in bytes (a copy larger than it cannot be made: trying
+    would rather get the process killed, where memory is overcommitted)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):  # pragma: no cover - not on Linux
+        return 1 << 62
+
+
 def _null_for_a_reader(fn: Any, what: str) -> ValueError:
     return ValueError(
         f"host function {_name(fn)} reads its argument, and {what} would give it NULL; "
@@ -343,6 +353,8 @@ def resolve_user_data(
         shared = ByRef(user_data, view, what="writable user_data")
         return shared.address, shared
     try:
+        if view.nbytes > _physical_memory():  # never tried: the copy would not fit
+            raise MemoryError
         data = view.tobytes()  # C-order copy, whatever the source's strides
     except MemoryError:
         raise MemoryError(

@@ -123,7 +123,7 @@ def test_a_class_whose_call_is_replaced_is_checked_again(stream):
 
 
 def test_read_only_user_data_too_large_to_copy_says_so(stream):
-    huge = np.broadcast_to(np.zeros(1), (1 << 40,))  # 8 TiB, read-only: it would be copied
+    huge = np.broadcast_to(np.zeros(1), (1 << 47,))  # 1 PiB, read-only: it would be copied
     _rejects(stream, MemoryError, r"could not be copied: not enough memory", touch, user_data=huge)
 
 
