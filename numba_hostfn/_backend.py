@@ -49,24 +49,20 @@ class Backend:
         trampoline: int,
         fn: int,
         arg: int,
-        owner: Any,
+        owned: Any,
         enqueue_fn: int = 0,
         call: str = "cuLaunchHostFunc",
-        builtin: Any = None,
         context: tuple = (),
     ) -> bool:
-        """Enqueue ``trampoline`` for ``fn(arg)`` with a record that owns ``owner``.
+        """Enqueue ``trampoline`` for ``fn(arg)`` with a record that owns ``owned``.
 
         Returns False, having enqueued nothing, if the stream is capturing.
         ``enqueue_fn`` replaces the backend's own (simulated device work, an
-        executor's lane); ``call`` names the driver call in errors; ``builtin``
-        replaces the enqueue builtin (``enqueue_signal``: ``fn`` and ``arg`` are
-        then a channel and a key); ``context`` is the record's context (an
-        executor's copy: its pool).
+        executor's lane); ``call`` names the driver call in errors; ``context`` is
+        the record's context (an executor's copy: its pool).
         """
-        enqueue = builtin or _core.enqueue
         enqueue_fn = enqueue_fn or self.enqueue_fn
-        status = enqueue(enqueue_fn, handle, trampoline, fn, arg, owner, *context)
+        status = _core.enqueue(enqueue_fn, handle, trampoline, fn, arg, owned, *context)
         if status == _core.CAPTURING:
             return False
         if status:

@@ -141,24 +141,22 @@ def _executor_enqueue(
     trampoline: int,
     fn: int,
     arg: int,
-    owner: Any,
-    copy: bool,
-    builtin: Any = None,
+    owned: Any,
+    parallel_copy: bool,
 ) -> bool:
     """Enqueue on the executor's lane for stream ``handle``; False if it is capturing."""
     lane = executor._lane(handle)
     # The executor's copy trampoline finds its pool in the record's context.
-    context = (executor._pool,) if copy else ()
-    if copy:
+    context = (executor._pool,) if parallel_copy else ()
+    if parallel_copy:
         trampoline = _core.EXEC_COPY
     return backend.enqueue(
         lane,
         trampoline,
         fn,
         arg,
-        owner,
+        owned,
         backend.executor_enqueue_fn,
         "cuStreamWriteValue32",
-        builtin,
         context,
     )

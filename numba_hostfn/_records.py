@@ -14,7 +14,6 @@ LIFETIME.md states the invariants.
 from __future__ import annotations
 
 import atexit
-from typing import Any
 
 from . import _core
 from ._compat import register_early_atexit
@@ -39,14 +38,6 @@ class LaunchRecords:
     def abandon(self) -> None:
         """In a forked child: nothing copied will run, so exit waits for nothing."""
         self._closed = True
-
-    def take(self, fn: int, arg: int, owner: Any) -> int:
-        """Take a record for ``fn(arg)``; it owns ``owner`` until it is released."""
-        return _core.take_record(fn, arg, owner)
-
-    def release(self, record: int) -> None:
-        """Release a record that nothing will run (its graph node failed)."""
-        _core.release_record(record)
 
     def drain(self) -> int:
         """Release the records that have run; return how many."""

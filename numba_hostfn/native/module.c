@@ -64,30 +64,6 @@ static PyObject *py_enqueue(PyObject *self, PyObject *const *args, Py_ssize_t na
     return PyLong_FromUnsignedLongLong(status);
 }
 
-/* take_record(fn, arg, owner) -> record: one a graph will own (_graphs.py). */
-static PyObject *py_take_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    void *a[2];
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "take_record(fn, arg, owner) takes 3 arguments");
-        return NULL;
-    }
-    if (address_args("take_record", args, 2, 2, a) < 0)
-        return NULL;
-    nhf_record *record = nhf_record_take((nhf_hostfn)(uintptr_t)a[0], a[1], args[2]);
-    return record == NULL ? NULL : PyLong_FromVoidPtr(record);
-}
-
-/* release_record(record): a record that nothing will run (its graph node failed). */
-static PyObject *py_release_record(PyObject *self, PyObject *arg) {
-    (void)self;
-    void *record;
-    if (nhf_address_arg(arg, &record) < 0)
-        return NULL;
-    nhf_record_release(record);
-    Py_RETURN_NONE;
-}
-
 static PyObject *py_drain(PyObject *self, PyObject *unused) {
     (void)self, (void)unused;
     return PyLong_FromSsize_t(nhf_drain());
@@ -147,9 +123,6 @@ static PyMethodDef methods[] = {
     {"host_words", py_host_words, METH_O, "host_words(nbytes) -> zeroed memory, never freed"},
     {"enqueue", (PyCFunction)(void (*)(void))py_enqueue, METH_FASTCALL,
      "enqueue(enqueue_fn, handle, trampoline, fn, arg, owner) -> status"},
-    {"take_record", (PyCFunction)(void (*)(void))py_take_record, METH_FASTCALL,
-     "take_record(fn, arg, owner) -> a record's address"},
-    {"release_record", py_release_record, METH_O, "Release a record that nothing will run."},
     {"drain", py_drain, METH_NOARGS, "Release the records that have run; return how many."},
     {"held", py_held, METH_NOARGS, "Records taken and not released."},
     {"schedule_failures", py_schedule_failures, METH_NOARGS,

@@ -190,34 +190,6 @@ static void take_locked(channel *ch) {
     ch->taken = oldest;
 }
 
-/* channel_take(channel) -> list: the keys of the signals that have run since
- * the last take, oldest first; their nodes are freed. */
-static PyObject *py_channel_take(PyObject *self, PyObject *arg) {
-    (void)self;
-    channel *ch = channel_arg(arg);
-    if (ch == NULL)
-        return NULL;
-    PyObject *keys = PyList_New(0);
-    if (keys == NULL)
-        return NULL;
-    pthread_mutex_lock(&ch->take_lock);
-    take_locked(ch);
-    while (ch->taken != NULL) {
-        PyObject *key = PyLong_FromUnsignedLongLong(ch->taken->key);
-        if (key == NULL || PyList_Append(keys, key) < 0) {
-            Py_XDECREF(key);
-            Py_CLEAR(keys); /* what is left stays taken, for the next take */
-            break;
-        }
-        Py_DECREF(key);
-        signal_node *next = ch->taken->next;
-        free(ch->taken);
-        ch->taken = next;
-    }
-    pthread_mutex_unlock(&ch->take_lock);
-    return keys;
-}
-
 /* GIL held: enqueue a signal of (channel, key) on target: the enqueue (enqueue.c)
  * with a signal in place of fn(arg).  The signal is made here and, if the
  * enqueue refused it, freed here: it never reaches Python, so no exception raised
@@ -237,30 +209,6 @@ static uint64_t enqueue_signal(nhf_enqueue_fn enqueue_fn, void *target, nhf_host
         channel_release(ch);
     }
     return status;
-}
-
-/* enqueue_signal(enqueue_fn, target, trampoline, channel, key, owner) -> status. */
-static PyObject *py_enqueue_signal(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError,
-                        "enqueue_signal(enqueue_fn, handle, trampoline, channel, key, owner) "
-                        "takes 6 arguments");
-        return NULL;
-    }
-    void *enqueue_fn, *target, *trampoline;
-    if (nhf_address_arg(args[0], &enqueue_fn) < 0 || nhf_address_arg(args[1], &target) < 0 ||
-        nhf_address_arg(args[2], &trampoline) < 0)
-        return NULL;
-    channel *ch = channel_arg(args[3]);
-    uint64_t key = ch == NULL ? 0 : PyLong_AsUnsignedLongLong(args[4]);
-    if (ch == NULL || PyErr_Occurred())
-        return NULL;
-    uint64_t status = enqueue_signal((nhf_enqueue_fn)(uintptr_t)enqueue_fn, target,
-                                     (nhf_hostfn)(uintptr_t)trampoline, ch, key, args[5]);
-    if (status == NHF_NO_RECORD)
-        return NULL;
-    return PyLong_FromUnsignedLongLong(status);
 }
 
 /* ---- the dispatcher: what Python does when a channel's signals have run --------- */
@@ -574,13 +522,6 @@ static PyObject *py_set_notify_callable(PyObject *self, PyObject *callable) {
     Py_RETURN_NONE;
 }
 
-/* call_reporting(callable): call it, reporting its exception (invariant 18). */
-static PyObject *py_call_reporting(PyObject *self, PyObject *callable) {
-    (void)self;
-    Py_XDECREF(nhf_call_reporting(callable));
-    Py_RETURN_NONE;
-}
-
 /* set_any_thread_pending(add, interpreter): 3.12's _PyEval_AddPendingCall. */
 static PyObject *py_set_any_thread_pending(PyObject *self, PyObject *const *args,
                                            Py_ssize_t nargs) {
@@ -601,14 +542,8 @@ static PyMethodDef methods[] = {
     {"channel_new", (PyCFunction)(void (*)(void))py_channel_new, METH_FASTCALL,
      "channel_new(fd, wake_main) -> channel address"},
     {"channel_release", py_channel_release, METH_O, "Drop one reference to the channel."},
-    {"channel_take", py_channel_take, METH_O,
-     "channel_take(channel) -> the keys of the signals run since the last take, oldest first"},
-    {"enqueue_signal", (PyCFunction)(void (*)(void))py_enqueue_signal, METH_FASTCALL,
-     "enqueue_signal(enqueue_fn, handle, trampoline, channel, key, owner) -> status"},
     {"set_notify_callable", py_set_notify_callable, METH_O,
      "The callable the notification pending call calls."},
-    {"call_reporting", py_call_reporting, METH_O,
-     "Call callable(); report an exception (a KeyboardInterrupt is delivered again)."},
     {"set_any_thread_pending", (PyCFunction)(void (*)(void))py_set_any_thread_pending,
      METH_FASTCALL, "set_any_thread_pending(add, interpreter): Python 3.12's pending call."},
     {NULL, NULL, 0, NULL},

@@ -499,45 +499,6 @@ static PyObject *py_graph_record(PyObject *self, PyObject *const *args, Py_ssize
     return PyLong_FromVoidPtr(record);
 }
 
-/* graph_own(graph, record): the graph owns the record from now on. */
-static PyObject *py_graph_own(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (check_nargs("sim_graph_own", nargs, 2) < 0)
-        return NULL;
-    sim_graph *k = graph_arg(args[0]);
-    void *record_;
-    if (k == NULL || nhf_address_arg(args[1], &record_) < 0)
-        return NULL;
-    nhf_record *record = record_;
-    pthread_mutex_lock(&k->lock);
-    record->next = k->records;
-    k->records = record;
-    pthread_mutex_unlock(&k->lock);
-    Py_RETURN_NONE;
-}
-
-/* graph_disown(graph, record): undo the last graph_own of the record (its
- * node could not be added). */
-static PyObject *py_graph_disown(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (check_nargs("sim_graph_disown", nargs, 2) < 0)
-        return NULL;
-    sim_graph *k = graph_arg(args[0]);
-    void *record_;
-    if (k == NULL || nhf_address_arg(args[1], &record_) < 0)
-        return NULL;
-    nhf_record *record = record_;
-    pthread_mutex_lock(&k->lock);
-    nhf_record **link = &k->records;
-    while (*link != NULL && *link != record)
-        link = &(*link)->next;
-    if (*link == record)
-        *link = record->next;
-    record->next = NULL;
-    pthread_mutex_unlock(&k->lock);
-    Py_RETURN_NONE;
-}
-
 /* graph_add_node(graph, device, fn, arg): a captured node, replayed in order. */
 static PyObject *py_graph_add_node(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
@@ -689,10 +650,6 @@ static PyMethodDef methods[] = {
      "sim_enqueue(stream, fn, arg, device) -> status"},
     {"sim_graph_record", (PyCFunction)(void (*)(void))py_graph_record, METH_FASTCALL,
      "sim_graph_record(graph, fn, arg, owner) -> a record the graph owns"},
-    {"sim_graph_own", (PyCFunction)(void (*)(void))py_graph_own, METH_FASTCALL,
-     "sim_graph_own(graph, record)"},
-    {"sim_graph_disown", (PyCFunction)(void (*)(void))py_graph_disown, METH_FASTCALL,
-     "sim_graph_disown(graph, record)"},
     {"sim_graph_add_node", (PyCFunction)(void (*)(void))py_graph_add_node, METH_FASTCALL,
      "sim_graph_add_node(graph, device, fn, arg)"},
     {"sim_replay", (PyCFunction)(void (*)(void))py_replay, METH_FASTCALL,
