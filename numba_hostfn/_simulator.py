@@ -123,7 +123,7 @@ class Stream(_core.SimStreamBase):
         status = _core.sim_enqueue(self._live(), _core.SIM_DELAY, micros, True)
         if status == _core.CAPTURING:
             capture = self._backend.captures[self._handle]
-            _core.sim_graph_add_node(capture.graph.address, True, _core.SIM_DELAY, micros)
+            _core.sim_graph_add_node(capture.graph, True, _core.SIM_DELAY, micros)
         elif status:
             self._backend.raise_refusal(status)
 
@@ -235,14 +235,13 @@ class Graph:
         if not isinstance(stream, Stream):
             raise TypeError(f"Graph.launch() expected a simulator.Stream, got {stream!r}")
         handle = stream._live()
-        native = self._native.address
-        if not native:
+        if not self._native.held:
             raise RuntimeError("the simulated graph is closed")
         if stream.is_capturing:
             raise SimulatorUnsupportedError(
                 "the simulator does not model launching a graph inside a capture"
             )
-        status = _core.sim_replay(handle, native)
+        status = _core.sim_replay(handle, self._native)
         if status:
             stream._backend.raise_refusal(status)
 

@@ -287,6 +287,10 @@ def resolve_user_data(
             raise _null_for_a_reader(fn, "user_data=None")
         return 0, None
     if isinstance(user_data, ByRef):
+        if not user_data.address:  # made with __new__ alone: no buffer exported
+            raise ValueError(
+                "host_launch() got a ByRef that holds no buffer; make it with by_ref(array)"
+            )
         _check_layout(user_data.nbytes, user_data.dtype, layout, "by_ref(...)", fn)
         return user_data.address, user_data
     if isinstance(user_data, Record):

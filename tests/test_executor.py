@@ -182,6 +182,28 @@ def test_close_finishes_outstanding_work_first(stream, device):
     stream.sync()
 
 
+def test_close_from_one_of_its_own_tasks_is_refused_and_the_pool_goes_on(stream):
+    """A task that closes its own executor gets RuntimeError (close() would wait
+    for that task, and join its own thread: main hung for ever)."""
+    counter = np.zeros(1, np.int64)
+    ex = nh.HostExecutor(threads=2)
+    seen = []
+
+    def close_own():
+        try:
+            ex.close()
+        except RuntimeError as exc:
+            seen.append(str(exc))
+
+    nh.host_launch(stream, close_own, executor=ex)
+    nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=ex)
+    stream.sync()
+    assert len(seen) == 1 and "own tasks" in seen[0], seen
+    assert counter[0] == 1 and not ex.closed
+    ex.close()
+    assert ex.closed
+
+
 def test_owners_kept_until_run_then_released_on_the_main_thread(executor, stream, device):
     counter = np.zeros(1, np.int64)
     alive = weakref.ref(counter)

@@ -13,7 +13,7 @@ import sys
 import textwrap
 
 import pytest
-from _device import CHILD_PREAMBLE, rerun_on_simulator, run_child
+from _device import CHILD_PREAMBLE, child_env, rerun_on_simulator, run_child
 
 #: A child's helpers: interrupt a function at one of its lines, and its lines.
 INJECT = textwrap.dedent("""
@@ -360,6 +360,111 @@ def test_close_racing_launches_refuses_or_runs_each(request):
     ], out
 
 
+PREEMPTED_LAUNCH_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import threading, time
+    from numba_hostfn import _core
+
+    cell = np.zeros(1, np.int64)
+    ex = nh.HostExecutor(threads=2)
+    nh.host_launch(stream, increment, user_data=nh.by_ref(cell), executor=ex)
+    stream.sync()  # the lane exists and the threads have worked
+    _core.exec_test_pause(300_000_000)  # 0.3 s between a launch's open check and its count
+    entered = threading.Event()
+    result = []
+
+    def launch():
+        entered.set()
+        try:
+            nh.host_launch(stream, increment, user_data=nh.by_ref(cell), executor=ex)
+            result.append("ran")
+        except RuntimeError as exc:
+            result.append(f"refused: {exc}")
+
+    t = threading.Thread(target=launch)
+    t.start()
+    entered.wait()
+    time.sleep(0.05)  # the launch has seen the pool open, and has not counted its task
+    ex.close()  # must finish that task, not stop the threads before it is counted
+    _core.exec_test_pause(0)
+    t.join()
+    stream.sync()
+    nh.drain()
+    print(result, int(cell[0]), nh.pending())
+""")
+
+
+def test_close_while_a_launch_is_past_its_open_check_runs_that_launch():
+    """A launch paused (as a preempted thread would be) after it saw the pool open
+    and before it counted its task, while close() runs: close finishes the task and
+    the stream goes on (main's threads quit on "stopping" with nothing counted yet,
+    and close waited for ever on a task no thread would run)."""
+    out = run_child(PREEMPTED_LAUNCH_SCRIPT, timeout=60)
+    assert out.split("\n")[-2] == "['ran'] 2 0", out
+
+
+GRAPH_CLOSE_RACE_SCRIPT = textwrap.dedent("""
+    import sys, threading
+    import numba_hostfn as nh
+    from numba_hostfn import _core, simulator
+
+    s = simulator.Stream()
+    hits = []
+
+    def graph(n):
+        b = s.create_graph_builder().begin_building()
+        for _ in range(n):
+            nh.host_launch(b, lambda: hits.append(1))
+        b.end_building()
+        g = b.complete()
+        b.close()  # g holds the graph's last reference
+        return g
+
+    # Closed by "another thread" (a profile hook) just as launch() calls the replay.
+    g = graph(50)
+
+    def close_at_replay(frame, event, arg):
+        if event == "c_call" and arg is _core.sim_replay:
+            sys.setprofile(None)
+            g.close()
+
+    sys.setprofile(close_at_replay)
+    try:
+        g.launch(s)
+        outcome = "launched"
+    except RuntimeError as exc:
+        outcome = "refused" if "closed" in str(exc) else repr(exc)
+    sys.setprofile(None)
+    s.sync()
+    nh.drain()
+
+    # Replays on one thread while another closes the graph.
+    replays = 0
+    for _ in range(200):
+        g = graph(20)
+        closer = threading.Thread(target=g.close)
+        closer.start()
+        try:
+            g.launch(s)
+            replays += 1
+        except RuntimeError:
+            pass
+        closer.join()
+    s.sync()
+    nh.drain()
+    print(outcome, len(hits) == 20 * replays, nh.pending())
+""")
+
+
+def test_a_simulated_graph_closed_as_its_replay_begins_frees_nothing_it_uses():
+    """A simulated graph closed by another thread just as Graph.launch calls the
+    native replay, and 200 replays racing a close on another thread: the replay
+    is refused (the graph is closed) or holds the graph until its last node ran
+    (main passed the graph's address and released the GIL before the replay took
+    its reference: the close freed the graph, and the replay crashed, rc -11)."""
+    out = run_child(GRAPH_CLOSE_RACE_SCRIPT, env=child_env(NUMBA_HOSTFN_SIMULATOR="1"))
+    assert out.split("\n")[-2] == "refused True 0", out
+
+
 def _storm_size() -> int:
     return 20000 if os.environ.get("NUMBA_HOSTFN_STRESS", "") == "full" else 3000
 
@@ -371,8 +476,6 @@ def test_a_sigint_storm_loses_strands_and_doubles_no_launch():
     returned ran exactly once, none twice, and nothing stays pending or waiting (main
     lost hundreds per run, and crashed)."""
     import subprocess
-
-    from _device import child_env
 
     here = os.path.dirname(os.path.abspath(__file__))
     run = subprocess.run(

@@ -199,6 +199,26 @@ def test_errors_are_raised_by_the_python_path_with_nothing_enqueued(stream):
         assert nh.pending() <= pending
 
 
+def test_a_buffer_ref_no_launch_could_use_is_refused_where_it_is_made(stream):
+    """The native path takes any _core.BufferRef as user data: an empty buffer or
+    one of object pointers is refused when the BufferRef is made, and a ByRef made
+    without its buffer is refused by the launch (main launched the empty
+    bytearray's shared buffer, and a NULL)."""
+    from numba_hostfn import _core, _userdata
+
+    with pytest.raises(ValueError, match="at least one byte"):
+        _core.BufferRef(bytearray())
+    with pytest.raises(TypeError, match="Python objects"):
+        _core.BufferRef(np.empty(2, object))
+    unmade = _userdata.ByRef.__new__(_userdata.ByRef)
+    pending = nh.pending()
+    with pytest.raises(ValueError, match="holds no buffer"):
+        nh.host_launch(stream, touch, user_data=unmade)
+    stream.sync()
+    nh.drain()
+    assert nh.pending() <= pending
+
+
 def test_host_launch_looks_like_the_python_implementation():
     assert isinstance(nh.host_launch, types.BuiltinFunctionType)
     python = inspect.signature(_launch.host_launch_python)

@@ -49,6 +49,32 @@ def test_stream_surface(request):
     assert nh.pending() == 0
 
 
+def test_a_host_function_that_waits_for_a_stream_is_refused(request, unraisables):
+    """A Python callable on the simulated host-function thread that syncs or
+    closes a stream gets RuntimeError, as CUDA forbids a host function any CUDA
+    call (it waited for itself: main hung for ever)."""
+    if rerun_on_simulator(request):
+        return
+    seen = []
+
+    def waits(s):
+        for wait in (s.sync, s.close):
+            try:
+                wait()
+            except RuntimeError as exc:
+                seen.append("host function" in str(exc))
+
+    with nh.simulator.Stream() as s, nh.simulator.Stream() as other:
+        nh.host_launch(s, lambda: waits(s))
+        nh.host_launch(s, lambda: waits(other))
+        s.sync()
+        nh.drain()
+        assert seen == [True] * 4 and not unraisables
+        other.sync()  # both streams still work
+        nh.host_launch(other, increment, user_data=np.zeros(1, np.int64))
+        other.sync()
+
+
 def test_sleep_and_launch_validate(request, stream):
     if rerun_on_simulator(request):
         return

@@ -26,7 +26,7 @@ uint64_t nhf_cuda_enqueue(void *stream, nhf_hostfn trampoline, void *record) {
 
 /* GIL held on entry and exit; dropped only around the enqueue function, so no
  * driver call holds it (invariant 10).  Shared by host_launch, the enqueue
- * builtin below and the signals' (notify.c). */
+ * builtin (module.c) and the signals' (notify.c). */
 uint64_t nhf_enqueue_record(nhf_enqueue_fn enqueue_fn, void *target, nhf_hostfn trampoline,
                             nhf_hostfn fn, void *arg, void *context, PyObject *owner) {
     nhf_record *record = nhf_record_take(fn, arg, owner);

@@ -126,6 +126,9 @@ struct nhf_pool {
     /* Written by the producer at each enqueue. */
     _Alignas(CACHE_LINE) atomic_long outstanding; /* tasks enqueued and not done */
     atomic_int stopping;
+    /* Set by close after every enqueue that saw the pool open has counted its
+     * task: a thread quits only with quit set and nothing outstanding. */
+    atomic_int quit;
     atomic_int parked;      /* threads waiting on wake */
     atomic_long live_slots; /* slots armed (their graphs are alive) */
     atomic_int poller;      /* a thread polls the slots for a replay (the others park) */
@@ -349,7 +352,7 @@ static void park(nhf_pool *pool) {
         bool work = atomic_load(&pool->outstanding) > 0;
         bool armed = atomic_load(&pool->live_slots) > 0;
         bool need_poller = armed && atomic_load(&pool->poller) == 0;
-        bool may_quit = atomic_load(&pool->stopping) && !armed;
+        bool may_quit = atomic_load(&pool->quit) && !armed;
         if (work || need_poller || may_quit)
             break;
         pthread_cond_wait(&pool->wake, &pool->mutex);
@@ -415,7 +418,11 @@ static void *thread_main(void *pool_) {
             continue;
         }
         hand_on(pool, &me_poller);
-        if (atomic_load(&pool->stopping))
+        /* quit before outstanding: every task counted before close set quit is
+         * seen here.  Stopping alone is not enough: an enqueue that saw the pool
+         * open may not have counted its task yet. */
+        if (atomic_load(&pool->quit) && atomic_load(&pool->outstanding) == 0 &&
+            atomic_load(&pool->live_slots) == 0)
             break;
         park(pool);
         last_work = now_ns();
@@ -469,11 +476,18 @@ static void unlink_task(lane *l, task *t) {
 
 /* Under the lane's enqueue mutex: the task for trampoline(record), numbered
  * next; NULL with *status set if the pool is closed or no memory is left. */
+/* Tests only: a pause between open_task's check and the count of its task, the
+ * window a preempted launching thread leaves to a racing close (exec_test_pause). */
+static atomic_long test_pause_ns;
+
 static task *open_task(lane *l, nhf_hostfn trampoline, void *record, uint64_t *status) {
     if (atomic_load(&l->pool->stopping)) {
         *status = NHF_EXECUTOR_CLOSED;
         return NULL;
     }
+    long pause = atomic_load_explicit(&test_pause_ns, memory_order_relaxed);
+    if (pause > 0)
+        sleep_ns(pause);
     task *t = append(l, l->seq + 1, trampoline, record);
     if (t == NULL)
         *status = NHF_OUT_OF_MEMORY;
@@ -633,6 +647,10 @@ static void pool_close(nhf_pool *pool) {
         pthread_mutex_lock(&l->enqueue_mutex);
         pthread_mutex_unlock(&l->enqueue_mutex);
     }
+    pthread_mutex_lock(&pool->mutex);
+    atomic_store(&pool->quit, 1);
+    pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->mutex);
     while (atomic_load(&pool->outstanding) > 0)
         sleep_ns(20000);
     pthread_mutex_lock(&pool->mutex);
@@ -695,19 +713,20 @@ static PyObject *executor_start(PyObject *self_, PyObject *const *args, Py_ssize
         PyErr_SetString(PyExc_TypeError, "_start(threads, spin_ns, poll_ns)");
         return NULL;
     }
-    long threads = PyLong_AsLong(args[0]);
-    long spin_ns = PyLong_AsLong(args[1]);
-    long poll_ns = PyLong_AsLong(args[2]);
-    if (PyErr_Occurred())
-        return NULL;
+    long values[3];
+    for (int i = 0; i < 3; i++) {
+        values[i] = PyLong_AsLong(args[i]);
+        if (values[i] == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    long threads = values[0], spin_ns = values[1], poll_ns = values[2];
     if (self->pool != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "the HostExecutor is started already");
         return NULL;
     }
-    nhf_pool *pool;
-    Py_BEGIN_ALLOW_THREADS
-    pool = pool_new(threads, spin_ns, poll_ns);
-    Py_END_ALLOW_THREADS
+    /* With the GIL, so two _start calls cannot both see no pool: starting threads
+     * needs no Python, and the threads take the GIL only to run a task. */
+    nhf_pool *pool = pool_new(threads, spin_ns, poll_ns);
     if (pool == NULL) {
         PyErr_Format(PyExc_RuntimeError,
                      "HostExecutor could not start %ld threads (memory or thread limit)", threads);
@@ -722,6 +741,14 @@ static PyObject *executor_close(PyObject *self_, PyObject *unused) {
     (void)unused;
     nhf_pool *pool = ((nhf_executor_object *)self_)->pool;
     if (pool != NULL) {
+        for (long i = 0; i < pool->nthreads; i++) {
+            if (pthread_equal(pthread_self(), pool->threads[i])) {
+                PyErr_SetString(PyExc_RuntimeError,
+                                "HostExecutor.close() was called from one of its own tasks, "
+                                "which close() would wait for; close it from another thread");
+                return NULL;
+            }
+        }
         Py_BEGIN_ALLOW_THREADS
         pool_close(pool);
         Py_END_ALLOW_THREADS
@@ -907,7 +934,19 @@ static PyObject *py_slot_disarm(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+/* exec_test_pause(ns): tests only, see test_pause_ns. */
+static PyObject *py_test_pause(PyObject *self, PyObject *arg) {
+    (void)self;
+    long ns = PyLong_AsLong(arg);
+    if (ns == -1 && PyErr_Occurred())
+        return NULL;
+    atomic_store(&test_pause_ns, ns);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"exec_test_pause", py_test_pause, METH_O,
+     "exec_test_pause(ns): tests only, pause each executor enqueue after its open check"},
     {"exec_slot_op", (PyCFunction)(void (*)(void))py_slot_op, METH_FASTCALL,
      "exec_slot_op(slot, i) -> the simulator's argument of the slot's node i"},
     {"exec_slot_arm", (PyCFunction)(void (*)(void))py_slot_arm, METH_FASTCALL,

@@ -98,6 +98,10 @@ void nhf_gil_give_back_leaked(void) {
     if (!nhf_guard_open())
         return;
     PyThreadState *own = PyGILState_GetThisThreadState();
-    if (own != NULL && current_thread_state() == own)
+    if (own == NULL || current_thread_state() != own)
+        return;
+    if (nhf_guard_enter()) { /* counted, so that nhf_guard_close waits for the release */
         PyGILState_Release(PyGILState_UNLOCKED);
+        nhf_guard_leave();
+    }
 }

@@ -28,6 +28,7 @@
 #include "nhf.h"
 
 #include <structmember.h>
+#include <string.h>
 
 enum { FELL_THROUGH, COMPILED, POINTER, PYTHON, EXECUTOR, NCOUNTS };
 static const char *const count_names[NCOUNTS] = {"fell_through", "compiled", "pointer",
@@ -68,8 +69,10 @@ static PyObject *compiled_bind(PyObject *self_, PyObject *const *args, Py_ssize_
     if (nhf_address_arg(args[0], &address) < 0)
         return NULL;
     Py_ssize_t layout_bytes = PyLong_AsSsize_t(args[2]);
+    if (layout_bytes == -1 && PyErr_Occurred())
+        return NULL;
     int reads = PyObject_IsTrue(args[3]);
-    if ((layout_bytes == -1 && PyErr_Occurred()) || reads < 0)
+    if (reads < 0)
         return NULL;
     if (address == NULL) {
         PyErr_SetString(PyExc_ValueError, "a HostFunction's address cannot be NULL");
@@ -144,8 +147,20 @@ static int byref_init(PyObject *self_, PyObject *args, PyObject *kwargs) {
     }
     /* The export pins the buffer: a bytearray cannot be resized (and moved)
      * while it lives (invariant 7). */
-    if (PyObject_GetBuffer(obj, &self->view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+    if (PyObject_GetBuffer(obj, &self->view,
+                           PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
         return -1;
+    /* What every launch of it relies on, checked once, here (ByRef's Python
+     * checks say more, first): a byte to point at, and no object pointers. */
+    if (self->view.len == 0 || (self->view.format != NULL && strchr(self->view.format, 'O'))) {
+        PyErr_SetString(self->view.len == 0 ? PyExc_ValueError : PyExc_TypeError,
+                        self->view.len == 0
+                            ? "by_ref() needs a buffer of at least one byte"
+                            : "by_ref() got a buffer of Python objects; a host function "
+                              "cannot use object pointers without the GIL: pass numeric data");
+        PyBuffer_Release(&self->view);
+        return -1;
+    }
     self->exported = 1;
     self->obj = Py_NewRef(obj);
     self->dtype = Py_NewRef(dtype);
@@ -419,6 +434,8 @@ static int fast_launch(PyObject *stream, PyObject *fn, PyObject *data, PyObject 
         goto error;
     nhf_hostfn trampoline = kind == KIND_PYTHON ? nhf_run_python : nhf_run_compiled;
     nhf_enqueue_fn enqueue_fn = pool != NULL ? launch.executor_enqueue_fn : launch.enqueue_fn;
+    if (enqueue_fn == NULL)
+        goto done; /* a backend without an executor enqueue: the Python path */
     uint64_t status = nhf_enqueue_record(enqueue_fn, target, trampoline,
                                          (nhf_hostfn)address, (void *)arg, NULL, owner);
     if (status == NHF_NO_RECORD)
@@ -427,9 +444,11 @@ static int fast_launch(PyObject *stream, PyObject *fn, PyObject *data, PyObject 
         goto done; /* a graph node instead: the Python path */
     if (status != 0) {
         PyObject *word = PyLong_FromUnsignedLongLong(status);
+        PyObject *raise_status = Py_NewRef(launch.raise_status); /* configure may swap it */
         PyObject *raised = word == NULL ? NULL
-                                        : PyObject_CallFunctionObjArgs(launch.raise_status, word,
+                                        : PyObject_CallFunctionObjArgs(raise_status, word,
                                                                        executor, NULL);
+        Py_DECREF(raise_status);
         Py_XDECREF(word);
         Py_XDECREF(raised);
         if (!PyErr_Occurred())
@@ -482,7 +501,10 @@ fall:
         PyErr_SetString(PyExc_RuntimeError, "numba_hostfn._launch is not imported");
         return NULL;
     }
-    return PyObject_Vectorcall(launch.fallback, args, (size_t)nargs, kwnames);
+    PyObject *fallback = Py_NewRef(launch.fallback); /* configure may swap it */
+    PyObject *result = PyObject_Vectorcall(fallback, args, (size_t)nargs, kwnames);
+    Py_DECREF(fallback);
+    return result;
 }
 
 /* ---- configuration, from Python ---------------------------------------------------- */

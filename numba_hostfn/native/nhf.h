@@ -2,7 +2,7 @@
  * simulator's) threads run, and host_launch's common cases.
  *
  * One header for the whole extension module (numba_hostfn._core).  Each .c file
- * is one concern, as DESIGN.md beside this file lists; LIFETIME.md (in the
+ * is one concern, as docs/design.md's module map lists; LIFETIME.md (in the
  * package) states the invariants, and names the function that keeps each.
  *
  * Threads.  A function marked "any thread" may run on a thread that Python did
@@ -13,8 +13,10 @@
  *
  * Locks.  Native data has its own locks or atomics, never the GIL alone: the
  * free list of launch records has a mutex, the completed stack is lock-free,
- * counters are atomics.  No thread holds a native mutex while it waits for the
- * GIL, so holding the GIL while taking one never deadlocks.
+ * counters are atomics.  No thread waits for the GIL while it holds a native
+ * mutex, with one exception: a Dispatcher's batch lock is held across the
+ * entries' Python code, so a thread that must wait for it drops the GIL first
+ * (dispatcher_run).  Holding the GIL while taking any other never deadlocks.
  */
 #ifndef NHF_H
 #define NHF_H
@@ -117,7 +119,9 @@ PyObject *nhf_call_reporting(PyObject *callable);
  * NHF_NO_RECORD with a Python error set if no record could be taken. */
 uint64_t nhf_enqueue_record(nhf_enqueue_fn enqueue_fn, void *target, nhf_hostfn trampoline,
                             nhf_hostfn fn, void *arg, void *context, PyObject *owner);
-#define NHF_NO_RECORD UINT64_MAX
+/* A flag of its own, sharing no bit with the others (not NHF_KEPT's: a failed
+ * record allocation is a refusal, and what the caller made for it is freed). */
+#define NHF_NO_RECORD (UINT64_C(1) << 39)
 
 /* The CUDA driver's entry points, set once by the backend (cuGetProcAddress). */
 typedef int (*nhf_cu_is_capturing)(void *stream, int *status);

@@ -152,8 +152,10 @@ static PyObject *py_channel_new(PyObject *self, PyObject *const *args, Py_ssize_
         return NULL;
     }
     long fd = PyLong_AsLong(args[0]);
+    if (fd == -1 && PyErr_Occurred())
+        return NULL;
     int wake_main = PyObject_IsTrue(args[1]);
-    if ((fd == -1 && PyErr_Occurred()) || wake_main < 0)
+    if (wake_main < 0)
         return NULL;
     channel *ch = calloc(1, sizeof(channel));
     if (ch == NULL || pthread_mutex_init(&ch->take_lock, NULL)) {

@@ -198,7 +198,7 @@ void nhf_sim_delay(void *arg) {
 
 /* ---- simulated graphs: their nodes, and what they own, like a CUDA user object ------------- */
 
-/* A simulated graph holds its's records and its nodes, and a count of references:
+/* A simulated graph holds its records and its nodes, and a count of references:
  * the graph definition, each executable graph, each replay not yet finished.
  * The last release completes every record (invariant 8). */
 typedef struct node {
@@ -232,7 +232,8 @@ void nhf_sim_graph_release(void *graph_) {
 }
 
 /* Without the GIL: one replay of the graph's nodes on the stream, all of it or
- * nothing.  Every item is made first, then the whole chain (the nodes, then the
+ * nothing, holding the reference to k that the caller took for the replay
+ * (with the GIL, so a close racing the replay cannot free k under it).  Every item is made first, then the whole chain (the nodes, then the
  * graph's release) is appended under the stream's mutex in one step, with the
  * replay's reference to the graph taken there: a refused or interrupted replay
  * enqueues nothing and holds nothing (issue 27: a half-enqueued replay whose
@@ -260,10 +261,8 @@ static uint64_t replay(nhf_sim_stream *stream, sim_graph *k) {
     if (status == 0) {
         pthread_mutex_lock(&stream->mutex);
         status = refusal_locked(stream);
-        if (status == 0) {
-            atomic_fetch_add(&k->refs, 1); /* the replay's, dropped by its last item */
+        if (status == 0) /* the replay's reference, dropped by its last item */
             append_locked(stream, first, last, (long)count + 1);
-        }
         pthread_mutex_unlock(&stream->mutex);
     }
     if (status != 0) {
@@ -272,6 +271,7 @@ static uint64_t replay(nhf_sim_stream *stream, sim_graph *k) {
             free(first);
             first = following;
         }
+        nhf_sim_graph_release(k); /* refused: the replay holds nothing */
     }
     return status;
 }
@@ -287,12 +287,27 @@ static nhf_sim_stream *stream_arg(PyObject *value) {
     return stream;
 }
 
+/* A SimGraph: one reference to a graph, given back once, by release() or at
+ * collection: one C call, so no exception can come between giving it back and
+ * marking it given (a reference lost, or given back twice). */
+typedef struct {
+    PyObject_HEAD
+    _Atomic(sim_graph *) k;
+} sim_graph_ref;
+
+static PyTypeObject sim_graph_type;
+
+/* GIL held: the graph of a SimGraph reference.  The reference holds the graph
+ * for as long as the GIL is held (giving it back takes the GIL), so the graph
+ * is passed as the object, never as a raw address across a GIL release. */
 static sim_graph *graph_arg(PyObject *value) {
-    void *k;
-    if (nhf_address_arg(value, &k) < 0)
+    if (!PyObject_TypeCheck(value, &sim_graph_type)) {
+        PyErr_Format(PyExc_TypeError, "expected a SimGraph, got %R", value);
         return NULL;
+    }
+    sim_graph *k = atomic_load(&((sim_graph_ref *)value)->k);
     if (k == NULL)
-        PyErr_SetString(PyExc_ValueError, "a NULL simulated graph graph");
+        PyErr_SetString(PyExc_RuntimeError, "the simulated graph is closed");
     return k;
 }
 
@@ -396,8 +411,8 @@ static PyObject *py_set_capturing(PyObject *self, PyObject *const *args, Py_ssiz
     if (check_nargs("sim_set_capturing", nargs, 2) < 0)
         return NULL;
     nhf_sim_stream *stream = stream_arg(args[0]);
-    int capturing = PyObject_IsTrue(args[1]);
-    if (stream == NULL || capturing < 0)
+    int capturing = stream == NULL ? -1 : PyObject_IsTrue(args[1]);
+    if (capturing < 0)
         return NULL;
     pthread_mutex_lock(&stream->mutex);
     stream->capturing = capturing;
@@ -405,11 +420,26 @@ static PyObject *py_set_capturing(PyObject *self, PyObject *const *args, Py_ssiz
     Py_RETURN_NONE;
 }
 
+/* A host function must not wait for streams (CUDA forbids it any CUDA call):
+ * on the host-function thread it would wait for itself, for ever. */
+static int refuse_on_host_thread(const char *what) {
+    pthread_mutex_lock(&context.mutex);
+    int here = context.started && pthread_equal(pthread_self(), context.thread);
+    pthread_mutex_unlock(&context.mutex);
+    if (!here)
+        return 0;
+    PyErr_Format(PyExc_RuntimeError,
+                 "%s was called from a host function, which it would wait for: a host "
+                 "function must not wait for a stream (CUDA forbids it any CUDA call)",
+                 what);
+    return -1;
+}
+
 /* Wait, without the GIL, until everything enqueued so far has run. */
 static PyObject *py_sync(PyObject *self, PyObject *arg) {
     (void)self;
     nhf_sim_stream *stream = stream_arg(arg);
-    if (stream == NULL)
+    if (stream == NULL || refuse_on_host_thread("simulator.Stream.sync()") < 0)
         return NULL;
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&stream->mutex);
@@ -439,8 +469,8 @@ static PyObject *py_close(PyObject *self, PyObject *const *args, Py_ssize_t narg
     if (check_nargs("sim_close", nargs, 2) < 0)
         return NULL;
     nhf_sim_stream *stream = stream_arg(args[0]);
-    int join = PyObject_IsTrue(args[1]);
-    if (stream == NULL || join < 0)
+    int join = stream == NULL ? -1 : PyObject_IsTrue(args[1]);
+    if (join < 0 || (join && refuse_on_host_thread("simulator.Stream.close()") < 0))
         return NULL;
     pthread_mutex_lock(&stream->mutex);
     int first = !stream->stopping;
@@ -505,7 +535,7 @@ static PyObject *py_graph_add_node(PyObject *self, PyObject *const *args, Py_ssi
     if (check_nargs("sim_graph_add_node", nargs, 4) < 0)
         return NULL;
     sim_graph *k = graph_arg(args[0]);
-    int device = PyObject_IsTrue(args[1]);
+    int device = k == NULL ? -1 : PyObject_IsTrue(args[1]);
     void *fn, *arg;
     if (k == NULL || device < 0 || nhf_address_arg(args[2], &fn) < 0 ||
         nhf_address_arg(args[3], &arg) < 0)
@@ -535,20 +565,13 @@ static PyObject *py_replay(PyObject *self, PyObject *const *args, Py_ssize_t nar
     sim_graph *k = stream == NULL ? NULL : graph_arg(args[1]);
     if (k == NULL)
         return NULL;
+    atomic_fetch_add(&k->refs, 1); /* the replay's, taken while the GIL holds k */
     uint64_t status;
     Py_BEGIN_ALLOW_THREADS
     status = replay(stream, k);
     Py_END_ALLOW_THREADS
     return PyLong_FromUnsignedLongLong(status);
 }
-
-/* A SimGraph: one reference to a graph, given back once, by release() or at
- * collection: one C call, so no exception can come between giving it back and
- * marking it given (a reference lost, or given back twice). */
-typedef struct {
-    PyObject_HEAD
-    _Atomic(sim_graph *) k;
-} sim_graph_ref;
 
 /* SimGraph(): a new graph, and this, its first reference. */
 static int sim_graph_ref_init(PyObject *self, PyObject *args, PyObject *kwargs) {
@@ -569,8 +592,6 @@ static int sim_graph_ref_init(PyObject *self, PyObject *args, PyObject *kwargs) 
     atomic_store(&((sim_graph_ref *)self)->k, k);
     return 0;
 }
-
-static PyTypeObject sim_graph_type;
 
 /* share() -> another reference to the same graph (an executable graph's). */
 static PyObject *sim_graph_ref_share(PyObject *self, PyObject *unused) {
@@ -601,11 +622,6 @@ static PyObject *sim_graph_ref_held(PyObject *self, void *closure) {
     return PyBool_FromLong(atomic_load(&((sim_graph_ref *)self)->k) != NULL);
 }
 
-static PyObject *sim_graph_ref_address(PyObject *self, void *closure) {
-    (void)closure;
-    return PyLong_FromVoidPtr(atomic_load(&((sim_graph_ref *)self)->k));
-}
-
 static void sim_graph_ref_dealloc(PyObject *self) {
     sim_graph *k = atomic_exchange(&((sim_graph_ref *)self)->k, NULL);
     if (k != NULL)
@@ -621,7 +637,6 @@ static PyMethodDef sim_graph_ref_methods[] = {
 
 static PyGetSetDef sim_graph_ref_getset[] = {
     {"held", sim_graph_ref_held, NULL, "Whether the reference is still held.", NULL},
-    {"address", sim_graph_ref_address, NULL, "The native graph's address (0 once released).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
