@@ -474,12 +474,12 @@ static void unlink_task(lane *l, task *t) {
     atomic_fetch_sub(&l->pool->outstanding, 1);
 }
 
-/* Under the lane's enqueue mutex: the task for trampoline(record), numbered
- * next; NULL with *status set if the pool is closed or no memory is left. */
 /* Tests only: a pause between open_task's check and the count of its task, the
  * window a preempted launching thread leaves to a racing close (exec_test_pause). */
 static atomic_long test_pause_ns;
 
+/* Under the lane's enqueue mutex: the task for trampoline(record), numbered
+ * next; NULL with *status set if the pool is closed or no memory is left. */
 static task *open_task(lane *l, nhf_hostfn trampoline, void *record, uint64_t *status) {
     if (atomic_load(&l->pool->stopping)) {
         *status = NHF_EXECUTOR_CLOSED;

@@ -232,11 +232,12 @@ void nhf_sim_graph_release(void *graph_) {
 }
 
 /* Without the GIL: one replay of the graph's nodes on the stream, all of it or
- * nothing, holding the reference to k that the caller took for the replay
- * (with the GIL, so a close racing the replay cannot free k under it).  Every item is made first, then the whole chain (the nodes, then the
- * graph's release) is appended under the stream's mutex in one step, with the
- * replay's reference to the graph taken there: a refused or interrupted replay
- * enqueues nothing and holds nothing (issue 27: a half-enqueued replay whose
+ * nothing.  The caller took the replay's reference to k with the GIL held, so
+ * a close racing the replay cannot free k under it.  Every item is made first,
+ * then the whole chain (the nodes, then the release of that reference) is
+ * appended under the stream's mutex in one step; a refused replay gives the
+ * reference back here: a refused or interrupted replay enqueues nothing and
+ * holds nothing (issue 27: a half-enqueued replay whose
  * hold was dropped let the graph free a buffer its queued nodes still wrote). */
 static uint64_t replay(nhf_sim_stream *stream, sim_graph *k) {
     pthread_mutex_lock(&k->lock);
