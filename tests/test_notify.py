@@ -116,7 +116,12 @@ def test_nonblocking_callbacks_run_on_the_main_thread_while_it_runs_python(strea
     interval = sys.getswitchinterval()
     sys.setswitchinterval(5.0 if prompt else interval)
     try:
-        nh.host_launch(stream, lambda: ran.append(threading.current_thread().name), blocking=False)
+        # Held: the signal cannot run while host_launch drops the GIL around its
+        # enqueue (the helper then took the free GIL and ran it: 1 run in 33 on 3.13).
+        with Hold(stream):  # released by a numpy write: this thread keeps the GIL
+            nh.host_launch(
+                stream, lambda: ran.append(threading.current_thread().name), blocking=False
+            )
         deadline = time.monotonic() + 4.0
         while not ran and time.monotonic() < deadline:
             sum(range(100))  # Python code, the GIL kept
