@@ -27,8 +27,6 @@ class Backend:
     enqueue_fn = 0
     #: The same for simulated device work (the simulator's own; else enqueue_fn).
     device_enqueue_fn = 0
-    #: Whether ``stream_handle`` must vet each stream (the simulator's registry).
-    vets_streams = False
     #: The backend's own stream type, whose launches the native host_launch takes.
     stream_type: Any = None
 

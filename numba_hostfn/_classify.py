@@ -70,12 +70,6 @@ def _forget(kinds: dict, key: int, ref: weakref.ref) -> None:
         del kinds[key]
 
 
-# id(type) -> "compiled" (a HostFunction subclass), filled on first sight: it depends
-# on the type alone.  Python callables are checked each time (a class's __call__ can
-# be replaced); ctypes pointers too (their restype and argtypes can be set per instance).
-_FN_KINDS = KindsByType()
-
-
 def _prototype_error(detail: str) -> TypeError:
     return TypeError(
         f"host_launch() got a ctypes function pointer {detail}; CUDA calls a CUhostFn, "
@@ -86,15 +80,10 @@ def _prototype_error(detail: str) -> TypeError:
 
 def classify_function(fn: Any) -> tuple[str, int, Any]:
     """Return ``(kind, address, owner)``: kind is "compiled", "pointer" or "python"."""
-    kind = _FN_KINDS.get(type(fn))
     if type(fn) in _PER_INSTANCE:  # a plain function: not async (checked each time)
-        refuse_coroutine_function(fn)
-        _refuse_required_arguments(fn)
+        _refuse_unlaunchable(fn)
         return "python", 0, fn
-    if kind == "compiled":
-        return kind, fn.address, fn
     if issubclass(type(fn), HostFunction):
-        _FN_KINDS.remember(type(fn), "compiled")
         return "compiled", fn.address, fn
     if issubclass(type(fn), CFuncPtr):
         flags = pointer_flags(fn)
@@ -125,19 +114,8 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
             "host_launch() expected a HostFunction, a CUhostFn ctypes pointer or a "
             f"Python callable, got {type(fn).__name__}"
         )
-    if (
-        type(fn) in _BUILTINS
-        or issubclass(type(fn), (staticmethod, type, _CACHED))
-        or _function_like(fn)  # a Cython function, say
-    ):
-        # What it needs is its own, not its type's: checked each time.
-        inner = fn.__func__ if issubclass(type(fn), staticmethod) else fn
-        refuse_coroutine_function(inner)
-        _refuse_required_arguments(inner)
-        return "python", 0, fn
-    # Checked each time, never remembered by type: a class's __call__ can be replaced.
-    refuse_coroutine_function(fn)
-    _refuse_required_arguments(fn)
+    inner = fn.__func__ if issubclass(type(fn), staticmethod) else fn
+    _refuse_unlaunchable(inner)
     return "python", 0, fn
 
 
@@ -225,8 +203,14 @@ def _is_coroutine_partial(fn: Any) -> bool:
         return False
 
 
-def refuse_coroutine_function(fn: Any, caller: str = "host_launch") -> None:
-    function, _ = _function_of(fn)
+def _refuse_unlaunchable(fn: Any) -> None:
+    found = _function_of(fn)
+    refuse_coroutine_function(fn, found=found)
+    _refuse_required_arguments(fn, found)
+
+
+def refuse_coroutine_function(fn: Any, caller: str = "host_launch", found: Any = None) -> None:
+    function, _ = found if found is not None else _function_of(fn)
     # Else whatever code object it has (unittest.mock.AsyncMock sets one).
     code = _code_of(function if function is not None else fn)
     is_async = code is not None and code.co_flags & _ASYNC_FLAGS
@@ -321,7 +305,7 @@ def _class_required(cls: type) -> int | None:
     return required
 
 
-def _refuse_required_arguments(fn: Any) -> None:
+def _refuse_required_arguments(fn: Any, found: Any) -> None:
     """A plain function, bound method, partial, class, cached function, builtin or
     callable object that cannot be called with no arguments (positional or
     keyword-only ones without a default)."""
@@ -333,7 +317,7 @@ def _refuse_required_arguments(fn: Any) -> None:
     elif type(fn) in _BUILTINS:
         function, required = fn, _builtin_required(fn)
     else:
-        function, bound = _function_of(fn)
+        function, bound = found
         if function is None:
             return
         required = _code_required(function, bound)

@@ -87,6 +87,7 @@ a function pointer's buffer            a ctypes function pointer's buffer is the
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import functools
 import sys
@@ -170,8 +171,6 @@ def running_loop() -> Any:
     loop, and a pending call runs on whatever the thread was doing.  In asyncio
     since 3.7, for event loop implementations.
     """
-    import asyncio
-
     return asyncio._get_running_loop()
 
 
@@ -194,13 +193,17 @@ def numba_cfunc_type() -> type:
     return module.CFunc if module is not None else _NotImported
 
 
+_jitted = None
+
+
 def is_jitted(fn: Any) -> bool:
     """Whether ``fn`` is a numba dispatcher (``numba.njit``), without importing numba."""
-    if "numba" not in sys.modules:
-        return False
-    from numba.extending import is_jitted as jitted
-
-    return jitted(fn)
+    global _jitted
+    if _jitted is None:
+        if "numba" not in sys.modules:
+            return False
+        from numba.extending import is_jitted as _jitted
+    return _jitted(fn)
 
 
 def cfunc_signature(fn: Any) -> Any:

@@ -23,7 +23,7 @@ from ._process import get_backend
 from ._streams import stream_handle, target_kind
 from ._userdata import resolve_user_data
 
-__all__ = ["enqueue", "refuse_signal", "signal_route", "user_data_with_callable"]
+__all__ = ["enqueue", "raise_refused", "refuse_signal", "signal_route", "user_data_with_callable"]
 
 
 def signal_route(target: Any, executor: Any, refusal: str) -> tuple[int, int, int, Any]:
@@ -39,9 +39,7 @@ def signal_route(target: Any, executor: Any, refusal: str) -> tuple[int, int, in
     if executor is not None:
         check_executor(executor)
     backend = get_backend()
-    handle = stream_handle(target)
-    if backend.vets_streams:
-        handle = backend.stream_handle(target, handle)
+    handle = backend.stream_handle(target, stream_handle(target))
     if executor is None:
         return backend.enqueue_fn, handle, _core.RUN_COMPILED, None
     # An executor's task owns the executor: it is collected only with nothing outstanding.
@@ -53,6 +51,11 @@ def refuse_signal(status: int, executor: Any, refusal: str) -> None:
     capturing, else what a refused launch raises."""
     if status == _core.CAPTURING:
         raise RuntimeError(refusal)
+    raise_refused(status, executor)
+
+
+def raise_refused(status: int, executor: Any) -> None:
+    """Raise for an enqueue function's nonzero status (the native host_launch too)."""
     call = "cuLaunchHostFunc" if executor is None else "cuStreamWriteValue32"
     get_backend().raise_refusal(status, call)
 
@@ -100,9 +103,7 @@ def enqueue(
                 backend, executor, target, kind, address, arg, owned, parallel_copy
             )
         return add_graph_node(backend, target, kind, address, arg, owned)
-    handle = stream_handle(target)
-    if backend.vets_streams:
-        handle = backend.stream_handle(target, handle)
+    handle = backend.stream_handle(target, stream_handle(target))
     trampoline = _core.RUN_PYTHON if kind == "python" else _core.RUN_COMPILED
     builder = kind_of_target == "builder"
     if executor is not None:

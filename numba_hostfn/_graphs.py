@@ -111,13 +111,9 @@ def _slot_record(
 ) -> Any:
     """Arm a graph slot of ``executor`` for the node, owned by ``graph``'s record; return it."""
     slot = executor._graph_slot()
-    _, _, record = _graph_record(backend, graph, "compiled", fn, arg, (owner, slot))
+    node_fn, node_arg, _ = _graph_record(backend, graph, kind, fn, arg, (owner, slot))
     if copy:  # the pool's own (parallel) copy of the MEMCPY_LAYOUT at arg
         node_fn, node_arg = 0, arg
-    elif kind == "python":
-        node_fn, node_arg = _core.REPLAY_PYTHON, record
-    else:
-        node_fn, node_arg = fn, arg
     slot.arm(node_fn, node_arg, copy)
     return slot
 

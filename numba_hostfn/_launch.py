@@ -17,10 +17,10 @@ from typing import Any
 
 from . import _core
 from ._classify import classify_function
-from ._enqueue import enqueue, user_data_with_callable
+from ._enqueue import enqueue, raise_refused, user_data_with_callable
 from ._hostfunction import CUhostFn
 from ._notify import launch_nonblocking
-from ._process import get_backend, on_backend
+from ._process import on_backend
 
 __all__ = ["host_launch", "host_launch_python", "launch_counts", "python_path"]
 
@@ -126,17 +126,10 @@ def host_launch_python(
     return enqueue(stream, fn, user_data, None, executor=executor)
 
 
-def _raise_status(status: int, executor: Any) -> None:
-    """Raise what the Python path raises for an enqueue function's status (the
-    native host_launch calls this when the driver or simulator refused)."""
-    call = "cuLaunchHostFunc" if executor is None else "cuStreamWriteValue32"
-    get_backend().raise_refusal(status, call)
-
-
 def _configure_native(backend: Any) -> None:
     """Point the native host_launch at ``backend`` (when the backend is made)."""
     _core.configure_launch(
-        raise_status=_raise_status,
+        raise_status=raise_refused,
         enqueue_fn=backend.enqueue_fn,
         executor_enqueue_fn=backend.executor_enqueue_fn or 0,
         sim_stream_type=backend.stream_type if backend.name == "simulator" else None,

@@ -206,12 +206,14 @@ _IN_GRAPH = (
     "once, and a replayed node would signal at every replay. Call it on the stream "
     "that replays the graph, after the replay: {what} then fires when the replay is done"
 )
+_NONBLOCKING_IN_GRAPH = _IN_GRAPH.format(what="host_launch(blocking=False)")
+_FUTURE_IN_GRAPH = _IN_GRAPH.format(what="done_future()")
+_ASYNC_IN_GRAPH = _IN_GRAPH.format(what="async_done()")
 
 
 def launch_nonblocking(stream: Any, fn: Any, executor: Any = None) -> None:
     """``host_launch(stream, fn, blocking=False)`` for a classified Python callable."""
-    refusal = _IN_GRAPH.format(what="host_launch(blocking=False)")
-    _the_callbacks().launch(stream, fn, executor, refusal)
+    _the_callbacks().launch(stream, fn, executor, _NONBLOCKING_IN_GRAPH)
 
 
 def done_future(stream: Any, *, executor: Any = None) -> concurrent.futures.Future:
@@ -245,8 +247,9 @@ def done_future(stream: Any, *, executor: Any = None) -> concurrent.futures.Futu
         If ``stream`` is capturing or is a graph, or the executor is closed.
     """
     future: concurrent.futures.Future = concurrent.futures.Future()
-    refusal = _IN_GRAPH.format(what="done_future()")
-    _the_futures().launch(stream, functools.partial(_resolve, future, stream), executor, refusal)
+    _the_futures().launch(
+        stream, functools.partial(_resolve, future, stream), executor, _FUTURE_IN_GRAPH
+    )
     return future
 
 
@@ -356,5 +359,5 @@ def async_done(stream: Any, *, executor: Any = None) -> asyncio.Future:
         waits = _LoopWaits(loop)
         _loops[loop] = weakref.ref(waits)
     future = loop.create_future()
-    waits.channel.launch(stream, executor, _IN_GRAPH.format(what="async_done()"), (future, stream))
+    waits.channel.launch(stream, executor, _ASYNC_IN_GRAPH, (future, stream))
     return future

@@ -1,6 +1,6 @@
 """The process's backend: chosen once, from NUMBA_HOSTFN_SIMULATOR at first use; and fork.
 
-The layers above register callbacks here (``on_backend``, ``on_fork``) instead of being
+The layers above register callbacks here (``on_backend``) instead of being
 imported by this module: ``_launch`` points the native host_launch at the backend.
 """
 
@@ -19,7 +19,6 @@ __all__ = [
     "forked",
     "get_backend",
     "on_backend",
-    "on_fork",
     "simulator_requested",
     "simulator_unless_driver",
     "use_simulator",
@@ -30,18 +29,11 @@ _backend: Backend | None = None
 #: Called with the backend once it is made (``_launch`` points the native
 #: host_launch at it): the layers above register here instead of being imported.
 _on_backend: list = []
-#: Called in a child forked from a process that had used numba_hostfn.
-_on_fork: list = []
 
 
 def on_backend(callback: Any) -> None:
     """Call ``callback(backend)`` when the process's backend is made."""
     _on_backend.append(callback)
-
-
-def on_fork(callback: Any) -> None:
-    """Call ``callback()`` in a child forked from a process that had used numba_hostfn."""
-    _on_fork.append(callback)
 
 
 def simulator_requested() -> bool:
@@ -90,8 +82,6 @@ def _after_fork_in_child() -> None:
     if _backend is not None:
         _forked = True
         _backend.records.abandon()
-        for callback in _on_fork:
-            callback()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

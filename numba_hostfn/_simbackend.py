@@ -16,7 +16,6 @@ class SimulatorBackend(Backend):
     """Enqueue on simulated streams: native queues, and one host-function thread."""
 
     name = "simulator"
-    vets_streams = True
 
     def __init__(self, chosen_because: str = "") -> None:
         super().__init__()
@@ -69,15 +68,15 @@ class SimulatorBackend(Backend):
         return capture
 
     def graph_record(self, graph: Any, fn: int, arg: int, owner: Any) -> int:
-        return _core.sim_graph_record(graph.graph, fn, arg, owner)
+        return _core.sim_graph_record(graph, fn, arg, owner)
 
     def add_captured_node(
         self, graph: Any, handle: int, fn: int, arg: int, device: bool = False
     ) -> None:
-        _core.sim_graph_add_node(graph.graph, device, fn, arg)
+        _core.sim_graph_add_node(graph, device, fn, arg)
 
     def add_slot_nodes(self, graph: Any, handle: int, slot: Any) -> None:
-        sim_graph = graph.graph
+        sim_graph = graph
         for i, fn in enumerate((_core.EXEC_SIM_SET, _core.EXEC_SIM_AWAIT, _core.EXEC_SIM_SET)):
             _core.sim_graph_add_node(sim_graph, True, fn, _core.exec_slot_op(slot.address, i))
 

@@ -20,7 +20,6 @@ docs/simulator.md lists what is and is not modelled.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from . import _core
@@ -41,13 +40,6 @@ def _simulator() -> SimulatorBackend:
             f"{SIMULATOR_ENV}=1 before the first use of numba_hostfn"
         )
     return backend
-
-
-@dataclass
-class _Capture:
-    """The work captured on a stream so far: its native graph, which holds its nodes."""
-
-    graph: Any  # a SimGraph: the capture's reference
 
 
 class Stream(_core.SimStreamBase):
@@ -123,7 +115,7 @@ class Stream(_core.SimStreamBase):
         status = _core.sim_enqueue(self._live(), _core.SIM_DELAY, micros, True)
         if status == _core.CAPTURING:
             capture = self._backend.captures[self._handle]
-            _core.sim_graph_add_node(capture.graph, True, _core.SIM_DELAY, micros)
+            _core.sim_graph_add_node(capture, True, _core.SIM_DELAY, micros)
         elif status:
             self._backend.raise_refusal(status)
 
@@ -151,7 +143,7 @@ class Stream(_core.SimStreamBase):
         handle = self._live()
         if self.is_capturing:
             raise RuntimeError("the simulated stream is already capturing")
-        self._backend.captures[handle] = _Capture(_core.SimGraph())
+        self._backend.captures[handle] = _core.SimGraph()
         _core.sim_set_capturing(handle, True)
 
     def end_capture(self) -> Graph:
@@ -166,7 +158,7 @@ class Stream(_core.SimStreamBase):
             raise RuntimeError("end_capture() on a simulated stream that is not capturing")
         _core.sim_set_capturing(self._handle, False)
         del self._backend.captures[self._handle]
-        return capture.graph
+        return capture
 
     def create_graph_builder(self) -> GraphBuilder:
         """A :class:`GraphBuilder` that captures on this stream (cuda.core's shape)."""
@@ -203,7 +195,7 @@ class Stream(_core.SimStreamBase):
             self._closed = True
             capture = self._backend.captures.pop(self._handle, None)
             if capture is not None:
-                capture.graph.release()
+                capture.release()
             _core.sim_close(self._handle, False)  # the thread ends on its own
 
     def __repr__(self) -> str:

@@ -20,6 +20,7 @@ and drop them.  It is shared, as ``by_ref`` shares it; pass ``bytes(a)`` (or
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from typing import Any
 
@@ -253,6 +254,7 @@ def _check_layout(nbytes: int, dtype: Any, layout: np.dtype | None, what: str, f
         )
 
 
+@functools.cache
 def _physical_memory() -> int:
     """This machine's memory in bytes (a copy larger than it cannot be made: trying
     would rather get the process killed, where memory is overcommitted)."""
@@ -359,7 +361,7 @@ def resolve_user_data(
     try:
         if view.nbytes > _physical_memory():  # never tried: the copy would not fit
             raise MemoryError
-        data = view.tobytes()  # C-order copy, whatever the source's strides
+        copy = _core.BufferRef(bytearray(view))  # C-order copy, whatever the source's strides
     except MemoryError:
         raise MemoryError(
             f"user_data of {view.nbytes} bytes (a {type(user_data).__name__} of shape "
@@ -367,5 +369,4 @@ def resolve_user_data(
             "memory. A read-only buffer is copied at launch; pass a smaller one, or share "
             "writable memory instead (by_ref)"
         ) from None
-    copy = (ctypes.c_char * max(len(data), 1)).from_buffer_copy(data.ljust(1, b"\0"))
-    return ctypes.addressof(copy), copy
+    return copy.address, copy
