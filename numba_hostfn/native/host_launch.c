@@ -249,7 +249,7 @@ static bool exact_u64(PyObject *value, uint64_t *out) {
  * coroutine function and can be called with no arguments. */
 static enum kind plain_function(PyObject *function, Py_ssize_t bound) {
     PyCodeObject *code = (PyCodeObject *)PyFunction_GET_CODE(function);
-    if (code->co_flags & (CO_COROUTINE | CO_ASYNC_GENERATOR | CO_ITERABLE_COROUTINE))
+    if (code->co_flags & (CO_COROUTINE | CO_ASYNC_GENERATOR)) /* _classify's _ASYNC_FLAGS */
         return UNKNOWN;
     if (code->co_kwonlyargcount != 0) /* keyword-only defaults: Python checks those */
         return UNKNOWN;
@@ -332,7 +332,7 @@ static bool user_data(PyObject *data, nhf_compiled_object *compiled, uintptr_t *
     uint64_t value;
     if (PyLong_CheckExact(data)) /* an address, as is; NULL: Python decides */
         return exact_u64(data, &value) && (*arg = (uintptr_t)value) != 0;
-    if (Py_IS_TYPE(data, &nhf_byref_type) || PyObject_TypeCheck(data, &nhf_byref_type)) {
+    if (PyObject_TypeCheck(data, &nhf_byref_type)) {
         nhf_byref_object *ref = (nhf_byref_object *)data;
         if (!ref->exported)
             return false;
@@ -434,8 +434,6 @@ static int fast_launch(PyObject *stream, PyObject *fn, PyObject *data, PyObject 
         goto error;
     nhf_hostfn trampoline = kind == KIND_PYTHON ? nhf_run_python : nhf_run_compiled;
     nhf_enqueue_fn enqueue_fn = pool != NULL ? launch.executor_enqueue_fn : launch.enqueue_fn;
-    if (enqueue_fn == NULL)
-        goto done; /* a backend without an executor enqueue: the Python path */
     uint64_t status = nhf_enqueue_record(enqueue_fn, target, trampoline,
                                          (nhf_hostfn)address, (void *)arg, NULL, owner);
     if (status == NHF_NO_RECORD)
@@ -544,12 +542,14 @@ PyObject *nhf_py_configure_launch(PyObject *self, PyObject *const *args, Py_ssiz
             set_object(&launch.cuhostfn_type, value);
         else if (!strcmp(name, "c_void_p"))
             set_object(&launch.c_void_p, value);
-        else if (!strcmp(name, "enqueue_fn") || !strcmp(name, "executor_enqueue_fn")) {
+        else if (!strcmp(name, "enqueue_fn")) {
             if (nhf_address_arg(value, &address) < 0)
                 return NULL;
-            nhf_enqueue_fn *slot =
-                name[0] == 'e' && name[1] == 'n' ? &launch.enqueue_fn : &launch.executor_enqueue_fn;
-            *slot = (nhf_enqueue_fn)(uintptr_t)address;
+            launch.enqueue_fn = (nhf_enqueue_fn)(uintptr_t)address;
+        } else if (!strcmp(name, "executor_enqueue_fn")) {
+            if (nhf_address_arg(value, &address) < 0)
+                return NULL;
+            launch.executor_enqueue_fn = (nhf_enqueue_fn)(uintptr_t)address;
         } else if (!strcmp(name, "wanted")) {
             int wanted = PyObject_IsTrue(value);
             if (wanted < 0)
@@ -561,7 +561,8 @@ PyObject *nhf_py_configure_launch(PyObject *self, PyObject *const *args, Py_ssiz
         }
     }
     launch.configured = launch.fallback != NULL && launch.raise_status != NULL &&
-                        launch.enqueue_fn != NULL && launch.cuhostfn_type != NULL &&
+                        launch.enqueue_fn != NULL && launch.executor_enqueue_fn != NULL &&
+                        launch.cuhostfn_type != NULL &&
                         launch.c_void_p != NULL;
     Py_RETURN_NONE;
 }

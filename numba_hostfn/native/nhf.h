@@ -171,7 +171,6 @@ PyObject *nhf_host_launch(PyObject *self, PyObject *const *args, Py_ssize_t narg
 PyObject *nhf_py_configure_launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                                   PyObject *kwnames);
 PyObject *nhf_py_launch_counts(PyObject *self, PyObject *unused);
-PyObject *nhf_py_classify(PyObject *self, PyObject *fn);
 int nhf_host_launch_init(PyObject *module);
 
 /* ---- the simulator (simulator.c) ----------------------------------------------- */
