@@ -27,8 +27,10 @@ typedef struct item {
 
 struct nhf_sim_stream {
     pthread_mutex_t mutex; /* guards every field below */
-    pthread_cond_t wake;   /* an item arrived, the host function ran, or stop */
-    pthread_cond_t idle;   /* nothing pending */
+    pthread_cond_t wake;     /* an item arrived, or stop */
+    pthread_cond_t host_ran; /* host_done was set (apart from wake: an enqueue during a
+                              * host function wakes no one who waits for it) */
+    pthread_cond_t idle;     /* nothing pending */
     item *head, *tail;     /* the FIFO */
     long pending;          /* items enqueued and not yet finished */
     int stopping;          /* refuse new items; the thread ends once empty */
@@ -126,7 +128,7 @@ static void run_on_host_thread(nhf_sim_stream *stream, nhf_hostfn fn, void *arg)
     pthread_mutex_unlock(&context.mutex);
     pthread_mutex_lock(&stream->mutex);
     while (!stream->host_done)
-        pthread_cond_wait(&stream->wake, &stream->mutex);
+        pthread_cond_wait(&stream->host_ran, &stream->mutex);
     stream->host_done = 0;
     pthread_mutex_unlock(&stream->mutex);
 }
@@ -179,7 +181,7 @@ static void *host_thread_main(void *unused) {
         stream->host_fn(stream->host_arg);
         pthread_mutex_lock(&stream->mutex);
         stream->host_done = 1;
-        pthread_cond_signal(&stream->wake);
+        pthread_cond_signal(&stream->host_ran);
         pthread_mutex_unlock(&stream->mutex);
         pthread_mutex_lock(&context.mutex);
     }
@@ -339,7 +341,7 @@ static nhf_sim_stream *stream_new(void) {
     if (stream == NULL)
         return NULL;
     if (pthread_mutex_init(&stream->mutex, NULL) || pthread_cond_init(&stream->wake, NULL) ||
-        pthread_cond_init(&stream->idle, NULL) ||
+        pthread_cond_init(&stream->host_ran, NULL) || pthread_cond_init(&stream->idle, NULL) ||
         pthread_create(&stream->thread, NULL, stream_main, stream)) {
         free(stream);
         return NULL;
