@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import sys
 import time
 
@@ -21,6 +22,13 @@ from numba_hostfn._process import cuda_driver_usable, simulator_unless_driver
 if os.environ.get("NUMBA_HOSTFN_REQUIRE_GPU") and not cuda_driver_usable():
     raise pytest.UsageError("NUMBA_HOSTFN_REQUIRE_GPU=1 but no usable CUDA driver was found")
 SIMULATOR = simulator_unless_driver()
+# A suite started as a background job (`python -m pytest &` in a script) inherits
+# SIGINT ignored, and Python then installs no KeyboardInterrupt handler: a Ctrl-C, or
+# one a callback re-raises (PyErr_SetInterrupt), is dropped.  The interrupt tests need
+# Python's own handler, as at a terminal; the children they start get it back too
+# (exec resets a handled signal to its default, and Python installs its handler).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, os.path.dirname(__file__))
 
 from _device import Device  # noqa: E402
