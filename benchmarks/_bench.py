@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import faulthandler
+import json
 import os
 import shutil
 import statistics
@@ -20,6 +21,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -105,14 +107,33 @@ def ratio(a: Row | None, b: Row | None) -> float | None:
     return None
 
 
-# A target line: (what, measured value as text, met: True, False or None for n/a).
-Target = tuple[str, str, bool | None]
+class Target(NamedTuple):
+    """A line of the targets table; ``value`` and ``limit`` are kept for ``--json`` (ab.py)."""
+
+    text: str
+    shown: str  # the measured value as the table prints it
+    met: bool | None  # None: informational, or not measured
+    value: float | None = None
+    limit: float | None = None
 
 
 def target(text: str, value: float | None, limit: float | None, fmt: str = "{:.2f}x") -> Target:
     """A line of the targets table: ``value <= limit``; no limit: informational (met n/a)."""
     met = None if value is None or limit is None else value <= limit
-    return (text, "n/a" if value is None else fmt.format(value), met)
+    return Target(text, "n/a" if value is None else fmt.format(value), met, value, limit)
+
+
+def write_json(path: str, targets: Iterable[Target]) -> None:
+    """Every row's samples and every target's value, for benchmarks/ab.py to compare."""
+    data = {
+        "rows": [
+            {"group": r.group, "name": r.name, "unit": r.unit, "samples": r.samples, "note": r.note}
+            for r in ROWS
+        ],
+        "targets": [t._asdict() for t in targets],
+    }
+    with open(path, "w") as f:
+        json.dump(data, f)
 
 
 # ---- shared setup ----------------------------------------------------------------------
@@ -291,8 +312,9 @@ def report(
             )
         lines.append("")
     lines += ["### targets", "", "| target | measured | met |", "| --- | ---: | --- |"]
-    for text, value, met in targets:
-        lines.append(f"| {text} | {value} | {'n/a' if met is None else ('yes' if met else 'NO')} |")
+    for t in targets:
+        met = "n/a" if t.met is None else ("yes" if t.met else "NO")
+        lines.append(f"| {t.text} | {t.shown} | {met} |")
     text = "\n".join(lines) + "\n"
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)

@@ -3,6 +3,7 @@
     python benchmarks/run.py --out bench-out        # on a GPU: table + PNG plots
     python benchmarks/run.py --smoke                # a tiny run (the simulator in CI)
     python benchmarks/run.py --only dispatch        # one section (repeatable)
+    python benchmarks/ab.py REF --only enqueue      # a git REF against the working tree
 
 Progress goes to stderr, one line per row; a row running over two minutes
 (BENCH_WATCHDOG_S) prints every thread's stack there and goes on.
@@ -62,7 +63,7 @@ import bench_executor
 import bench_graphs
 import bench_startup
 import bench_throughput
-from _bench import Row, report
+from _bench import Row, report, write_json
 
 # --only names, in the order the sections run (and their tables and targets appear).
 SECTIONS = {
@@ -89,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (CI, simulator)")
     parser.add_argument("--out", help="folder for benchmarks.md and the PNG plots")
+    parser.add_argument("--json", help="also write every row and target here (benchmarks/ab.py)")
     parser.add_argument(
         "--only",
         choices=tuple(SECTIONS),
@@ -137,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     targets = [t for s in SECTIONS.values() if hasattr(s, "targets") for t in s.targets()]
     plots = [p for s in SECTIONS.values() for p in s.PLOTS]
     print(report(args.out, header, targets, baseline, plots))
+    if args.json:
+        write_json(args.json, targets)
     if args.out:
         bench_executor.plot_timeline(args.out)
     device.close()

@@ -3,9 +3,11 @@
 (The GPU runs of the benchmarks are separate, documented commands: benchmarks/README.md.)"""
 
 import pathlib
+import shutil
 import subprocess
 import sys
 
+import pytest
 from _device import child_env
 
 ROOT = pathlib.Path(__file__).parent.parent
@@ -71,3 +73,44 @@ def test_benchmark_one_section(tmp_path):
     assert "### graph replay" in report and "### targets" in report
     assert "### enqueue" not in report and "### compile and import" not in report
     assert sorted(p.name for p in tmp_path.glob("*.png")) == ["graphs.png"]
+
+
+@pytest.mark.skipif(
+    not (ROOT / ".git").exists() or shutil.which("git") is None,
+    reason="benchmarks/ab.py builds a git ref: it needs a git checkout of the source",
+)
+def test_ab_runner_smoke(tmp_path):
+    """ab.py builds HEAD and the working tree apart and reports both sides of each figure."""
+    env = child_env(NUMBA_HOSTFN_SIMULATOR="1")
+    env.pop("LD_PRELOAD", None)  # its two builds are plain: a sanitizer runtime would not fit
+    out = tmp_path / "ab.md"
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "ab.py"),
+            "HEAD",
+            "--smoke",
+            "--only",
+            "graphs",
+            "--rounds",
+            "1",
+            "--out",
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = out.read_text()
+    assert report == run.stdout.rstrip("\n") + "\n"
+    assert "A = HEAD (" in report and "1 round(s)" in report
+    # Each side ran in its own tree, A then B, and measured the section's rows.
+    assert run.stderr.index("round 1/1, A:") < run.stderr.index("round 1/1, B:")
+    rows = [line for line in report.splitlines() if line.startswith("| graph replay | captured")]
+    compiled = next(line for line in rows if "captured HostFunction node" in line)
+    cells = [c.strip() for c in compiled.split("|")]
+    assert cells[4] != "--" and cells[5] != "--", compiled  # A and B both measured
+    assert "| captured Python node / captured compiled node |" in report
+    assert "executor round trip" not in report  # a section not run lists no target
