@@ -87,7 +87,6 @@ a function pointer's buffer            a ctypes function pointer's buffer is the
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import functools
 import sys
@@ -169,9 +168,11 @@ def running_loop() -> Any:
 
     ``asyncio._get_running_loop``: public ``get_running_loop`` raises without a
     loop, and a pending call runs on whatever the thread was doing.  In asyncio
-    since 3.7, for event loop implementations.
+    since 3.7, for event loop implementations.  No loop can run before asyncio is
+    imported, so this imports nothing: a first launch does not pay for asyncio.
     """
-    return asyncio._get_running_loop()
+    asyncio = sys.modules.get("asyncio")
+    return None if asyncio is None else asyncio._get_running_loop()
 
 
 def on_foreign_thread() -> bool:

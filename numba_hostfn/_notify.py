@@ -23,18 +23,20 @@ been drained.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import functools
 import os
 import threading
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _core
 from ._compat import any_thread_pending_call, on_foreign_thread, running_loop
 from ._enqueue import refuse_signal, signal_route
 from ._process import get_backend
+
+if TYPE_CHECKING:  # imported where used: a first launch needs neither (start-up time)
+    import asyncio
+    import concurrent.futures
 
 __all__ = ["async_done", "done_future", "launch_nonblocking", "run_callbacks"]
 
@@ -58,7 +60,11 @@ class _Channel:
         # Not at exit: a reader on a daemon thread may still be taking from it
         # (invariant 6: leak rather than dangle).
         weakref.finalize(self, _core.channel_release, self.address).atexit = False
-        invalid = asyncio.InvalidStateError if resolve else None
+        invalid = None
+        if resolve:  # a loop's channel: asyncio is imported already
+            import asyncio
+
+            invalid = asyncio.InvalidStateError
         self.dispatcher = _core.Dispatcher(self.address, resolve, invalid)  # its own reference
 
     def launch(self, target: Any, executor: Any, refusal: str, entry: Any) -> None:
@@ -246,6 +252,8 @@ def done_future(stream: Any, *, executor: Any = None) -> concurrent.futures.Futu
     RuntimeError
         If ``stream`` is capturing or is a graph, or the executor is closed.
     """
+    import concurrent.futures
+
     future: concurrent.futures.Future = concurrent.futures.Future()
     _the_futures().launch(
         stream, functools.partial(_resolve, future, stream), executor, _FUTURE_IN_GRAPH
@@ -346,6 +354,8 @@ def async_done(stream: Any, *, executor: Any = None) -> asyncio.Future:
     ...     kernel[blocks, threads, stream](request)
     ...     await nh.async_done(stream)
     """
+    import asyncio
+
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:

@@ -1,3 +1,5 @@
+from _device import run_child
+
 import numba_hostfn
 import numba_hostfn.simulator
 
@@ -95,3 +97,22 @@ def test_one_script_runs_on_a_gpu_or_the_simulator():
     simulated, no_driver, module, value = run_child(SCRIPT_THAT_RUNS_ANYWHERE, env=env).split()
     assert simulated == no_driver and value == "1"
     assert module.startswith("numba_hostfn" if simulated == "True" else "cuda.core")
+
+
+def test_a_first_launch_imports_neither_numba_nor_asyncio():
+    """Start-up pays only for what a first launch uses: numba comes with @host_callback,
+    asyncio with async_done, concurrent.futures with done_future (bench_startup)."""
+    out = run_child(
+        "import sys\n"
+        "import numba_hostfn as nh\n"
+        "stream = nh.create_stream()\n"
+        "ran = []\n"
+        "nh.host_launch(stream, lambda: ran.append(1))\n"
+        "stream.sync()\n"
+        "nh.drain()\n"
+        "names = ('numba', 'asyncio', 'concurrent.futures')\n"
+        "print(ran, [n for n in names if n in sys.modules])\n"
+        "nh.done_future(stream).result(timeout=60)\n"
+        "print('concurrent.futures' in sys.modules)\n"
+    )
+    assert out.splitlines() == ["[1] []", "True"], out
