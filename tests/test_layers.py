@@ -1,9 +1,11 @@
 """The package's layers: no import cycle among its modules, counting imports inside
-functions, no private name imported from a sibling module, and docs/design.md's module
-map names every module (issue 26)."""
+functions, no private name imported from a sibling module, docs/design.md's module
+map names every module, and no module imports one of a higher layer of that map
+(issues 26, 32)."""
 
 import ast
 import collections
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,3 +80,38 @@ def test_the_module_map_names_every_module():
     assert missing == [], missing
     native = [f"`{p.name}`" for p in (PACKAGE / "native").glob("*.[ch]")]
     assert [n for n in native if n not in design] == []
+
+
+def _layers() -> dict[str, int]:
+    """docs/design.md's layer of each module, from the map's table (``| 5 | `_x` | ...``)."""
+    design = (ROOT / "docs" / "design.md").read_text()
+    layers = {}
+    for row in re.finditer(r"^\| (\d+) \| ([^|]+) \|", design, re.M):
+        for name in re.findall(r"`(\w+)`", row.group(2)):
+            layers[name] = int(row.group(1))
+    return layers
+
+
+def _upward(edges: dict[str, set[str]], layers: dict[str, int]) -> list[str]:
+    return [
+        f"{a} (layer {layers[a]}) imports {b} (layer {layers[b]})"
+        for a, imported in sorted(edges.items())
+        for b in sorted(imported)
+        if a in layers and b in layers and layers[b] > layers[a]
+    ]
+
+
+def test_no_module_imports_a_higher_layer_of_the_map():
+    """design.md's layer numbers are true: every import, inside functions too, points
+    down or sideways (sideways without a cycle: the test above)."""
+    edges, _ = _imports()
+    layers = _layers()
+    assert sorted(m for m in MODULES if m not in layers) == [], "a module the map gives no layer"
+    assert _upward(edges, layers) == []
+
+
+def test_the_layer_check_finds_an_upward_import():
+    edges, _ = _imports()
+    looped = {k: set(v) for k, v in edges.items()}
+    looped["_records"] = looped.get("_records", set()) | {"_notify"}
+    assert _upward(looped, _layers()) == ["_records (layer 2) imports _notify (layer 7)"]
