@@ -166,9 +166,10 @@ def _moved(buf):
 
 
 def _resizable_buffer(kind, value):
+    """1 MiB: a contiguous copy that large is shared out among an executor's threads."""
     if kind == "bytearray":
-        return bytearray([value]) * 4096
-    return array.array("d", [float(value)]) * 512
+        return bytearray([value]) * (1 << 20)
+    return array.array("d", [float(value)]) * (1 << 17)
 
 
 @pytest.mark.parametrize("executor", [False, True], ids=["driver", "executor"])
@@ -187,7 +188,7 @@ def test_a_queued_copy_pins_its_buffers_memory(stream, kind, layout, executor):
                 nh.host_copy(stream, dst, src, executor=pool)
                 pinned = (dst, src)
             else:  # a pitched copy: rows of a strided array from the buffer
-                rows = np.zeros((8, 1024), np.uint8)[:, :512]
+                rows = np.zeros((1024, 2048), np.uint8)[:, :1024]
                 nh.host_copy(stream, rows, src, executor=pool)
                 nh.host_copy(stream, dst, rows, executor=pool)
                 pinned = (src,)
