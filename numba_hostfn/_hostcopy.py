@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _core
 from ._compat import numba_hooks
 from ._enqueue import enqueue
 from ._executor import check_executor
@@ -127,9 +128,15 @@ def host_memcpy_2d() -> HostFunction:
 
 @dataclass(frozen=True)
 class _Region:
-    """Host memory as rows: ``rows`` rows of ``row_bytes``, ``pitch`` bytes apart."""
+    """Host memory as rows: ``rows`` rows of ``row_bytes``, ``pitch`` bytes apart.
 
-    obj: Any
+    ``owner`` is what a launch that uses ``address`` must own: a buffer export of the
+    object (``_core.BufferRef``), which keeps its memory in place (a ``bytearray``
+    cannot be resized, a ``memoryview`` released, while it lives), or a cuda.core
+    ``Buffer`` itself.
+    """
+
+    owner: Any
     address: int
     rows: int
     row_bytes: int
@@ -168,14 +175,22 @@ def _region(obj: Any, role: str) -> _Region:
             f"{kind.__name__}. Device arrays (CuPy, torch CUDA tensors) are not host memory"
         ) from None
     arr = np.asarray(view)
+    if arr.dtype.hasobject:
+        raise TypeError(
+            f"host_copy() {role} holds Python objects (dtype {arr.dtype}); copying their "
+            "pointers without their reference counts would corrupt them: copy with "
+            "np.copyto, or host_copy numeric data"
+        )
+    # Exported while ``view`` still pins the memory the address is read from.
+    owner = _core.BufferRef(obj, pin_only=True) if arr.nbytes else obj
     address = arr.__array_interface__["data"][0]
     writable = not view.readonly
     if arr.flags.c_contiguous:
-        return _Region(obj, address, 1, arr.nbytes, arr.nbytes, writable)
+        return _Region(owner, address, 1, arr.nbytes, arr.nbytes, writable)
     if arr.ndim >= 2 and arr.shape[0] > 0 and arr.strides[0] > 0 and arr[0].flags.c_contiguous:
         row_bytes = arr[0].nbytes
         if arr.strides[0] >= row_bytes:
-            return _Region(obj, address, arr.shape[0], row_bytes, arr.strides[0], writable)
+            return _Region(owner, address, arr.shape[0], row_bytes, arr.strides[0], writable)
     raise ValueError(
         f"host_copy() {role} has a layout it cannot copy (shape {arr.shape}, strides "
         f"{arr.strides}): it needs C-contiguous memory, or rows that are each contiguous "
@@ -188,7 +203,9 @@ def host_copy(stream: Any, dst: Any, src: Any, *, executor: Any = None) -> Any:
 
     Typical use: after a device-to-host copy into pinned staging memory, move the
     data on into a pageable numpy array without synchronizing. Both buffers are
-    owned by the launch until the copy has run.  Copies of zero bytes enqueue
+    owned by the launch until the copy has run, as buffer exports: a
+    ``bytearray`` or ``array.array`` cannot be resized, nor a ``memoryview``
+    released, meanwhile (``BufferError``).  Copies of zero bytes enqueue
     nothing.
 
     Parameters
@@ -215,7 +232,8 @@ def host_copy(stream: Any, dst: Any, src: Any, *, executor: Any = None) -> Any:
     Raises
     ------
     TypeError
-        If a buffer is not host memory with the buffer protocol.
+        If a buffer is not host memory with the buffer protocol, or holds
+        Python objects.
     ValueError
         If two numpy arrays have different dtypes (``host_copy`` copies bytes;
         pass ``.view(np.uint8)`` of both to copy them raw), ``dst`` is
@@ -246,7 +264,7 @@ def host_copy(stream: Any, dst: Any, src: Any, *, executor: Any = None) -> Any:
         return _unchanged(stream)
     if d.address < s.end and s.address < d.end:
         raise ValueError("host_copy() dst and src overlap; copy through a temporary")
-    keep = (dst, src)
+    keep = (d.owner, s.owner)  # the memory, not only the objects (LIFETIME.md, invariant 1)
     if d.contiguous and s.contiguous:
         data = _PACK.pack(d.address, s.address, d.nbytes)
         return enqueue(stream, host_memcpy(), data, keep, executor=executor, parallel_copy=True)

@@ -121,6 +121,9 @@ class Record:
     the host function, as :func:`by_ref` shares a buffer: the body reads and
     writes the record's own memory (``data``), and the launch keeps the record
     and every buffer a field points to alive until the host function has run.
+    ``keep`` holds a buffer export of each of those buffers, so their memory
+    stays in place while the record lives: a ``bytearray`` behind a field
+    cannot be resized (``BufferError``) until the record and its launches are gone.
     """
 
     __slots__ = ("data", "keep")
@@ -146,9 +149,11 @@ def record(dtype: Any, **fields: Any) -> Record:
     holds only the number.  Give the buffer itself for such a field: its
     address goes into the record, and a launch with this record as
     ``user_data`` owns the buffer until the host function has run (in a
-    graph: as long as the graph).  The record itself is shared, not copied:
-    what the host function writes into its fields is in ``data`` once the
-    stream has passed the launch.
+    graph: as long as the graph).  The record and its launches hold a buffer
+    export of it, not only the object: a ``bytearray`` behind a field cannot
+    be resized (and moved) meanwhile.  The record itself is shared, not
+    copied: what the host function writes into its fields is in ``data`` once
+    the stream has passed the launch.
 
     Parameters
     ----------
@@ -209,25 +214,35 @@ def record(dtype: Any, **fields: Any) -> Record:
                     f"record() field {name!r} is {field}: only an 8-byte integer field can "
                     "hold a buffer's address"
                 )
-            ref = value if isinstance(value, ByRef) else _Pointed(value, name)
+            # The export itself, not the object: it keeps the memory in place (a
+            # bytearray cannot be resized while the record or a launch of it lives).
+            ref = value if isinstance(value, ByRef) else _pointed(value, name)
+            if not ref.address:  # a ByRef made with __new__ alone: no buffer exported
+                raise ValueError(
+                    f"record() field {name!r} got a ByRef that holds no buffer; make it "
+                    "with by_ref(array)"
+                )
             data[name] = ref.address
-            keep.append(ref.obj)
+            keep.append(ref)
         else:
             data[name] = value
     return Record(data, tuple(keep))
 
 
-class _Pointed:
-    """A buffer a record field points to: its address (any contiguous buffer, even read-only)."""
-
-    def __init__(self, obj: Any, name: str) -> None:
-        view = memoryview(obj)
-        if not view.c_contiguous or view.nbytes == 0:
-            raise ValueError(
-                f"record() field {name!r} needs a C-contiguous buffer of at least one byte"
-            )
-        self.obj = obj
-        self.address = np.asarray(view).__array_interface__["data"][0]
+def _pointed(obj: Any, name: str) -> _core.BufferRef:
+    """A buffer a record field points to (any contiguous buffer, even read-only),
+    exported for as long as the record and its launches live."""
+    view = memoryview(obj)
+    if not view.c_contiguous or view.nbytes == 0:
+        raise ValueError(
+            f"record() field {name!r} needs a C-contiguous buffer of at least one byte"
+        )
+    if isinstance(obj, np.ndarray) and obj.dtype.hasobject:
+        raise TypeError(
+            f"record() field {name!r} got an array of Python objects (dtype {obj.dtype}); "
+            "a host function cannot use object pointers without the GIL: pass numeric data"
+        )
+    return _core.BufferRef(obj, pin_only=True)
 
 
 def _describe(layout: np.dtype) -> str:

@@ -1,11 +1,13 @@
 """host_copy, host_memcpy(_2d) and release_after, on both backends."""
 
+import array
 import gc
 import struct
 import weakref
 
 import numpy as np
 import pytest
+from _device import Hold, released_eventually
 
 import numba_hostfn as nh
 
@@ -91,8 +93,19 @@ def test_copy_is_stream_ordered_after_device_work(stream, device):
         (np.zeros((4, 4))[::-1], np.zeros((4, 4)), ValueError, "layout"),
         (np.zeros((10, 20))[:, :7], np.zeros((7, 20))[:, :10], ValueError, "row shapes"),
         (np.zeros(4, np.int64), np.zeros(4, np.float64), ValueError, "view\\(np.uint8\\)"),
+        (np.zeros(4, object), np.zeros(4, object), TypeError, "Python objects"),
     ],
-    ids=["readonly-dst", "sizes", "list", "str", "strided-1d", "negative", "rows", "dtypes"],
+    ids=[
+        "readonly-dst",
+        "sizes",
+        "list",
+        "str",
+        "strided-1d",
+        "negative",
+        "rows",
+        "dtypes",
+        "objects",
+    ],
 )
 def test_bad_input_rejected_with_nothing_enqueued(stream, dst, src, exc, match):
     with pytest.raises(exc, match=match):
@@ -132,6 +145,99 @@ def test_dst_and_src_kept_alive_until_copied_then_released(stream, device):
     gc.collect()
     assert alive_src() is None and alive_dst() is None
     assert np.array_equal(np.frombuffer(memory, np.float64), expected)
+
+
+def _resizable(buf) -> bool:
+    """Whether ``buf`` (a bytearray or array.array) may be resized now: pop its last
+    item and put it back, which moves nothing; False if an export pins it."""
+    try:
+        last = buf.pop()
+    except BufferError:
+        return False
+    buf.append(last)
+    return True
+
+
+def _moved(buf):
+    """Resize ``buf`` for real (it may move), and back."""
+    grow = bytes(1 << 16) if isinstance(buf, bytearray) else array.array(buf.typecode, [0]) * 8192
+    buf.extend(grow)
+    del buf[-len(grow) :]
+
+
+def _resizable_buffer(kind, value):
+    """1 MiB: a contiguous copy that large is shared out among an executor's threads."""
+    if kind == "bytearray":
+        return bytearray([value]) * (1 << 20)
+    return array.array("d", [float(value)]) * (1 << 17)
+
+
+@pytest.mark.parametrize("executor", [False, True], ids=["driver", "executor"])
+@pytest.mark.parametrize("layout", ["contiguous", "rows"])
+@pytest.mark.parametrize("kind", ["bytearray", "array"])
+def test_a_queued_copy_pins_its_buffers_memory(stream, kind, layout, executor):
+    """host_copy holds a buffer export of dst and src until the copy has run (issue 31):
+    a bytearray or array.array cannot be resized, and so moved under the copy, while
+    it is queued (BufferError), and can once the copy ran and was drained."""
+    src = _resizable_buffer(kind, 7)
+    dst = _resizable_buffer(kind, 0)
+    pool = nh.HostExecutor(threads=2) if executor else None
+    try:
+        with Hold(stream):
+            if layout == "contiguous":
+                nh.host_copy(stream, dst, src, executor=pool)
+                pinned = (dst, src)
+            else:  # a pitched copy: rows of a strided array from the buffer
+                rows = np.zeros((1024, 2048), np.uint8)[:, :1024]
+                nh.host_copy(stream, rows, src, executor=pool)
+                nh.host_copy(stream, dst, rows, executor=pool)
+                pinned = (src,)
+            for buf in pinned:
+                assert not _resizable(buf)
+                with pytest.raises(BufferError):
+                    _moved(buf)
+        stream.sync()
+        nh.drain()
+        assert bytes(dst) == bytes(src)
+        for buf in (dst, src):
+            _moved(buf)  # released with the launch
+    finally:
+        if pool is not None:
+            pool.close()
+
+
+def test_a_memoryview_given_to_a_queued_copy_cannot_be_released(stream):
+    """The copy's export is of the memoryview itself: releasing it while the copy is
+    queued raises, instead of dropping the memory under the copy."""
+    memory = bytearray(4096)
+    dst = memoryview(memory)
+    with Hold(stream):
+        nh.host_copy(stream, dst, b"x" * 4096)
+        with pytest.raises(BufferError):
+            dst.release()
+        assert not _resizable(memory)
+    stream.sync()
+    nh.drain()
+    dst.release()
+    assert memory == b"x" * 4096 and _resizable(memory)
+
+
+def test_a_captured_copy_pins_its_buffers_for_the_graphs_life(device, stream):
+    """In a graph the copy runs at every replay: the exports live as long as the graph."""
+    src = bytearray(b"a") * 4096
+    dst = bytearray(4096)
+    builder = stream.create_graph_builder().begin_building()
+    nh.host_copy(builder, dst, src)
+    graph = builder.end_building().complete()
+    graph.launch(stream)
+    stream.sync()
+    nh.drain()
+    assert dst == src and not _resizable(src) and not _resizable(dst)
+    graph.close()
+    builder.close()
+    assert released_eventually(lambda: None, device, pending=0)  # the graph's record
+    _moved(src)
+    _moved(dst)
 
 
 def test_release_after_keeps_objects_until_the_stream_point(stream, device):

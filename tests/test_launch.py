@@ -1,5 +1,6 @@
 """host_launch semantics, the same on the CUDA driver and the simulator."""
 
+import array
 import ctypes
 import gc
 import struct
@@ -615,6 +616,59 @@ def test_a_record_owns_the_buffers_its_fields_point_to(stream, device):
         nh.record(SUM, values=np.zeros((4, 4))[:, 0], n=4, out=out)
     with pytest.raises(ValueError, match="has dtype"):
         nh.host_launch(stream, total, user_data=nh.record(np.dtype([("x", np.uint64)]), x=out))
+
+
+def _resizable(buf) -> bool:
+    """Whether ``buf`` (a bytearray or array.array) may be resized now: pop its last
+    item and put it back, which moves nothing; False if an export pins it."""
+    try:
+        last = buf.pop()
+    except BufferError:
+        return False
+    buf.append(last)
+    return True
+
+
+@pytest.mark.parametrize("given", ["buffer", "by_ref"])
+def test_a_record_pins_the_memory_its_fields_point_to(stream, given):
+    """A record holds a buffer export of every buffer its address fields point to,
+    given as the buffer or as by_ref(buffer) (issue 31): while the record or a launch
+    of it lives, a bytearray or array.array behind a field cannot be resized (and so
+    moved under the host function), and can once both are gone."""
+    from numba import carray
+
+    @nh.host_callback(dtype=SUM)
+    def total(d):
+        values = carray(nh.as_voidptr(d.values), (d.n,), np.float64)
+        carray(nh.as_voidptr(d.out), (1,), np.float64)[0] = values.sum()
+
+    values = array.array("d", [1.0]) * 8192
+    out = bytearray(8)
+    with Hold(stream):
+        if given == "by_ref":
+            fields = {"values": nh.by_ref(values), "out": nh.by_ref(out)}
+        else:  # the bytearray itself; record() takes an array.array as a memoryview
+            fields = {"values": memoryview(values), "out": out}
+        user_data = nh.record(SUM, n=len(values), **fields)
+        del fields
+        nh.host_launch(stream, total, user_data=user_data)
+        del user_data  # the launch alone holds the record now
+        gc.collect()
+        for buf in (values, out):
+            assert not _resizable(buf)
+            with pytest.raises(BufferError):
+                buf.extend(buf[:1] * 8192)  # would move it
+    stream.sync()
+    nh.drain()
+    gc.collect()
+    assert struct.unpack("=d", out) == (8192.0,)
+    assert _resizable(values) and _resizable(out)
+    values.extend(values[:1] * 8192)
+    out.extend(bytes(1 << 16))
+    with pytest.raises(TypeError, match="Python objects"):
+        nh.record(SUM, values=np.zeros(2, object), n=2, out=out)
+    with pytest.raises(ValueError, match="holds no buffer"):
+        nh.record(SUM, values=nh.ByRef.__new__(nh.ByRef), n=2, out=out)
 
 
 NATIVE_FIRST_SCRIPT = """

@@ -573,6 +573,16 @@ def test_by_ref_pins_bytearray_size():
     buf.append(1)
 
 
+def test_a_pin_is_never_user_data(stream):
+    """host_copy's and record()'s exports (``BufferRef(..., pin_only=True)``) may be
+    read-only or strided: neither path hands one to a body as its user data."""
+    from numba_hostfn import _core
+
+    for buffer in (b"12345678", np.zeros((4, 4))[:, :2]):
+        pin = _core.BufferRef(buffer, pin_only=True)
+        _rejects(stream, TypeError, "user_data must be", touch, user_data=pin)
+
+
 def test_rejected_arguments_are_not_kept_alive(stream):
     cb = Callable()
     alive = weakref.ref(cb)

@@ -133,22 +133,29 @@ PyTypeObject nhf_compiled_type = {
     .tp_getset = compiled_getset,
 };
 
-/* ---- ByRef: a writable buffer, exported while a launch owns it ------------------ */
+/* ---- ByRef: a buffer, exported while a launch owns it ----------------------------- */
 
+/* BufferRef(obj, dtype=None, *, pin_only=False).  Without pin_only: obj's writable,
+ * C-contiguous buffer, to share with a host function as its user data.  With
+ * pin_only: any layout, read-only or not, held only so that the memory an address
+ * was taken from stays put (host_copy's buffers, a record's fields); never user
+ * data (user_data() below falls through for it). */
 static int byref_init(PyObject *self_, PyObject *args, PyObject *kwargs) {
     nhf_byref_object *self = (nhf_byref_object *)self_;
     PyObject *obj, *dtype = Py_None;
-    static char *keywords[] = {"obj", "dtype", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:ByRef", keywords, &obj, &dtype))
+    int pin_only = 0;
+    static char *keywords[] = {"obj", "dtype", "pin_only", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O$p:BufferRef", keywords, &obj, &dtype,
+                                     &pin_only))
         return -1;
     if (self->exported) {
         PyErr_SetString(PyExc_RuntimeError, "a ByRef is made once");
         return -1;
     }
-    /* The export pins the buffer: a bytearray cannot be resized (and moved)
-     * while it lives (invariant 7). */
-    if (PyObject_GetBuffer(obj, &self->view,
-                           PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+    /* The export pins the buffer: a bytearray cannot be resized (and moved), nor a
+     * memoryview released, while it lives (invariants 1 and 7). */
+    int flags = pin_only ? PyBUF_RECORDS_RO : PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT;
+    if (PyObject_GetBuffer(obj, &self->view, flags) < 0)
         return -1;
     /* What every launch of it relies on, checked once, here (ByRef's Python
      * checks say more, first): a byte to point at, and no object pointers. */
@@ -162,6 +169,7 @@ static int byref_init(PyObject *self_, PyObject *args, PyObject *kwargs) {
         return -1;
     }
     self->exported = 1;
+    self->pin_only = pin_only;
     self->obj = Py_NewRef(obj);
     self->dtype = Py_NewRef(dtype);
     return 0;
@@ -211,7 +219,9 @@ static PyGetSetDef byref_getset[] = {
 PyTypeObject nhf_byref_type = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "numba_hostfn._core.BufferRef",
-    .tp_doc = "BufferRef(obj, dtype=None): obj's writable, C-contiguous buffer, exported.",
+    .tp_doc = "BufferRef(obj, dtype=None, *, pin_only=False): obj's writable, C-contiguous "
+              "buffer, exported; with pin_only, any buffer, exported only to keep its memory "
+              "in place.",
     .tp_basicsize = sizeof(nhf_byref_object),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
     .tp_new = PyType_GenericNew,
@@ -334,7 +344,7 @@ static bool user_data(PyObject *data, nhf_compiled_object *compiled, uintptr_t *
         return exact_u64(data, &value) && (*arg = (uintptr_t)value) != 0;
     if (PyObject_TypeCheck(data, &nhf_byref_type)) {
         nhf_byref_object *ref = (nhf_byref_object *)data;
-        if (!ref->exported)
+        if (!ref->exported || ref->pin_only)
             return false;
         if (layout != NULL && ((ref->dtype != layout && ref->dtype != Py_None) ||
                                ref->view.len != compiled->layout_bytes))

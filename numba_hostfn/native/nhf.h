@@ -156,13 +156,15 @@ typedef struct {
 } nhf_compiled_object;
 extern PyTypeObject nhf_compiled_type;
 
-/* ByRef: a writable buffer exported for as long as a launch owns it. */
+/* ByRef: a buffer exported for as long as a launch owns it (a writable one to
+ * share as user data; with pin_only, any one whose address a launch uses). */
 typedef struct {
     PyObject_HEAD
     PyObject *obj;     /* the buffer's object */
     PyObject *dtype;   /* obj.dtype for a numpy array, else None */
     Py_buffer view;    /* the export: a bytearray cannot be resized while it lives */
     int exported;
+    int pin_only;      /* any layout, maybe read-only: never user data */
 } nhf_byref_object;
 extern PyTypeObject nhf_byref_type;
 
