@@ -19,7 +19,7 @@ import types
 
 import numpy as np
 import pytest
-from _device import Capture, Hold, rerun_on_simulator
+from _device import CHILD_PREAMBLE, Capture, Hold, rerun_on_simulator, run_child
 from numba import carray, cfunc
 from test_launch_args import REC, touch, typed  # the same host functions, compiled once
 
@@ -446,3 +446,73 @@ def test_a_simulated_stream_launches_only_on_its_own_native_stream(request):
     assert _launch.launch_counts()["compiled"] == before["compiled"]
     del impostor.__cuda_stream__
     impostor.close()
+
+
+NEVER_COMPILED_SCRIPT = (
+    CHILD_PREAMBLE
+    + """
+import contextlib
+import time
+from numba_hostfn import _launch
+
+blank = nh.HostFunction.__new__(nh.HostFunction)  # never compiled: its address is 0
+executor = nh.HostExecutor(threads=1)
+counter = np.zeros(1, np.int64)
+graphs = []
+
+
+def attempt(where, target, **kwargs):
+    try:
+        nh.host_launch(target, blank, **kwargs)
+    except ValueError as e:
+        print(where, "refused" if "no machine code" in str(e) else e)
+    else:
+        print(where, "ENQUEUED")
+
+
+for path in ("fast", "python"):
+    with _launch.python_path() if path == "python" else contextlib.nullcontext():
+        attempt(path + " stream", stream)
+        attempt(path + " executor", stream, executor=executor)
+        builder = stream.create_graph_builder().begin_building()
+        attempt(path + " capture", builder)
+        attempt(path + " captured executor", builder, executor=executor)
+        nh.host_launch(builder, increment, user_data=nh.by_ref(counter))
+        graphs += [builder, builder.end_building().complete()]
+        graphs[-1].launch(stream)
+        if nh.backend_name() == "simulator":
+            try:
+                stream.launch(blank)  # simulated device work
+            except ValueError as e:
+                print(path, "device work refused", "no machine code" in str(e))
+        else:
+            print(path, "device work refused True")
+stream.sync()
+for made in graphs:
+    made.close()
+del graphs
+for _ in range(1000):  # a destroyed graph's owners are released soon after (CUDA)
+    nh.drain()
+    if nh.pending() == 0:
+        break
+    time.sleep(0.01)
+print("ran", counter[0], "pending", nh.pending())
+executor.close()
+"""
+)
+
+
+def test_a_host_function_never_compiled_is_refused_everywhere():
+    """A HostFunction made with __new__ alone has address 0: it is refused with a
+    ValueError (as a NULL ctypes pointer is) on a stream, an executor, in a capture,
+    through both paths, and as simulated device work. main enqueued it, and the
+    host-function thread called NULL (in a child: that killed the process)."""
+    lines = run_child(NEVER_COMPILED_SCRIPT).splitlines()
+    expected = []
+    for path in ("fast", "python"):
+        expected += [
+            f"{path} {where} refused"
+            for where in ("stream", "executor", "capture", "captured executor")
+        ]
+        expected.append(f"{path} device work refused True")
+    assert lines == expected + ["ran 2 pending 0"], lines

@@ -307,7 +307,7 @@ static enum kind function_kind(PyObject *fn, uintptr_t *address, nhf_compiled_ob
     }
     if (PyObject_TypeCheck(fn, &nhf_compiled_type)) {
         nhf_compiled_object *host_function = (nhf_compiled_object *)fn;
-        if (host_function->address == 0)
+        if (host_function->address == 0) /* never compiled: Python raises ValueError */
             return UNKNOWN;
         *address = host_function->address;
         *compiled = host_function;
