@@ -50,6 +50,7 @@ def host_launch_python(
         ``GraphDefinition`` or ``GraphNode`` (an explicit graph) gets a new
         host node, after the given node, that the graph owns.  With the
         simulator, a ``numba_hostfn.simulator.Stream`` or its ``GraphBuilder``.
+        What the stream's ``__cuda_stream__`` raises propagates as itself.
     fn : HostFunction, ctypes CUhostFn, numba cfunc or callable
         What to run.  A ctypes pointer must be declared exactly as
         ``ctypes.CFUNCTYPE(None, ctypes.c_void_p)``; a numba cfunc must have

@@ -426,6 +426,53 @@ def test_a_keyboard_interrupt_in_cuda_stream_is_raised_not_swallowed(request, mo
     stream.close()
 
 
+def test_a_signal_handlers_exception_in_cuda_stream_is_raised_as_itself(request, monkeypatch):
+    """A signal handler that raises (an alarm) while host_launch calls the stream's
+    __cuda_stream__: the handler's exception reaches the caller as itself, from the
+    native path (which does not fall through and call it again) and from Python,
+    with nothing enqueued. main made it a TypeError ("Stream.__cuda_stream__ raised
+    Alarm"), which `except Alarm` missed. (On the simulator, whose Stream is a
+    Python class.)"""
+    import signal
+
+    if rerun_on_simulator(request):
+        return
+
+    class Alarm(Exception):
+        pass
+
+    def alarm(signum, frame):
+        raise Alarm
+
+    stream = nh.create_stream()
+    nh.host_launch(stream, touch)
+    protocol = type(stream).__cuda_stream__
+    calls = []
+
+    def signalled(self):
+        calls.append(self)
+        signal.raise_signal(signal.SIGUSR1)  # its handler runs here, and raises
+        return protocol(self)
+
+    previous = signal.signal(signal.SIGUSR1, alarm)
+    try:
+        for path in (contextlib.nullcontext(), _launch.python_path()):
+            with path, _settled(stream) as pending:
+                calls.clear()
+                monkeypatch.setattr(type(stream), "__cuda_stream__", signalled)
+                before = _launch.launch_counts()
+                with pytest.raises(Alarm):
+                    nh.host_launch(stream, touch)
+                assert len(calls) == 1 and nh.pending() == pending
+                after = _launch.launch_counts()
+                monkeypatch.undo()
+            fell = after["fell_through"] - before["fell_through"]
+            assert fell == (0 if isinstance(path, contextlib.nullcontext) else 1)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    stream.close()
+
+
 def test_a_simulated_stream_launches_only_on_its_own_native_stream(request):
     """A simulated stream whose __cuda_stream__ gives a handle that is not its own (a
     replaced __cuda_stream__) is refused with the Python path's TypeError, never run;

@@ -360,8 +360,10 @@ static bool user_data(PyObject *data, nhf_compiled_object *compiled, uintptr_t *
 }
 
 /* The handle from stream.__cuda_stream__() (version 0 of the protocol), for a
- * stream type the backend registered; false for anything else (the tuple, a
- * new reference that keeps the handle, is released by the caller). */
+ * stream type the backend registered; false for anything else.  What
+ * __cuda_stream__ raises stays set, to be raised as itself (the Python path,
+ * _streams.stream_handle, lets it propagate too); a wrong value falls through,
+ * with no error set, to the Python path's TypeError. */
 static bool stream_handle(PyObject *stream, void **handle) {
     PyTypeObject *type = Py_TYPE(stream);
     void *own = NULL; /* a simulated stream's: the handle must be this one */
@@ -373,10 +375,8 @@ static bool stream_handle(PyObject *stream, void **handle) {
         return false;
     }
     PyObject *value = PyObject_CallMethodNoArgs(stream, launch.s_cuda_stream);
-    if (value == NULL) {
-        clear_ordinary_error();
-        return false;
-    }
+    if (value == NULL)
+        return false; /* its exception, raised as it is */
     uint64_t version, h;
     bool ok = PyTuple_CheckExact(value) && PyTuple_GET_SIZE(value) == 2 &&
               exact_u64(PyTuple_GET_ITEM(value, 0), &version) && version == 0 &&
