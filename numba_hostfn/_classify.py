@@ -84,6 +84,12 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
         _refuse_unlaunchable(fn)
         return "python", 0, fn
     if issubclass(type(fn), HostFunction):
+        if not fn.address:  # made with __new__ alone: the driver's thread would call NULL
+            raise ValueError(
+                "host_launch() got a HostFunction with no machine code (its address is "
+                "NULL: made with HostFunction.__new__, never compiled); make it with "
+                "@numba_hostfn.host_callback"
+            )
         return "compiled", fn.address, fn
     if issubclass(type(fn), CFuncPtr):
         flags = pointer_flags(fn)

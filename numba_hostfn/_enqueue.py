@@ -23,7 +23,14 @@ from ._process import get_backend
 from ._streams import stream_handle, target_kind
 from ._userdata import resolve_user_data
 
-__all__ = ["enqueue", "raise_refused", "refuse_signal", "signal_route", "user_data_with_callable"]
+__all__ = [
+    "check_target",
+    "enqueue",
+    "raise_refused",
+    "refuse_signal",
+    "signal_route",
+    "user_data_with_callable",
+]
 
 
 def signal_route(target: Any, executor: Any, refusal: str) -> tuple[int, int, int, Any]:
@@ -60,6 +67,15 @@ def raise_refused(status: int, executor: Any) -> None:
     get_backend().raise_refusal(status, call)
 
 
+def check_target(target: Any) -> tuple[str, int]:
+    """``(kind, handle)`` of a launch's target (handle 0 for an explicit graph),
+    checked first: a wrong stream is reported before a wrong fn or user_data."""
+    kind = target_kind(target)
+    if kind == "node":
+        return kind, 0
+    return kind, get_backend().stream_handle(target, stream_handle(target))
+
+
 def enqueue(
     target: Any,
     fn: Any,
@@ -76,6 +92,10 @@ def enqueue(
     host function.  ``parallel_copy`` says that ``fn`` is the compiled copy with
     MEMCPY_LAYOUT user data, which an executor shares out among its threads.
     """
+    # Checked in argument order, so the first wrong one is the one reported: the
+    # target (its type, then its handle), fn, user_data, then the executor.
+    kind_of_target, handle = check_target(target)
+    backend = get_backend()
     kind, address, fn_owned = classify_function(fn)
     if kind == "python":
         if user_data is not None:
@@ -85,10 +105,8 @@ def enqueue(
         layout = fn.dtype if kind == "compiled" else None
         reads = kind == "compiled" and fn.reads_user_data
         arg, data_owned = resolve_user_data(user_data, layout, fn, reads)
-    kind_of_target = target_kind(target)
     if executor is not None:
         check_executor(executor)
-    backend = get_backend()
     # The function alone when it is all the launch owns: no object per launch,
     # so a burst of launches does not feed the cyclic garbage collector.
     if executor is not None:
@@ -103,7 +121,6 @@ def enqueue(
                 backend, executor, target, kind, address, arg, owned, parallel_copy
             )
         return add_graph_node(backend, target, kind, address, arg, owned)
-    handle = backend.stream_handle(target, stream_handle(target))
     trampoline = _core.RUN_PYTHON if kind == "python" else _core.RUN_COMPILED
     builder = kind_of_target == "builder"
     if executor is not None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from . import _core
 from ._classify import classify_function
-from ._enqueue import enqueue, raise_refused, user_data_with_callable
+from ._enqueue import check_target, enqueue, raise_refused, user_data_with_callable
 from ._hostfunction import CUhostFn
 from ._notify import launch_nonblocking
 from ._process import on_backend
@@ -50,6 +50,7 @@ def host_launch_python(
         ``GraphDefinition`` or ``GraphNode`` (an explicit graph) gets a new
         host node, after the given node, that the graph owns.  With the
         simulator, a ``numba_hostfn.simulator.Stream`` or its ``GraphBuilder``.
+        What the stream's ``__cuda_stream__`` raises propagates as itself.
     fn : HostFunction, ctypes CUhostFn, numba cfunc or callable
         What to run.  A ctypes pointer must be declared exactly as
         ``ctypes.CFUNCTYPE(None, ctypes.c_void_p)``; a numba cfunc must have
@@ -89,17 +90,22 @@ def host_launch_python(
     Raises
     ------
     TypeError
-        If ``stream``, ``fn`` or ``user_data`` has the wrong type (None, a bare
-        int stream, a ctypes prototype other than CUhostFn, ...), or ``fn`` is
-        a coroutine function or a callable that needs arguments (a builtin
-        such as ``len`` included, where its signature says so; a
-        ``staticmethod`` is checked as its function).
+        If more than two arguments are positional (``user_data``, ``executor``
+        and ``blocking`` are keyword-only), or ``stream``, ``fn`` or
+        ``user_data`` has the wrong type (None, a bare int stream, a ctypes
+        prototype other than CUhostFn, a buffer of Python objects, ...),
+        checked in that order, or ``fn`` is a coroutine function or a
+        callable that needs arguments (a builtin such as ``len`` included,
+        where its signature says so; a ``staticmethod`` is checked as its
+        function).
     ValueError
-        If user_data is given with a Python callable, or does not match the
-        HostFunction's declared ``dtype`` (``0``, a NULL pointer to it,
-        included), is NULL (``None`` or ``0``) for a body that reads it, is a
-        writable buffer that cannot be shared (not C-contiguous), or ``blocking=False`` is given
-        with compiled code (it never takes the GIL: it needs no such option).
+        If ``fn`` is a NULL function pointer or a HostFunction never compiled
+        (made with ``__new__``: its address is 0), or user_data is given with
+        a Python callable, or does not match the HostFunction's declared
+        ``dtype`` (``0``, a NULL pointer to it, included), is NULL (``None``
+        or ``0``) for a body that reads it, is a writable buffer that cannot
+        be shared (not C-contiguous), or ``blocking=False`` is given with
+        compiled code (it never takes the GIL: it needs no such option).
     RuntimeError
         If a capture cannot take a node (it is invalidated), a GraphBuilder is
         not building, the executor is closed, ``blocking=False`` is used in a
@@ -110,9 +116,11 @@ def host_launch_python(
         If there is no CUDA driver and the simulator is not selected.
     """
     if blocking is not True:
+        # In argument order, as enqueue checks: the stream, fn, then the keywords.
+        check_target(stream)
+        kind, _, callable_ = classify_function(fn)
         if blocking is not False:
             raise TypeError(f"host_launch(blocking=...) expected True or False, got {blocking!r}")
-        kind, _, callable_ = classify_function(fn)
         if kind != "python":
             raise ValueError(
                 "host_launch(blocking=False) is for Python callables; "

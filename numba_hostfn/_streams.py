@@ -63,14 +63,15 @@ def target_kind(target: Any) -> str:
 
 
 def stream_handle(stream: Any) -> int:
-    try:
-        protocol = stream.__cuda_stream__
-        value = protocol() if callable(protocol) else protocol
-    except Exception as exc:  # the stream's own code: say so (a KeyboardInterrupt passes)
-        raise TypeError(
-            f"{type(stream).__name__}.__cuda_stream__ raised {type(exc).__name__}: {exc}; a "
-            "stream gives (0, handle) as in version 0 of the protocol"
-        ) from exc
+    """The handle ``stream.__cuda_stream__()`` gives, checked.
+
+    What ``__cuda_stream__`` raises propagates as itself, as ``len()`` lets what
+    ``__len__`` raises (and cuda.core does): a signal handler's exception raised
+    inside it (an alarm) reaches the program as that exception.  Only a wrong
+    return value is this function's ``TypeError`` (or ``ValueError``).
+    """
+    protocol = stream.__cuda_stream__
+    value = protocol() if callable(protocol) else protocol
     if (
         type(value) is not tuple
         or len(value) != 2

@@ -357,9 +357,11 @@ def resolve_user_data(
             f"{type(user_data).__name__}"
         ) from None
     dtype = user_data.dtype if isinstance(user_data, (np.ndarray, np.generic)) else None
-    if dtype is not None and dtype.hasobject:
+    # Its type codes, as the native BufferRef reads them (field names are no codes).
+    if dtype.hasobject if dtype is not None else _core.format_holds_objects(view.format):
+        held = f"dtype {dtype}" if dtype is not None else f"format {view.format!r}"
         raise TypeError(
-            f"user_data holds Python objects (dtype {dtype}): copying it would copy raw "
+            f"user_data holds Python objects ({held}): copying it would copy raw "
             "object pointers that the host function cannot use without the GIL; pass "
             "numeric data"
         )

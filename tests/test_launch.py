@@ -711,10 +711,15 @@ else:
     target.fail = True
 try:
     nh.host_launch(target, noop)
-except TypeError as e:  # the stream's own exception, named and chained
-    print("fell", e.__cause__)
+except ValueError as e:  # the stream's own exception, raised as itself
+    print("raised", e)
 if nh.backend_name() == "simulator":
     type(stream).__cuda_stream__ = real
+try:  # an address out of range: the native check's OverflowError is cleared, and
+    # the launch falls through to Python, which raises its own
+    nh.host_launch(stream, nh.CUhostFn(1), user_data=1 << 64)
+except ValueError as e:
+    print("fell", "2**64" in str(e))
 
 
 def interrupt():
@@ -738,4 +743,4 @@ def test_native_error_paths_work_when_the_native_layer_is_built_before_numba_com
     before any numba compilation each native error path (a usage error, a fall-through
     clearing an ordinary exception, a Ctrl-C re-raised from a callback) segfaulted."""
     out = run_child(NATIVE_FIRST_SCRIPT)
-    assert out.split("\n") == ["usage True", "fell no handle", "delivered", ""], out
+    assert out.split("\n") == ["usage True", "raised no handle", "fell True", "delivered", ""], out

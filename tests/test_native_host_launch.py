@@ -19,7 +19,7 @@ import types
 
 import numpy as np
 import pytest
-from _device import Capture, Hold, rerun_on_simulator
+from _device import CHILD_PREAMBLE, Capture, Hold, rerun_on_simulator, run_child
 from numba import carray, cfunc
 from test_launch_args import REC, touch, typed  # the same host functions, compiled once
 
@@ -426,6 +426,53 @@ def test_a_keyboard_interrupt_in_cuda_stream_is_raised_not_swallowed(request, mo
     stream.close()
 
 
+def test_a_signal_handlers_exception_in_cuda_stream_is_raised_as_itself(request, monkeypatch):
+    """A signal handler that raises (an alarm) while host_launch calls the stream's
+    __cuda_stream__: the handler's exception reaches the caller as itself, from the
+    native path (which does not fall through and call it again) and from Python,
+    with nothing enqueued. main made it a TypeError ("Stream.__cuda_stream__ raised
+    Alarm"), which `except Alarm` missed. (On the simulator, whose Stream is a
+    Python class.)"""
+    import signal
+
+    if rerun_on_simulator(request):
+        return
+
+    class Alarm(Exception):
+        pass
+
+    def alarm(signum, frame):
+        raise Alarm
+
+    stream = nh.create_stream()
+    nh.host_launch(stream, touch)
+    protocol = type(stream).__cuda_stream__
+    calls = []
+
+    def signalled(self):
+        calls.append(self)
+        signal.raise_signal(signal.SIGUSR1)  # its handler runs here, and raises
+        return protocol(self)
+
+    previous = signal.signal(signal.SIGUSR1, alarm)
+    try:
+        for path in (contextlib.nullcontext(), _launch.python_path()):
+            with path, _settled(stream) as pending:
+                calls.clear()
+                monkeypatch.setattr(type(stream), "__cuda_stream__", signalled)
+                before = _launch.launch_counts()
+                with pytest.raises(Alarm):
+                    nh.host_launch(stream, touch)
+                assert len(calls) == 1 and nh.pending() == pending
+                after = _launch.launch_counts()
+                monkeypatch.undo()
+            fell = after["fell_through"] - before["fell_through"]
+            assert fell == (0 if isinstance(path, contextlib.nullcontext) else 1)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    stream.close()
+
+
 def test_a_simulated_stream_launches_only_on_its_own_native_stream(request):
     """A simulated stream whose __cuda_stream__ gives a handle that is not its own (a
     replaced __cuda_stream__) is refused with the Python path's TypeError, never run;
@@ -446,3 +493,73 @@ def test_a_simulated_stream_launches_only_on_its_own_native_stream(request):
     assert _launch.launch_counts()["compiled"] == before["compiled"]
     del impostor.__cuda_stream__
     impostor.close()
+
+
+NEVER_COMPILED_SCRIPT = (
+    CHILD_PREAMBLE
+    + """
+import contextlib
+import time
+from numba_hostfn import _launch
+
+blank = nh.HostFunction.__new__(nh.HostFunction)  # never compiled: its address is 0
+executor = nh.HostExecutor(threads=1)
+counter = np.zeros(1, np.int64)
+graphs = []
+
+
+def attempt(where, target, **kwargs):
+    try:
+        nh.host_launch(target, blank, **kwargs)
+    except ValueError as e:
+        print(where, "refused" if "no machine code" in str(e) else e)
+    else:
+        print(where, "ENQUEUED")
+
+
+for path in ("fast", "python"):
+    with _launch.python_path() if path == "python" else contextlib.nullcontext():
+        attempt(path + " stream", stream)
+        attempt(path + " executor", stream, executor=executor)
+        builder = stream.create_graph_builder().begin_building()
+        attempt(path + " capture", builder)
+        attempt(path + " captured executor", builder, executor=executor)
+        nh.host_launch(builder, increment, user_data=nh.by_ref(counter))
+        graphs += [builder, builder.end_building().complete()]
+        graphs[-1].launch(stream)
+        if nh.backend_name() == "simulator":
+            try:
+                stream.launch(blank)  # simulated device work
+            except ValueError as e:
+                print(path, "device work refused", "no machine code" in str(e))
+        else:
+            print(path, "device work refused True")
+stream.sync()
+for made in graphs:
+    made.close()
+del graphs
+for _ in range(1000):  # a destroyed graph's owners are released soon after (CUDA)
+    nh.drain()
+    if nh.pending() == 0:
+        break
+    time.sleep(0.01)
+print("ran", counter[0], "pending", nh.pending())
+executor.close()
+"""
+)
+
+
+def test_a_host_function_never_compiled_is_refused_everywhere():
+    """A HostFunction made with __new__ alone has address 0: it is refused with a
+    ValueError (as a NULL ctypes pointer is) on a stream, an executor, in a capture,
+    through both paths, and as simulated device work. main enqueued it, and the
+    host-function thread called NULL (in a child: that killed the process)."""
+    lines = run_child(NEVER_COMPILED_SCRIPT).splitlines()
+    expected = []
+    for path in ("fast", "python"):
+        expected += [
+            f"{path} {where} refused"
+            for where in ("stream", "executor", "capture", "captured executor")
+        ]
+        expected.append(f"{path} device work refused True")
+    assert lines == expected + ["ran 2 pending 0"], lines

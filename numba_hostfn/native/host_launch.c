@@ -1,9 +1,10 @@
 /* numba_hostfn.host_launch: the common launches here, everything else in Python.
  *
- * host_launch is this METH_FASTCALL | METH_KEYWORDS builtin.  It decides the
- * common cases with direct type checks, with the GIL held, and hands every
- * other call, unchanged, to the one Python implementation
- * (_launch.host_launch_python), which alone raises errors:
+ * host_launch is this METH_FASTCALL | METH_KEYWORDS builtin.  It binds its
+ * arguments (a wrong count or keyword is its own TypeError, naming
+ * host_launch), decides the common cases with direct type checks, with the GIL
+ * held, and hands every other call, unchanged, to the one Python implementation
+ * (_launch.host_launch_python), which alone raises the other errors:
  *
  *   stream    a simulated Stream whose __cuda_stream__() gives its own native
  *             stream, or a cuda.core Stream whose __cuda_stream__() gives
@@ -18,12 +19,14 @@
  *   executor  an executor that has a lane for the stream; blocking True.
  *
  * Capture (the enqueue function says the stream is capturing), a type it does
- * not know, and any ordinary error (an Exception raised by __cuda_stream__, a
- * bad value) fall through: nothing enqueued, nothing kept, no error set.  An
- * exception that is not an Exception (a KeyboardInterrupt from a signal
- * handler inside __cuda_stream__) is raised as it is, with nothing enqueued
- * (LIFETIME.md, invariant 20).  A refused enqueue is raised by the backend's
- * Python function that raises for a status, as the Python path does.
+ * not know, a HostFunction never compiled (address 0), and any ordinary error
+ * of a check (a bad value) fall through: nothing enqueued, nothing kept, no
+ * error set.  What __cuda_stream__ raises (its own error, or a signal
+ * handler's exception raised inside it) is raised as it is, with nothing
+ * enqueued, as the Python path raises it; so is an exception that is not an
+ * Exception (a KeyboardInterrupt) from any other check (LIFETIME.md,
+ * invariant 20).  A refused enqueue is raised by the backend's Python function
+ * that raises for a status, as the Python path does.
  */
 #include "nhf.h"
 
@@ -46,7 +49,8 @@ static struct {
     nhf_enqueue_fn executor_enqueue_fn;
     int configured;
     int wanted;                /* tests may send every call to Python */
-    PyObject *s_user_data, *s_executor, *s_blocking, *s_cuda_stream, *s_restype, *s_argtypes;
+    PyObject *s_stream, *s_fn, *s_user_data, *s_executor, *s_blocking;
+    PyObject *s_cuda_stream, *s_restype, *s_argtypes;
 } launch = {.wanted = 1};
 
 static atomic_int forked; /* a forked child: every call goes to Python, which refuses */
@@ -135,6 +139,33 @@ PyTypeObject nhf_compiled_type = {
 
 /* ---- ByRef: a buffer, exported while a launch owns it ----------------------------- */
 
+/* Whether a buffer's struct format (PEP 3118, as the struct module and numpy
+ * write it) has an item of type 'O', a Python object pointer.  Only type codes
+ * count: a structured type's field names, each between two colons, are skipped
+ * ("T{<d:Open:}" is one double named Open).  NULL is "B", bytes. */
+static bool format_holds_objects(const char *format) {
+    for (const char *c = format; c != NULL && *c != '\0'; c++) {
+        if (*c == 'O')
+            return true;
+        if (*c == ':') { /* a field name: up to the next colon */
+            const char *end = strchr(c + 1, ':');
+            if (end == NULL)
+                return strchr(c + 1, 'O') != NULL; /* malformed: as codes, to be safe */
+            c = end;
+        }
+    }
+    return false;
+}
+
+/* format_holds_objects(format) -> bool, for the Python path's checks. */
+static PyObject *py_format_holds_objects(PyObject *self, PyObject *format) {
+    (void)self;
+    const char *text = PyUnicode_AsUTF8(format);
+    if (text == NULL)
+        return NULL;
+    return PyBool_FromLong(format_holds_objects(text));
+}
+
 /* BufferRef(obj, dtype=None, *, pin_only=False).  Without pin_only: obj's writable,
  * C-contiguous buffer, to share with a host function as its user data.  With
  * pin_only: any layout, read-only or not, held only so that the memory an address
@@ -159,7 +190,7 @@ static int byref_init(PyObject *self_, PyObject *args, PyObject *kwargs) {
         return -1;
     /* What every launch of it relies on, checked once, here (ByRef's Python
      * checks say more, first): a byte to point at, and no object pointers. */
-    if (self->view.len == 0 || (self->view.format != NULL && strchr(self->view.format, 'O'))) {
+    if (self->view.len == 0 || format_holds_objects(self->view.format)) {
         PyErr_SetString(self->view.len == 0 ? PyExc_ValueError : PyExc_TypeError,
                         self->view.len == 0
                             ? "by_ref() needs a buffer of at least one byte"
@@ -317,7 +348,7 @@ static enum kind function_kind(PyObject *fn, uintptr_t *address, nhf_compiled_ob
     }
     if (PyObject_TypeCheck(fn, &nhf_compiled_type)) {
         nhf_compiled_object *host_function = (nhf_compiled_object *)fn;
-        if (host_function->address == 0)
+        if (host_function->address == 0) /* never compiled: Python raises ValueError */
             return UNKNOWN;
         *address = host_function->address;
         *compiled = host_function;
@@ -370,8 +401,10 @@ static bool user_data(PyObject *data, nhf_compiled_object *compiled, uintptr_t *
 }
 
 /* The handle from stream.__cuda_stream__() (version 0 of the protocol), for a
- * stream type the backend registered; false for anything else (the tuple, a
- * new reference that keeps the handle, is released by the caller). */
+ * stream type the backend registered; false for anything else.  What
+ * __cuda_stream__ raises stays set, to be raised as itself (the Python path,
+ * _streams.stream_handle, lets it propagate too); a wrong value falls through,
+ * with no error set, to the Python path's TypeError. */
 static bool stream_handle(PyObject *stream, void **handle) {
     PyTypeObject *type = Py_TYPE(stream);
     void *own = NULL; /* a simulated stream's: the handle must be this one */
@@ -383,10 +416,8 @@ static bool stream_handle(PyObject *stream, void **handle) {
         return false;
     }
     PyObject *value = PyObject_CallMethodNoArgs(stream, launch.s_cuda_stream);
-    if (value == NULL) {
-        clear_ordinary_error();
-        return false;
-    }
+    if (value == NULL)
+        return false; /* its exception, raised as it is */
     uint64_t version, h;
     bool ok = PyTuple_CheckExact(value) && PyTuple_GET_SIZE(value) == 2 &&
               exact_u64(PyTuple_GET_ITEM(value, 0), &version) && version == 0 &&
@@ -480,11 +511,67 @@ done:
     return outcome;
 }
 
+/* Whether the keyword name is the interned parameter name (its identity, as
+ * source code passes it, or its value, as a ** dict may). */
+static bool is_name(PyObject *name, PyObject *parameter) {
+    return name == parameter || PyUnicode_Compare(name, parameter) == 0;
+}
+
+/* The argument errors of host_launch(stream, fn, *, user_data=None,
+ * executor=None, blocking=True), raised here so that they name host_launch and
+ * say what to do, not the Python implementation behind it (which binds the
+ * same parameters): 0, or -1 with a TypeError set. */
+static int check_arguments(Py_ssize_t nargs, PyObject *kwnames) {
+    if (nargs > 2) {
+        PyErr_Format(PyExc_TypeError,
+                     "host_launch() takes 2 positional arguments (stream, fn) but %zd were "
+                     "given; user_data, executor and blocking are keyword-only: pass "
+                     "user_data=... as a keyword",
+                     nargs);
+        return -1;
+    }
+    PyObject *const positional[2] = {launch.s_stream, launch.s_fn};
+    bool given[2] = {nargs > 0, nargs > 1};
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        PyObject *name = PyTuple_GET_ITEM(kwnames, i);
+        if (is_name(name, launch.s_user_data) || is_name(name, launch.s_executor) ||
+            is_name(name, launch.s_blocking))
+            continue;
+        int which = is_name(name, positional[0]) ? 0 : is_name(name, positional[1]) ? 1 : -1;
+        if (which < 0) {
+            PyErr_Format(PyExc_TypeError,
+                         "host_launch() got an unexpected keyword argument '%U'; it takes "
+                         "stream and fn, and the keywords user_data, executor and blocking",
+                         name);
+            return -1;
+        }
+        if (given[which]) {
+            PyErr_Format(PyExc_TypeError, "host_launch() got multiple values for argument '%U'",
+                         positional[which]);
+            return -1;
+        }
+        given[which] = true;
+    }
+    for (int which = 0; which < 2; which++) {
+        if (!given[which]) {
+            PyErr_Format(PyExc_TypeError,
+                         "host_launch() missing required argument '%U': call it as "
+                         "host_launch(stream, fn, user_data=...)",
+                         positional[which]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* numba_hostfn.host_launch(stream, fn, *, user_data=None, executor=None, blocking=True) */
 PyObject *nhf_host_launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                           PyObject *kwnames) {
     (void)self;
     PyObject *data = Py_None, *executor = Py_None;
+    if ((nargs != 2 || kwnames != NULL) && check_arguments(nargs, kwnames) < 0)
+        return NULL;
     if (!launch.configured || !launch.wanted || atomic_load(&forked) || nargs != 2)
         goto fall;
     Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
@@ -620,6 +707,8 @@ static PyObject *py_make_host_launch(PyObject *module, PyObject *doc) {
 static PyMethodDef methods[] = {
     {"configure_launch", (PyCFunction)(void (*)(void))nhf_py_configure_launch,
      METH_FASTCALL | METH_KEYWORDS, "configure_launch(**settings): what host_launch uses."},
+    {"format_holds_objects", py_format_holds_objects, METH_O,
+     "format_holds_objects(format) -> whether a buffer format has an 'O' item (names skipped)."},
     {"launch_counts", nhf_py_launch_counts, METH_NOARGS,
      "Launches that fell through to Python, and fast launches by kind (for tests)."},
     {"make_host_launch", py_make_host_launch, METH_O,
@@ -636,13 +725,15 @@ int nhf_host_launch_init(PyObject *module) {
         return -1;
     if (PyModule_AddFunctions(module, methods) < 0)
         return -1;
+    launch.s_stream = interned("stream");
+    launch.s_fn = interned("fn");
     launch.s_user_data = interned("user_data");
     launch.s_executor = interned("executor");
     launch.s_blocking = interned("blocking");
     launch.s_cuda_stream = interned("__cuda_stream__");
     launch.s_restype = interned("restype");
     launch.s_argtypes = interned("argtypes");
-    if (!launch.s_user_data || !launch.s_executor || !launch.s_blocking ||
+    if (!launch.s_stream || !launch.s_fn || !launch.s_user_data || !launch.s_executor || !launch.s_blocking ||
         !launch.s_cuda_stream || !launch.s_restype || !launch.s_argtypes)
         return -1;
     if (pthread_atfork(NULL, NULL, at_fork_in_child) != 0) {
