@@ -326,6 +326,65 @@ def test_every_simulated_entry_point_of_a_forked_child_is_refused(request):
     assert len(refused) == 16 and "parent: 0" in out, out
 
 
+FORK_IN_A_BATCH_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import os, sys, threading, time, warnings
+    from _device import Hold
+
+    warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads: the point
+    release = threading.Event()
+    for attempt in range(20):
+        started = threading.Event()
+        where = []
+
+        def hold_the_batch(*_):
+            where.append(threading.current_thread().name)
+            started.set()
+            if threading.current_thread() is not threading.main_thread():
+                release.wait()  # the batch's lock stays held across the fork
+
+        with Hold(stream):  # the signal comes only once this thread waits
+            if "{which}" == "futures":
+                nh.done_future(stream).add_done_callback(hold_the_batch)
+            else:
+                nh.host_launch(stream, hold_the_batch, blocking=False)
+        started.wait()
+        if where[0] != "MainThread":  # else the main thread's pending call ran it: again
+            break
+    print("batch held by", where[0], flush=True)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            nh.drain()
+            print("child: drain accepted", flush=True)
+        except RuntimeError as exc:
+            print("child: drain refused", "'spawn'" in str(exc), flush=True)
+        os._exit(0)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        print("parent: the child hung", flush=True)
+    release.set()
+    stream.sync()
+    nh.drain()
+    print("parent: done", flush=True)
+""")
+
+
+@pytest.mark.parametrize("which", ["callbacks", "futures"])
+def test_a_forked_childs_drain_is_refused_while_the_parent_was_inside_a_batch(which):
+    """fork() while numba_hostfn's callbacks (or futures) thread is inside a batch: the
+    child's drain() raises the RuntimeError naming 'spawn' at once (it ran the batches
+    first, and waited for ever on the batch lock that no thread of the child holds)."""
+    out = run_child(FORK_IN_A_BATCH_SCRIPT.format(which=which), timeout=120)
+    assert f"batch held by numba_hostfn-{which}" in out, out
+    assert "child: drain refused True" in out and "parent: done" in out, out
+
+
 @pytest.mark.gpu
 def test_a_cuda_call_from_a_compiled_body_gets_an_error_code(device, stream):
     """CUDA calls are not allowed in a host function; the driver may, but need not, refuse
