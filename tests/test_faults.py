@@ -385,6 +385,75 @@ def test_a_forked_childs_drain_is_refused_while_the_parent_was_inside_a_batch(wh
     assert "child: drain refused True" in out and "parent: done" in out, out
 
 
+FORK_WITH_A_CALLBACK_DUE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import ctypes, os, time, warnings
+    import numba
+
+    warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads: the point
+    libc = ctypes.CDLL(None)
+    usleep = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint)(("usleep", libc))
+    cells = np.zeros(2, np.int64)  # [0]: the stream may go on; [1]: the signal has run
+    CELLS = cells.ctypes.data
+
+    @nh.host_callback
+    def wait_for_the_fork(p):
+        cell = carray(p, (2,), np.int64)
+        while cell[0] == 0:
+            usleep(100)
+
+    @nh.host_callback
+    def signal_has_run(p):
+        carray(p, (2,), np.int64)[1] = 1
+
+    # A fork handler of libc's, run inside fork(), after the last bytecode of
+    # os.fork(), GIL held: the stream's signal runs, and asks for its pending call,
+    # while no thread of the parent can run the callback first; the child
+    # inherits the pending call.
+    @numba.cfunc("void()")
+    def before_fork():
+        cell = carray(nh.as_voidptr(CELLS), (2,), np.int64)
+        cell[0] = 1
+        while cell[1] == 0:
+            usleep(100)
+
+    register_atfork = libc.__register_atfork  # pthread_atfork is libc_nonshared's
+    register_atfork.argtypes = [ctypes.c_void_p] * 4
+    parent = os.getpid()
+    nh.host_launch(stream, wait_for_the_fork, user_data=nh.by_ref(cells))
+    nh.host_launch(
+        stream,
+        lambda: print("callback ran in the " + ("parent" if os.getpid() == parent else "child"),
+                      flush=True),
+        blocking=False,
+    )
+    nh.host_launch(stream, signal_has_run, user_data=nh.by_ref(cells))
+    assert register_atfork(before_fork.address, None, None, None) == 0
+    pid = os.fork()
+    if pid == 0:
+        for _ in range(1000):  # Python code: a pending call would run here
+            pass
+        print("child: exits", flush=True)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    stream.sync()
+    deadline = time.monotonic() + 30
+    while nh.pending() and time.monotonic() < deadline:
+        nh.drain()
+        time.sleep(0.01)
+    print("parent:", os.waitstatus_to_exitcode(status), nh.pending(), flush=True)
+""")
+
+
+def test_a_forked_child_never_runs_the_parents_nonblocking_callbacks():
+    """fork() while a non-blocking callback's signal has run and its pending call is
+    scheduled: the child inherits the pending call, which must not run the parent's
+    due batch there (the callback ran in both processes)."""
+    out = run_child(FORK_WITH_A_CALLBACK_DUE_SCRIPT).splitlines()
+    assert "child: exits" in out and "parent: 0 0" in out, out
+    assert out.count("callback ran in the parent") == 1, out
+    assert "callback ran in the child" not in out, out
+
+
 @pytest.mark.gpu
 def test_a_cuda_call_from_a_compiled_body_gets_an_error_code(device, stream):
     """CUDA calls are not allowed in a host function; the driver may, but need not, refuse
