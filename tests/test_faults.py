@@ -418,12 +418,14 @@ FORK_WITH_A_CALLBACK_DUE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
 
     register_atfork = libc.__register_atfork  # pthread_atfork is libc_nonshared's
     register_atfork.argtypes = [ctypes.c_void_p] * 4
+    def say(line):  # one write: the two processes share the pipe
+        os.write(1, (line + "\\n").encode())
+
     parent = os.getpid()
     nh.host_launch(stream, wait_for_the_fork, user_data=nh.by_ref(cells))
     nh.host_launch(
         stream,
-        lambda: print("callback ran in the " + ("parent" if os.getpid() == parent else "child"),
-                      flush=True),
+        lambda: say("callback ran in the " + ("parent" if os.getpid() == parent else "child")),
         blocking=False,
     )
     nh.host_launch(stream, signal_has_run, user_data=nh.by_ref(cells))
@@ -432,7 +434,7 @@ FORK_WITH_A_CALLBACK_DUE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     if pid == 0:
         for _ in range(1000):  # Python code: a pending call would run here
             pass
-        print("child: exits", flush=True)
+        say("child: exits")
         os._exit(0)
     _, status = os.waitpid(pid, 0)
     stream.sync()
