@@ -16,10 +16,13 @@ docs/compatibility.md has the table.
 hook                                   why
 =====================================  =====================================================
 **Python**
-``threading._register_atexit``         close the launch records before any ``atexit``
+``threading._register_atexit``         a hook when exit begins (before non-daemon threads
+                                       are joined) that moves the close of the launch records
+                                       to the front of the ``atexit`` handlers: it then runs
+                                       after those threads end and before any other library's
                                        handler, which may block in a driver call holding the
                                        GIL while the driver's thread waits for the GIL
-                                       (LIFETIME.md, inv. 6); ``atexit`` is the fallback
+                                       (LIFETIME.md, inv. 6); a plain ``atexit`` is the fallback
 ``threading._DummyThread``             what ``current_thread()`` is on a thread Python did
                                        not start (the driver's, a pool's): 3.12 runs a
                                        pending call on any thread, and non-blocking
@@ -87,6 +90,7 @@ a function pointer's buffer            a ctypes function pointer's buffer is the
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
 import sys
@@ -109,7 +113,7 @@ __all__ = [
     "on_foreign_thread",
     "pointer_address",
     "pointer_flags",
-    "register_early_atexit",
+    "register_first_atexit",
     "running_loop",
     "text_signature",
 ]
@@ -141,13 +145,32 @@ def pointer_address(fn: Any) -> int | None:
     return _c_void_p.from_buffer(fn).value
 
 
-def register_early_atexit(fn: Callable[[], None]) -> bool:
-    """Run ``fn`` at exit before ``atexit`` handlers; False if this Python cannot."""
+def register_first_atexit(fn: Callable[[], None]) -> bool:
+    """Run ``fn`` at exit once the non-daemon threads have ended, before every
+    ``atexit`` handler registered until exit began; False if this Python can only
+    run it as an ordinary ``atexit`` handler.
+
+    ``threading._shutdown`` (3.10-3.13 alike) runs threading's exit hooks first,
+    *then* joins the non-daemon threads, and ``Py_FinalizeEx`` runs the ``atexit``
+    handlers (last registered, first run) after that.  So ``fn`` is an ``atexit``
+    handler, and a threading exit hook moves it to the front of the stack when exit
+    begins.  The hook does not join the threads itself: a threading hook registered
+    before it (``concurrent.futures``' ``_python_exit``) runs after it and is what
+    wakes a ``ThreadPoolExecutor``'s idle workers, so joining first would hang.
+    Only an ``atexit`` handler registered after exit began (by a thread still
+    running then) runs before ``fn``.
+    """
+    atexit.register(fn)
     try:
-        threading._register_atexit(fn)
-    except (AttributeError, RuntimeError):  # no such hook, or already shutting down
+        threading._register_atexit(functools.partial(_to_front_of_atexit, fn))
+    except (AttributeError, RuntimeError):  # no such hook, or exit has begun already
         return False
     return True
+
+
+def _to_front_of_atexit(fn: Callable[[], None]) -> None:
+    atexit.unregister(fn)
+    atexit.register(fn)
 
 
 def any_thread_pending_call() -> tuple[int, int] | None:

@@ -33,5 +33,8 @@ def drain() -> int:
     int
         How many launches were released.
     """
+    # First, so that a forked child is refused (RuntimeError, naming 'spawn')
+    # before a batch waits for a lock that a thread of the parent held at fork.
+    records = get_backend().records
     run_callbacks()
-    return get_backend().records.drain()
+    return records.drain()

@@ -13,10 +13,8 @@ LIFETIME.md states the invariants.
 
 from __future__ import annotations
 
-import atexit
-
 from . import _core
-from ._compat import register_early_atexit
+from ._compat import register_first_atexit
 
 __all__ = ["LaunchRecords"]
 
@@ -28,12 +26,14 @@ class LaunchRecords:
 
     def __init__(self) -> None:
         self._closed = False
-        # Close before any atexit handler runs: another library's handler may
-        # block in a driver call with the GIL held (releasing a context, say),
-        # while the driver's thread waits for the GIL in a Python trampoline.
-        # threading's exit hooks run first, right after non-daemon threads end.
-        register_early_atexit(self._at_exit)
-        atexit.register(self._at_exit)
+        # Invariant 6.  Close after the non-daemon threads have ended: until then
+        # their blocking Python callables and executor tasks must run (threading's
+        # own exit hooks run before those threads are joined: closing there
+        # skipped them).  And close before any other library's atexit handler:
+        # one may block in a driver call with the GIL held (releasing a context,
+        # say) while the driver's thread waits for the GIL in a Python trampoline.
+        # So the close is the first atexit handler (_compat.register_first_atexit).
+        register_first_atexit(self._at_exit)
 
     def abandon(self) -> None:
         """In a forked child: nothing copied will run, so exit waits for nothing."""

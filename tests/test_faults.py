@@ -326,6 +326,136 @@ def test_every_simulated_entry_point_of_a_forked_child_is_refused(request):
     assert len(refused) == 16 and "parent: 0" in out, out
 
 
+FORK_IN_A_BATCH_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import os, sys, threading, time, warnings
+    from _device import Hold
+
+    warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads: the point
+    release = threading.Event()
+    for attempt in range(20):
+        started = threading.Event()
+        where = []
+
+        def hold_the_batch(*_):
+            where.append(threading.current_thread().name)
+            started.set()
+            if threading.current_thread() is not threading.main_thread():
+                release.wait()  # the batch's lock stays held across the fork
+
+        with Hold(stream):  # the signal comes only once this thread waits
+            if "{which}" == "futures":
+                nh.done_future(stream).add_done_callback(hold_the_batch)
+            else:
+                nh.host_launch(stream, hold_the_batch, blocking=False)
+        started.wait()
+        if where[0] != "MainThread":  # else the main thread's pending call ran it: again
+            break
+    print("batch held by", where[0], flush=True)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            nh.drain()
+            print("child: drain accepted", flush=True)
+        except RuntimeError as exc:
+            print("child: drain refused", "'spawn'" in str(exc), flush=True)
+        os._exit(0)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        print("parent: the child hung", flush=True)
+    release.set()
+    stream.sync()
+    nh.drain()
+    print("parent: done", flush=True)
+""")
+
+
+@pytest.mark.parametrize("which", ["callbacks", "futures"])
+def test_a_forked_childs_drain_is_refused_while_the_parent_was_inside_a_batch(which):
+    """fork() while numba_hostfn's callbacks (or futures) thread is inside a batch: the
+    child's drain() raises the RuntimeError naming 'spawn' at once (it ran the batches
+    first, and waited for ever on the batch lock that no thread of the child holds)."""
+    out = run_child(FORK_IN_A_BATCH_SCRIPT.format(which=which), timeout=120)
+    assert f"batch held by numba_hostfn-{which}" in out, out
+    assert "child: drain refused True" in out and "parent: done" in out, out
+
+
+FORK_WITH_A_CALLBACK_DUE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import ctypes, os, time, warnings
+    import numba
+
+    warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads: the point
+    libc = ctypes.CDLL(None)
+    usleep = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint)(("usleep", libc))
+    cells = np.zeros(2, np.int64)  # [0]: the stream may go on; [1]: the signal has run
+    CELLS = cells.ctypes.data
+
+    @nh.host_callback
+    def wait_for_the_fork(p):
+        cell = carray(p, (2,), np.int64)
+        while cell[0] == 0:
+            usleep(100)
+
+    @nh.host_callback
+    def signal_has_run(p):
+        carray(p, (2,), np.int64)[1] = 1
+
+    # A fork handler of libc's, run inside fork(), after the last bytecode of
+    # os.fork(), GIL held: the stream's signal runs, and asks for its pending call,
+    # while no thread of the parent can run the callback first; the child
+    # inherits the pending call.
+    @numba.cfunc("void()")
+    def before_fork():
+        cell = carray(nh.as_voidptr(CELLS), (2,), np.int64)
+        cell[0] = 1
+        while cell[1] == 0:
+            usleep(100)
+
+    register_atfork = libc.__register_atfork  # pthread_atfork is libc_nonshared's
+    register_atfork.argtypes = [ctypes.c_void_p] * 4
+    def say(line):  # one write: the two processes share the pipe
+        os.write(1, (line + "\\n").encode())
+
+    parent = os.getpid()
+    nh.host_launch(stream, wait_for_the_fork, user_data=nh.by_ref(cells))
+    nh.host_launch(
+        stream,
+        lambda: say("callback ran in the " + ("parent" if os.getpid() == parent else "child")),
+        blocking=False,
+    )
+    nh.host_launch(stream, signal_has_run, user_data=nh.by_ref(cells))
+    assert register_atfork(before_fork.address, None, None, None) == 0
+    pid = os.fork()
+    if pid == 0:
+        for _ in range(1000):  # Python code: a pending call would run here
+            pass
+        say("child: exits")
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    stream.sync()
+    deadline = time.monotonic() + 30
+    while nh.pending() and time.monotonic() < deadline:
+        nh.drain()
+        time.sleep(0.01)
+    print("parent:", os.waitstatus_to_exitcode(status), nh.pending(), flush=True)
+""")
+
+
+def test_a_forked_child_never_runs_the_parents_nonblocking_callbacks():
+    """fork() while a non-blocking callback's signal has run and its pending call is
+    scheduled: the child inherits the pending call, which must not run the parent's
+    due batch there (the callback ran in both processes)."""
+    out = run_child(FORK_WITH_A_CALLBACK_DUE_SCRIPT).splitlines()
+    assert "child: exits" in out and "parent: 0 0" in out, out
+    assert out.count("callback ran in the parent") == 1, out
+    assert "callback ran in the child" not in out, out
+
+
 @pytest.mark.gpu
 def test_a_cuda_call_from_a_compiled_body_gets_an_error_code(device, stream):
     """CUDA calls are not allowed in a host function; the driver may, but need not, refuse

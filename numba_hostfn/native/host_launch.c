@@ -57,6 +57,9 @@ static atomic_int forked; /* a forked child: every call goes to Python, which re
 
 static void at_fork_in_child(void) { atomic_store(&forked, 1); }
 
+/* Any thread. */
+bool nhf_forked(void) { return atomic_load(&forked); }
+
 /* ---- the compiled-function base type (HostFunction subclasses it) ------------ */
 
 static PyObject *compiled_bind(PyObject *self_, PyObject *const *args, Py_ssize_t nargs) {

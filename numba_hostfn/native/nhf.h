@@ -174,6 +174,9 @@ PyObject *nhf_py_configure_launch(PyObject *self, PyObject *const *args, Py_ssiz
                                   PyObject *kwnames);
 PyObject *nhf_py_launch_counts(PyObject *self, PyObject *unused);
 int nhf_host_launch_init(PyObject *module);
+/* Any thread: this process is a child forked after the module was loaded (set by
+ * the fork handler inside fork(), before the child runs any Python). */
+bool nhf_forked(void);
 
 /* ---- the simulator (simulator.c) ----------------------------------------------- */
 

@@ -79,12 +79,18 @@ static void *main_interpreter;
  * callbacks raise itself; an exception that still comes out of it is a signal
  * handler's (a SIGALRM timeout, a Ctrl-C) that ran inside it: returned as the
  * pending call's failure, CPython raises it in whatever that thread was running,
- * as it raises a signal handler's own (issue 27: it went to sys.unraisablehook). */
+ * as it raises a signal handler's own (issue 27: it went to sys.unraisablehook).
+ *
+ * A child forked while this call was scheduled inherits it, and the parent's
+ * batch with it: it runs nothing there (LIFETIME.md, invariant 22).  The check is
+ * the native fork flag, set inside fork(): the child may run the call in the
+ * first Python code after fork (threading's own after-fork hook), before any
+ * after-fork hook of numba_hostfn's. */
 static int pending_notify(void *unused) {
     (void)unused;
     atomic_store(&notify_scheduled, 0);
     PyObject *callable = atomic_load(&notify_callable);
-    if (!nhf_guard_open() || callable == NULL)
+    if (!nhf_guard_open() || nhf_forked() || callable == NULL)
         return 0;
     PyObject *result = PyObject_CallNoArgs(callable);
     if (result == NULL)
