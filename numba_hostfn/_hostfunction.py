@@ -64,12 +64,14 @@ def _direct_caller(target: Callable, options: dict) -> Callable[[int], None]:
     return direct
 
 
+# The views return what the body returns, so that a body returning a value fails
+# to compile as void(void*) as it does without dtype= (then _refuse_a_result says why).
 def _record_view(p):
-    body(carray(p, (1,), layout)[0])  # noqa: F821 - globals supplied by _view_wrapper
+    return body(carray(p, (1,), layout)[0])  # noqa: F821 - globals supplied by _view_wrapper
 
 
 def _array_view(p):
-    body(carray(p, (1,), layout))  # noqa: F821 - globals supplied by _view_wrapper
+    return body(carray(p, (1,), layout))  # noqa: F821 - globals supplied by _view_wrapper
 
 
 def _view_wrapper(py_func: Callable, body: Callable, layout: np.dtype) -> Callable:
@@ -124,6 +126,37 @@ def reads_its_argument(py_func: Callable) -> bool:
             if "CLOSURE" in instruction.opname:
                 return True
     return False
+
+
+def _result_refusal(py_func: Callable, target: Callable, options: dict) -> str | None:
+    """Why ``target``, which failed to compile as ``void(void*)``, is refused, if
+    the reason is that it returns a value (else None): numba's own message ("No
+    conversion from Literal[int](0) to none") does not say that a host function
+    returns nothing.
+
+    Run only after the compile failed, so that a healthy compile pays nothing:
+    ``target`` is typed once more, with its return type left to numba, and the
+    failure is the result's if that compiles to anything but ``none``.  Any other
+    failure leaves numba's message to be reported.
+    """
+    hooks = numba_hooks()
+    try:
+        typed = hooks.njit(target, nogil=True, **options)
+        typed.compile((hooks.types.voidptr,))
+        (signature,) = typed.nopython_signatures
+    except Exception:  # numba's first message says what else is wrong
+        return None
+    result = signature.return_type
+    if result == hooks.types.none:
+        return None
+    return (
+        f"host function {py_func.__qualname__!r} "
+        f"({py_func.__code__.co_filename}:{py_func.__code__.co_firstlineno}) returns a "
+        f"value ({result}); a host function returns nothing, since the driver that calls "
+        "it discards any result. Write results into user_data instead (a field of the "
+        "record with dtype=, or an element of numba.carray(user_data, ...)) and drop the "
+        "return value"
+    )
 
 
 def _check_layout(dtype: Any) -> np.dtype | None:
@@ -191,10 +224,9 @@ class HostFunction(_core.CompiledBase):
         label = f"host function {py_func.__module__}.{py_func.__qualname__}"
         options = _numba_options(fastmath, boundscheck, debug, error_model)
         numba = _numba()
+        target = py_func
         try:
-            if layout is None:
-                target = py_func
-            else:
+            if layout is not None:
                 body = numba.njit(py_func, cache=cache, **options)
                 target = _view_wrapper(py_func, body, layout)
             cfunc = numba.NamedCFunc(target, label, {"nopython": True, **options})
@@ -202,6 +234,9 @@ class HostFunction(_core.CompiledBase):
                 cfunc.enable_caching()
             cfunc.compile()
         except Exception as exc:  # numba raises more than NumbaError (TypeError, ...)
+            refusal = _result_refusal(py_func, target, options)
+            if refusal is not None:
+                raise TypeError(refusal) from None
             error = HostCallbackCompileError(
                 f"cannot compile host function {py_func.__qualname__!r} "
                 f"({py_func.__code__.co_filename}:{py_func.__code__.co_firstlineno}) "
@@ -325,6 +360,8 @@ def host_callback(
     func : callable
         ``def func(user_data): ...``.  Without ``dtype``, ``user_data`` is a raw
         ``void*`` (use ``numba.carray`` to view it); with ``dtype``, see below.
+        It returns nothing (the driver discards any result): it writes its
+        results into the user data.
     dtype : numpy dtype, optional
         The layout of the user data.  A structured dtype gives the body a
         record (``user_data.field``); a scalar dtype a one-element array
@@ -355,8 +392,9 @@ def host_callback(
     HostCallbackCompileError
         If numba cannot compile the body; the message names the function.
     TypeError
-        If ``func`` is not a one-argument Python function, or ``dtype`` is not
-        a numpy dtype without objects.
+        If ``func`` is not a one-argument Python function, returns a value (on
+        any path: write results into the user data instead), or ``dtype`` is
+        not a numpy dtype without objects.
 
     Examples
     --------
