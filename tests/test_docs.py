@@ -36,3 +36,26 @@ def test_every_public_member_of_a_documented_class_is_listed():
         public = {m for m in dir(cls) if not m.startswith("_")}
         public |= {m for m in ("__call__", "__cuda_stream__") if m in vars(cls)}
         assert sorted(public - listed.get(name, set())) == [], name
+
+
+def test_no_snippet_names_its_own_function_after_a_public_api_name():
+    """A snippet's own function or variable named like the API beside it (a host
+    function called ``record`` on the page that documents ``nh.record``) reads as
+    the API: every name a snippet defines differs from numba_hostfn's public names."""
+    import ast
+
+    docs = pathlib.Path(__file__).parent.parent / "docs"
+    pages = [docs.parent / "README.md", *sorted(docs.glob("*.md"))]
+    public = set(numba_hostfn.__all__)
+    clashes = []
+    for page in pages:
+        for code in re.findall(r"^```python\n(.*?)^```", page.read_text(), re.S | re.M):
+            for node in ast.walk(ast.parse(code)):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    names = [node.name]
+                elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                    names = [node.id]
+                else:
+                    continue
+                clashes += [f"{page.name}: {n}" for n in names if n in public]
+    assert clashes == []
