@@ -170,7 +170,40 @@ def _check_layout(dtype: Any) -> np.dtype | None:
         raise TypeError(f"host_callback(dtype=...) cannot hold Python objects: {layout}")
     if layout.itemsize == 0:
         raise ValueError(f"host_callback(dtype=...) needs a non-empty dtype, got {layout}")
+    if layout.subdtype is not None:
+        base, shape = layout.subdtype
+        raise ValueError(
+            f"host_callback(dtype=...) cannot be a subarray dtype, got {layout!r}: numba "
+            "cannot view one (it fails with an LLVM 'Invalid store'). Make the array a field "
+            f"of a structured dtype, np.dtype([('a', np.{base!r}, {shape})]), and index "
+            "user_data.a in the body; or give no dtype= and view the pointer with "
+            f"numba.carray(user_data, {shape}, np.{base!r})"
+        )
+    _check_subarray_fields(layout, "")
     return layout
+
+
+def _check_subarray_fields(layout: np.dtype, prefix: str) -> None:
+    """Refuse a subarray field (nested records included) of what numba cannot nest.
+
+    numba types a record's subarray field as a ``NestedArray``, whose elements must
+    be numbers or records: one of bools, datetimes, timedeltas, bytes or str fails
+    deep in numba ("'Boolean' object has no attribute 'bitwidth'") on 0.62-0.68.
+    """
+    for name in layout.names or ():
+        field = layout.fields[name][0]
+        path = f"{prefix}{name}"
+        base = field if field.subdtype is None else field.subdtype[0]
+        if base.names is not None:
+            _check_subarray_fields(base, f"{path}.")
+        elif field.subdtype is not None and base.kind not in "iufc":
+            raise ValueError(
+                f"host_callback(dtype=...): field {path!r} is a subarray of {base!r} "
+                f"(shape {field.shape}), which numba cannot compile: a record's subarray "
+                "fields hold numbers or records only. Store the elements as numbers "
+                "instead (np.uint8 for bool or bytes, np.uint32 for str, np.int64 for "
+                "datetime64 or timedelta64), or give each element a field of its own"
+            )
 
 
 class HostFunction(_core.CompiledBase):
@@ -366,7 +399,11 @@ def host_callback(
         The layout of the user data.  A structured dtype gives the body a
         record (``user_data.field``); a scalar dtype a one-element array
         (``user_data[0]``).  :func:`host_launch` then checks the user data
-        against it and rejects ``None``.
+        against it and rejects ``None``.  An array goes in a field,
+        ``np.dtype([('a', 'i8', 3)])`` (``user_data.a[i]``): a subarray dtype
+        itself, ``np.dtype(('i8', 3))``, is refused, and so is a subarray field
+        of anything but numbers or records (bools, bytes, str, datetimes), which
+        numba cannot compile.
     cache : bool, optional
         Cache the machine code on disk (numba's cache), so a later process
         loads it instead of compiling.
@@ -395,6 +432,9 @@ def host_callback(
         If ``func`` is not a one-argument Python function, returns a value (on
         any path: write results into the user data instead), or ``dtype`` is
         not a numpy dtype without objects.
+    ValueError
+        If ``dtype`` is empty, a subarray dtype, or has a subarray field numba
+        cannot compile; the message names the field and what to use instead.
 
     Examples
     --------
@@ -416,6 +456,7 @@ def host_callback(
             "cache, fastmath, boundscheck, debug and error_model"
         )
     _numba_options(fastmath, boundscheck, debug, error_model)  # refuse bad values early
+    _check_layout(dtype)
     settings = {
         "dtype": dtype,
         "cache": cache,

@@ -269,6 +269,42 @@ def test_hostfunction_rejects_bad_dtype(dtype):
         nh.host_callback(dtype=dtype)(lambda p: None)
 
 
+@pytest.mark.parametrize(
+    "dtype, says",
+    [
+        (np.dtype(("i8", 3)), "subarray dtype"),
+        (np.dtype((np.int64, (1,))), "subarray dtype"),
+        (np.dtype((np.dtype([("x", "f8")]), 2)), "subarray dtype"),
+        (np.dtype([("flags", "?", 2)]), "field 'flags' is a subarray"),
+        (np.dtype([("n", "i8"), ("r", [("name", "S4", 2)])]), "field 'r.name' is a subarray"),
+        (np.dtype([("r", [("t", "M8[s]", 2)], 3)]), "field 'r.t' is a subarray"),
+    ],
+)
+def test_a_subarray_numba_cannot_view_is_refused_at_decoration(dtype, says):
+    """numba fails on these deep inside (an LLVM "Invalid store of [1 x i64]", or
+    "'Boolean' object has no attribute 'bitwidth'"): refused by name, before compiling,
+    when the decorator is made."""
+    with pytest.raises(ValueError, match=says) as info:
+        nh.host_callback(dtype=dtype)
+    assert "instead" in str(info.value) or "Make the array a field" in str(info.value)
+
+
+def _fills_subarrays(d):
+    d.a[0] = 7
+    d.m[1, 2] = 2.5
+    d.r[1].v[0] = 3
+
+
+def test_subarray_fields_of_numbers_and_records_work():
+    """What the refusal above points to: a record's subarray fields of numbers or
+    records, (1,) included, compile and are written in place."""
+    layout = np.dtype([("a", np.int64, (1,)), ("m", "f8", (2, 3)), ("r", [("v", "i4", 2)], 2)])
+    fn = nh.host_callback(dtype=layout)(_fills_subarrays)
+    data = np.zeros(1, layout)
+    fn(data)
+    assert data["a"][0, 0] == 7 and data["m"][0, 1, 2] == 2.5 and data["r"][0, 1]["v"][0] == 3
+
+
 def test_cache_true_loads_machine_code_in_a_new_process(tmp_path):
     module = tmp_path / "cached_hostfns.py"
     module.write_text(
