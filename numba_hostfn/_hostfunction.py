@@ -410,8 +410,11 @@ def host_callback(
     fastmath : bool or set of str, optional
         Passed to numba: allow floating-point reassociation and the like.
     boundscheck : bool, optional
-        Check array indices (an out-of-bounds index raises ``IndexError``,
-        reported like any failure in a host function).  ``None``: numba's
+        Check array indices against the array's shape as the body declares it
+        (``carray``'s shape; an index outside it raises ``IndexError``, reported
+        like any failure in a host function).  It cannot check the buffer
+        behind a raw pointer: declare ``dtype=`` (whose size a launch checks)
+        or pass the length with the data (docs/errors.md).  ``None``: numba's
         default, the ``NUMBA_BOUNDSCHECK`` environment variable (off).
     debug : bool, optional
         Passed to numba: debug information in the machine code.
