@@ -229,12 +229,14 @@ def _refuse_awaitable(fn: Any) -> None:
     """Refuse a coroutine object (``coro()``) or other awaitable given as ``fn``,
     pointing to async_done; a coroutine never started is closed first, so that it
     does not also warn that it was never awaited."""
-    closed = ""
-    if inspect.iscoroutine(fn) and inspect.getcoroutinestate(fn) == inspect.CORO_CREATED:
-        fn.close()
-        closed = " (numba_hostfn closed it: it had not started)"
+    what, closed = f"an awaitable ({type(fn).__name__})", ""
+    if inspect.iscoroutine(fn):
+        what = f"a coroutine object ({_attribute(fn, '__qualname__')!r})"
+        if inspect.getcoroutinestate(fn) == inspect.CORO_CREATED:
+            fn.close()
+            closed = ", closed since it had not started"
     raise TypeError(
-        f"host_launch() got an awaitable, {fn!r}{closed}, not a function: a host "
+        f"host_launch() got {what}{closed}, not a function: a host "
         "function is called, not awaited. To await the stream, use `await "
         "nh.async_done(stream)` (numba_hostfn.async_done); to run Python when the "
         "stream gets here, pass a plain function"
