@@ -20,4 +20,3 @@ numpydoc_xref_param_type = False
 autodoc_member_order = "bysource"
 html_theme = "alabaster"
 html_title = f"numba_hostfn {release}"
-suppress_warnings = ["myst.xref_missing"]

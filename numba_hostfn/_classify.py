@@ -116,6 +116,8 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
             "@numba_hostfn.host_callback instead (or pass host_callback(fn.py_func))"
         )
     if fn is None or not callable(fn):
+        if inspect.isawaitable(fn):
+            _refuse_awaitable(fn)
         raise TypeError(
             "host_launch() expected a HostFunction, a CUhostFn ctypes pointer or a "
             f"Python callable, got {type(fn).__name__}"
@@ -227,6 +229,24 @@ def refuse_coroutine_function(fn: Any, caller: str = "host_launch", found: Any =
             "never runs. To resume a coroutine when the stream gets here, await "
             "numba_hostfn.async_done(stream) in it; to call Python there, pass a plain function"
         )
+
+
+def _refuse_awaitable(fn: Any) -> None:
+    """Refuse a coroutine object (``coro()``) or other awaitable given as ``fn``,
+    pointing to async_done; a coroutine never started is closed first, so that it
+    does not also warn that it was never awaited."""
+    what, closed = f"an awaitable ({type(fn).__name__})", ""
+    if inspect.iscoroutine(fn):
+        what = f"a coroutine object ({_attribute(fn, '__qualname__')!r})"
+        if inspect.getcoroutinestate(fn) == inspect.CORO_CREATED:
+            fn.close()
+            closed = ", closed since it had not started"
+    raise TypeError(
+        f"host_launch() got {what}{closed}, not a function: a host "
+        "function is called, not awaited. To await the stream, use `await "
+        "nh.async_done(stream)` (numba_hostfn.async_done); to run Python when the "
+        "stream gets here, pass a plain function"
+    )
 
 
 def _builtin_required(fn: Any) -> int:

@@ -11,6 +11,14 @@ from ._errors import SIMULATOR_ENV, BackendUnavailableError, CudaDriverError
 
 __all__ = ["CudaBackend", "cuda_driver_usable"]
 
+#: How to get the simulator instead, as a BackendUnavailableError says it: the
+#: backend is chosen at first use, so either way works until then, also after
+#: this error (which chose none).
+_USE_SIMULATOR = (
+    "to run on the simulator instead, call numba_hostfn.simulate_without_gpu() or set "
+    f"{SIMULATOR_ENV}=1 (in the environment or os.environ) and try again: the backend "
+    "is chosen at first use, not at import, and this error chose none"
+)
 _CAPTURE_ACTIVE, _CAPTURE_INVALIDATED = 1, 2  # CUstreamCaptureStatus
 _HOSTALLOC_PORTABLE_DEVICEMAP = 0x01 | 0x02  # CU_MEMHOSTALLOC_PORTABLE | _DEVICEMAP
 
@@ -39,13 +47,11 @@ class CudaBackend(Backend):
             from cuda.bindings import driver
         except ImportError as exc:  # pragma: no cover - cuda-bindings is a dependency
             raise BackendUnavailableError(
-                f"numba_hostfn needs cuda-bindings for the CUDA backend ({exc}); "
-                f"set {SIMULATOR_ENV}=1 to use the simulator instead"
+                f"numba_hostfn needs cuda-bindings for the CUDA backend ({exc}); {_USE_SIMULATOR}"
             ) from exc
         if not cuda_driver_usable():
             raise BackendUnavailableError(
-                "numba_hostfn found no usable CUDA driver or device; set "
-                f"{SIMULATOR_ENV}=1 before importing numba_hostfn to run on the simulator"
+                f"numba_hostfn found no usable CUDA driver or device; {_USE_SIMULATOR}"
             )
         super().__init__()
         from cuda.core import Stream

@@ -45,8 +45,11 @@ class CudaDriverError(RuntimeError):
 class BackendUnavailableError(RuntimeError):
     """Raised on first use if no CUDA driver is usable and the simulator is not selected.
 
-    Set ``NUMBA_HOSTFN_SIMULATOR=1`` before importing numba_hostfn to run on
-    the simulator instead.
+    To run on the simulator instead, call
+    :func:`~numba_hostfn.simulate_without_gpu` or set ``NUMBA_HOSTFN_SIMULATOR=1``
+    (in the environment or ``os.environ``).  The backend is chosen at first use,
+    not at import, and this error chooses none: either way works until a
+    backend is in use, also after this error.
     """
 
 

@@ -64,12 +64,14 @@ def _direct_caller(target: Callable, options: dict) -> Callable[[int], None]:
     return direct
 
 
+# The views return what the body returns, so that a body returning a value fails
+# to compile as void(void*) as it does without dtype= (then _refuse_a_result says why).
 def _record_view(p):
-    body(carray(p, (1,), layout)[0])  # noqa: F821 - globals supplied by _view_wrapper
+    return body(carray(p, (1,), layout)[0])  # noqa: F821 - globals supplied by _view_wrapper
 
 
 def _array_view(p):
-    body(carray(p, (1,), layout))  # noqa: F821 - globals supplied by _view_wrapper
+    return body(carray(p, (1,), layout))  # noqa: F821 - globals supplied by _view_wrapper
 
 
 def _view_wrapper(py_func: Callable, body: Callable, layout: np.dtype) -> Callable:
@@ -126,6 +128,37 @@ def reads_its_argument(py_func: Callable) -> bool:
     return False
 
 
+def _result_refusal(py_func: Callable, target: Callable, options: dict) -> str | None:
+    """Why ``target``, which failed to compile as ``void(void*)``, is refused, if
+    the reason is that it returns a value (else None): numba's own message ("No
+    conversion from Literal[int](0) to none") does not say that a host function
+    returns nothing.
+
+    Run only after the compile failed, so that a healthy compile pays nothing:
+    ``target`` is typed once more, with its return type left to numba, and the
+    failure is the result's if that compiles to anything but ``none``.  Any other
+    failure leaves numba's message to be reported.
+    """
+    hooks = numba_hooks()
+    try:
+        typed = hooks.njit(target, nogil=True, **options)
+        typed.compile((hooks.types.voidptr,))
+        (signature,) = typed.nopython_signatures
+    except Exception:  # numba's first message says what else is wrong
+        return None
+    result = signature.return_type
+    if result == hooks.types.none:
+        return None
+    return (
+        f"host function {py_func.__qualname__!r} "
+        f"({py_func.__code__.co_filename}:{py_func.__code__.co_firstlineno}) returns a "
+        f"value ({result}); a host function returns nothing, since the driver that calls "
+        "it discards any result. Write results into user_data instead (a field of the "
+        "record with dtype=, or an element of numba.carray(user_data, ...)) and drop the "
+        "return value"
+    )
+
+
 def _check_layout(dtype: Any) -> np.dtype | None:
     if dtype is None:
         return None
@@ -137,7 +170,40 @@ def _check_layout(dtype: Any) -> np.dtype | None:
         raise TypeError(f"host_callback(dtype=...) cannot hold Python objects: {layout}")
     if layout.itemsize == 0:
         raise ValueError(f"host_callback(dtype=...) needs a non-empty dtype, got {layout}")
+    if layout.subdtype is not None:
+        base, shape = layout.subdtype
+        raise ValueError(
+            f"host_callback(dtype=...) cannot be a subarray dtype, got {layout!r}: numba "
+            "cannot view one (it fails with an LLVM 'Invalid store'). Make the array a field "
+            f"of a structured dtype, np.dtype([('a', np.{base!r}, {shape})]), and index "
+            "user_data.a in the body; or give no dtype= and view the pointer with "
+            f"numba.carray(user_data, {shape}, np.{base!r})"
+        )
+    _check_subarray_fields(layout, "")
     return layout
+
+
+def _check_subarray_fields(layout: np.dtype, prefix: str) -> None:
+    """Refuse a subarray field (nested records included) of what numba cannot nest.
+
+    numba types a record's subarray field as a ``NestedArray``, whose elements must
+    be numbers or records: one of bools, datetimes, timedeltas, bytes or str fails
+    deep in numba ("'Boolean' object has no attribute 'bitwidth'") on 0.62-0.68.
+    """
+    for name in layout.names or ():
+        field = layout.fields[name][0]
+        path = f"{prefix}{name}"
+        base = field if field.subdtype is None else field.subdtype[0]
+        if base.names is not None:
+            _check_subarray_fields(base, f"{path}.")
+        elif field.subdtype is not None and base.kind not in "iufc":
+            raise ValueError(
+                f"host_callback(dtype=...): field {path!r} is a subarray of {base!r} "
+                f"(shape {field.shape}), which numba cannot compile: a record's subarray "
+                "fields hold numbers or records only. Store the elements as numbers "
+                "instead (np.uint8 for bool or bytes, np.uint32 for str, np.int64 for "
+                "datetime64 or timedelta64), or give each element a field of its own"
+            )
 
 
 class HostFunction(_core.CompiledBase):
@@ -191,10 +257,9 @@ class HostFunction(_core.CompiledBase):
         label = f"host function {py_func.__module__}.{py_func.__qualname__}"
         options = _numba_options(fastmath, boundscheck, debug, error_model)
         numba = _numba()
+        target = py_func
         try:
-            if layout is None:
-                target = py_func
-            else:
+            if layout is not None:
                 body = numba.njit(py_func, cache=cache, **options)
                 target = _view_wrapper(py_func, body, layout)
             cfunc = numba.NamedCFunc(target, label, {"nopython": True, **options})
@@ -202,6 +267,9 @@ class HostFunction(_core.CompiledBase):
                 cfunc.enable_caching()
             cfunc.compile()
         except Exception as exc:  # numba raises more than NumbaError (TypeError, ...)
+            refusal = _result_refusal(py_func, target, options)
+            if refusal is not None:
+                raise TypeError(refusal) from None
             error = HostCallbackCompileError(
                 f"cannot compile host function {py_func.__qualname__!r} "
                 f"({py_func.__code__.co_filename}:{py_func.__code__.co_firstlineno}) "
@@ -325,19 +393,28 @@ def host_callback(
     func : callable
         ``def func(user_data): ...``.  Without ``dtype``, ``user_data`` is a raw
         ``void*`` (use ``numba.carray`` to view it); with ``dtype``, see below.
+        It returns nothing (the driver discards any result): it writes its
+        results into the user data.
     dtype : numpy dtype, optional
         The layout of the user data.  A structured dtype gives the body a
         record (``user_data.field``); a scalar dtype a one-element array
         (``user_data[0]``).  :func:`host_launch` then checks the user data
-        against it and rejects ``None``.
+        against it and rejects ``None``.  An array goes in a field,
+        ``np.dtype([('a', 'i8', 3)])`` (``user_data.a[i]``): a subarray dtype
+        itself, ``np.dtype(('i8', 3))``, is refused, and so is a subarray field
+        of anything but numbers or records (bools, bytes, str, datetimes), which
+        numba cannot compile.
     cache : bool, optional
         Cache the machine code on disk (numba's cache), so a later process
         loads it instead of compiling.
     fastmath : bool or set of str, optional
         Passed to numba: allow floating-point reassociation and the like.
     boundscheck : bool, optional
-        Check array indices (an out-of-bounds index raises ``IndexError``,
-        reported like any failure in a host function).  ``None``: numba's
+        Check array indices against the array's shape as the body declares it
+        (``carray``'s shape; an index outside it raises ``IndexError``, reported
+        like any failure in a host function).  It cannot check the buffer
+        behind a raw pointer: declare ``dtype=`` (whose size a launch checks)
+        or pass the length with the data (docs/errors.md).  ``None``: numba's
         default, the ``NUMBA_BOUNDSCHECK`` environment variable (off).
     debug : bool, optional
         Passed to numba: debug information in the machine code.
@@ -355,8 +432,12 @@ def host_callback(
     HostCallbackCompileError
         If numba cannot compile the body; the message names the function.
     TypeError
-        If ``func`` is not a one-argument Python function, or ``dtype`` is not
-        a numpy dtype without objects.
+        If ``func`` is not a one-argument Python function, returns a value (on
+        any path: write results into the user data instead), or ``dtype`` is
+        not a numpy dtype without objects.
+    ValueError
+        If ``dtype`` is empty, a subarray dtype, or has a subarray field numba
+        cannot compile; the message names the field and what to use instead.
 
     Examples
     --------
@@ -378,6 +459,7 @@ def host_callback(
             "cache, fastmath, boundscheck, debug and error_model"
         )
     _numba_options(fastmath, boundscheck, debug, error_model)  # refuse bad values early
+    _check_layout(dtype)
     settings = {
         "dtype": dtype,
         "cache": cache,

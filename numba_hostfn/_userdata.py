@@ -162,7 +162,9 @@ def record(dtype: Any, **fields: Any) -> Record:
     **fields
         A value per field: a number, or, for an 8-byte integer field, a
         C-contiguous buffer (numpy array, ``bytearray``, ``memoryview``,
-        ctypes array) or ``by_ref(buffer)``, whose address is stored.
+        ctypes array) or ``by_ref(buffer)``, whose address is stored.  A field
+        not given is zero, as in ``numpy.zeros`` (an address field: NULL), so
+        output fields that the host function fills can be left out.
 
     Returns
     -------
@@ -174,8 +176,7 @@ def record(dtype: Any, **fields: Any) -> Record:
         If ``dtype`` is not structured, or a buffer is given for a field that
         cannot hold an address.
     ValueError
-        If a field is unknown or missing, or a buffer is not C-contiguous or is
-        empty.
+        If a field is unknown, or a buffer is not C-contiguous or is empty.
 
     Examples
     --------
@@ -195,14 +196,9 @@ def record(dtype: Any, **fields: Any) -> Record:
     if layout.names is None:
         raise TypeError(f"record() needs a structured dtype, got {layout}")
     unknown = set(fields) - set(layout.names)
-    missing = set(layout.names) - set(fields)
-    if unknown or missing:
-        raise ValueError(
-            f"record() got fields {sorted(unknown)} that {layout} does not have"
-            if unknown
-            else f"record() is missing fields {sorted(missing)} of {layout}"
-        )
-    data = np.zeros(1, layout)
+    if unknown:
+        raise ValueError(f"record() got fields {sorted(unknown)} that {layout} does not have")
+    data = np.zeros(1, layout)  # a field not given stays zero, as in numpy.zeros
     keep = []
     for name, value in fields.items():
         if isinstance(value, (ByRef, np.ndarray, bytearray, memoryview)) or (

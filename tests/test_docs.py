@@ -36,3 +36,47 @@ def test_every_public_member_of_a_documented_class_is_listed():
         public = {m for m in dir(cls) if not m.startswith("_")}
         public |= {m for m in ("__call__", "__cuda_stream__") if m in vars(cls)}
         assert sorted(public - listed.get(name, set())) == [], name
+
+
+def test_no_snippet_names_its_own_function_after_a_public_api_name():
+    """A snippet's own function or variable named like the API beside it (a host
+    function called ``record`` on the page that documents ``nh.record``) reads as
+    the API: every name a snippet defines differs from numba_hostfn's public names."""
+    import ast
+
+    docs = pathlib.Path(__file__).parent.parent / "docs"
+    pages = [docs.parent / "README.md", *sorted(docs.glob("*.md"))]
+    public = set(numba_hostfn.__all__)
+    clashes = []
+    for page in pages:
+        for code in re.findall(r"^```python\n(.*?)^```", page.read_text(), re.S | re.M):
+            for node in ast.walk(ast.parse(code)):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    names = [node.name]
+                elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                    names = [node.id]
+                else:
+                    continue
+                clashes += [f"{page.name}: {n}" for n in names if n in public]
+    assert clashes == []
+
+
+def test_docs_link_only_to_pages_the_site_has_and_hide_no_dead_link():
+    """A relative link to a .md outside docs/ (``../numba_hostfn/LIFETIME.md``) is no
+    page of the site: Sphinx reports it as myst.xref_missing, which conf.py must not
+    suppress (it hid two such links)."""
+    docs = pathlib.Path(__file__).parent.parent / "docs"
+    conf = (docs / "conf.py").read_text()
+    assert "xref_missing" not in conf and "suppress_warnings" not in conf
+    dead = []
+    for page in sorted(docs.glob("*.md")):
+        text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            path = target.split("#")[0]
+            if "://" in target or not path.endswith(".md"):
+                continue
+            if (page.parent / path).resolve().parent != docs.resolve():
+                dead.append(f"{page.name}: {target}")
+            elif not (page.parent / path).exists():
+                dead.append(f"{page.name}: {target}")
+    assert dead == []

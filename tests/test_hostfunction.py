@@ -190,6 +190,65 @@ def test_compile_error_raises_at_decoration_naming_the_function():
     assert "object" in str(info.value)
 
 
+def _returns_a_literal(p):
+    carray(p, (1,), np.int64)[0] += 1
+    return 0
+
+
+def _returns_on_one_path(p):
+    a = carray(p, (1,), np.int64)
+    if a[0] > 0:
+        return a[0]
+
+
+def _record_returns_a_field(d):
+    d.n += 1
+    return d.n
+
+
+def _array_returns_an_element(d):
+    d[0] /= 2
+    return d[0]
+
+
+@pytest.mark.parametrize(
+    "body, dtype, result",
+    [
+        (_returns_a_literal, None, "Literal[int](0)"),
+        (_returns_on_one_path, None, "OptionalType(int64)"),
+        (_record_returns_a_field, REC, "int64"),
+        (_array_returns_an_element, np.float32, "float32"),
+    ],
+)
+def test_a_body_that_returns_a_value_is_refused_saying_results_go_into_user_data(
+    body, dtype, result
+):
+    """A host function returns nothing: numba's "No conversion from Literal[int](0)
+    to none" (without dtype=) or a result silently dropped (with it) becomes a
+    TypeError that names the function, the type and user_data."""
+    with pytest.raises(TypeError) as info:
+        nh.host_callback(dtype=dtype)(body)
+    message = str(info.value)
+    assert not isinstance(info.value, nh.HostCallbackCompileError), message
+    assert body.__name__ in message and "returns a value" in message, message
+    assert f"({result})" in message and "user_data" in message, message
+    assert "No conversion" not in message and info.value.__suppress_context__
+
+
+def test_a_body_that_returns_none_explicitly_compiles():
+    @nh.host_callback
+    def bare_return(p):
+        a = carray(p, (1,), np.int64)
+        if a[0] > 0:
+            return
+        a[0] = 7
+        return None
+
+    data = np.zeros(1, np.int64)
+    bare_return(nh.by_ref(data))
+    assert data[0] == 7
+
+
 @pytest.mark.parametrize("bad", [1, "fn", len])
 def test_hostfunction_rejects_non_functions(bad):
     with pytest.raises(TypeError, match="Python function"):
@@ -208,6 +267,42 @@ def test_hostfunction_rejects_wrong_arity():
 def test_hostfunction_rejects_bad_dtype(dtype):
     with pytest.raises(TypeError):
         nh.host_callback(dtype=dtype)(lambda p: None)
+
+
+@pytest.mark.parametrize(
+    "dtype, says",
+    [
+        (np.dtype(("i8", 3)), "subarray dtype"),
+        (np.dtype((np.int64, (1,))), "subarray dtype"),
+        (np.dtype((np.dtype([("x", "f8")]), 2)), "subarray dtype"),
+        (np.dtype([("flags", "?", 2)]), "field 'flags' is a subarray"),
+        (np.dtype([("n", "i8"), ("r", [("name", "S4", 2)])]), "field 'r.name' is a subarray"),
+        (np.dtype([("r", [("t", "M8[s]", 2)], 3)]), "field 'r.t' is a subarray"),
+    ],
+)
+def test_a_subarray_numba_cannot_view_is_refused_at_decoration(dtype, says):
+    """numba fails on these deep inside (an LLVM "Invalid store of [1 x i64]", or
+    "'Boolean' object has no attribute 'bitwidth'"): refused by name, before compiling,
+    when the decorator is made."""
+    with pytest.raises(ValueError, match=says) as info:
+        nh.host_callback(dtype=dtype)
+    assert "instead" in str(info.value) or "Make the array a field" in str(info.value)
+
+
+def _fills_subarrays(d):
+    d.a[0] = 7
+    d.m[1, 2] = 2.5
+    d.r[1].v[0] = 3
+
+
+def test_subarray_fields_of_numbers_and_records_work():
+    """What the refusal above points to: a record's subarray fields of numbers or
+    records, (1,) included, compile and are written in place."""
+    layout = np.dtype([("a", np.int64, (1,)), ("m", "f8", (2, 3)), ("r", [("v", "i4", 2)], 2)])
+    fn = nh.host_callback(dtype=layout)(_fills_subarrays)
+    data = np.zeros(1, layout)
+    fn(data)
+    assert data["a"][0, 0] == 7 and data["m"][0, 1, 2] == 2.5 and data["r"][0, 1]["v"][0] == 3
 
 
 def test_cache_true_loads_machine_code_in_a_new_process(tmp_path):

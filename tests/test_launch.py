@@ -610,8 +610,8 @@ def test_a_record_owns_the_buffers_its_fields_point_to(stream, device):
     assert alive() is None and out[0] == sum(range(1000))
     with pytest.raises(TypeError, match="8-byte integer"):
         nh.record(np.dtype([("a", np.float64)]), a=np.zeros(2))
-    with pytest.raises(ValueError, match="missing fields"):
-        nh.record(SUM, values=out, n=1)
+    with pytest.raises(ValueError, match="does not have"):
+        nh.record(SUM, values=out, n=1, total=2)
     with pytest.raises(ValueError, match="C-contiguous"):
         nh.record(SUM, values=np.zeros((4, 4))[:, 0], n=4, out=out)
     with pytest.raises(ValueError, match="has dtype"):
@@ -669,6 +669,28 @@ def test_a_record_pins_the_memory_its_fields_point_to(stream, given):
         nh.record(SUM, values=np.zeros(2, object), n=2, out=out)
     with pytest.raises(ValueError, match="holds no buffer"):
         nh.record(SUM, values=nh.ByRef.__new__(nh.ByRef), n=2, out=out)
+
+
+def test_a_record_field_not_given_is_zero(stream):
+    """nh.record() fills the fields it is not given with zeros, as numpy.zeros does, so
+    an output field the host function writes need not be given (it was a ValueError)."""
+    from numba import carray
+
+    STATS = np.dtype([("values", np.uint64), ("n", np.int64), ("sum", np.float64), ("hi", "f8")])
+
+    @nh.host_callback(dtype=STATS)
+    def summarize(d):
+        values = carray(nh.as_voidptr(d.values), (d.n,), np.float64)
+        d.sum = values.sum()
+        d.hi = values.max() + d.hi  # hi was not given: zero
+
+    rec = nh.record(STATS, values=np.arange(5.0), n=5)
+    assert rec.data["sum"][0] == 0.0 and rec.data["hi"][0] == 0.0
+    nh.host_launch(stream, summarize, user_data=rec)
+    stream.sync()
+    assert rec.data["sum"][0] == 10.0 and rec.data["hi"][0] == 4.0
+    empty = nh.record(STATS)  # every field zero, the address field NULL
+    assert empty.data.tobytes() == bytes(STATS.itemsize) and empty.keep == ()
 
 
 NATIVE_FIRST_SCRIPT = """

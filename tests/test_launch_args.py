@@ -273,6 +273,48 @@ class _AsyncCall:
         pass
 
 
+def test_a_coroutine_object_is_refused_pointing_to_async_done_and_closed(stream):
+    """host_launch(s, coro()) (the coroutine, not the function): the native path falls
+    through to Python, which refuses it saying how to await the stream, and closes the
+    coroutine it will never run, so that it does not warn "never awaited" later."""
+    import inspect
+    import warnings
+
+    from numba_hostfn import _launch
+
+    coroutine = _coroutine()
+    before = _launch.launch_counts()["fell_through"]
+    _rejects(stream, TypeError, r"await nh\.async_done\(stream\)", coroutine)
+    assert _launch.launch_counts()["fell_through"] == before + 1  # the native path fell through
+    assert inspect.getcoroutinestate(coroutine) == inspect.CORO_CLOSED
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del coroutine
+        gc.collect()
+    assert [w for w in caught if issubclass(w.category, RuntimeWarning)] == []
+
+
+def test_a_started_coroutine_is_refused_and_left_running(stream):
+    """A coroutine that has started belongs to whoever drives it: refused, not closed."""
+    import inspect
+    import types
+
+    @types.coroutine
+    def suspend():
+        yield
+
+    async def started():
+        await suspend()
+
+    coroutine = started()
+    coroutine.send(None)  # now suspended at its await
+    with pytest.raises(TypeError, match=r"async_done") as info:
+        nh.host_launch(stream, coroutine)
+    assert "closed" not in str(info.value)
+    assert inspect.getcoroutinestate(coroutine) == inspect.CORO_SUSPENDED
+    coroutine.close()
+
+
 @pytest.mark.parametrize(
     "fn",
     [_coroutine, _async_generator, functools.partial(_coroutine), _AsyncCall()],

@@ -161,22 +161,46 @@ def test_simulator_stream_refused_without_simulator_backend(request):
     assert "NUMBA_HOSTFN_SIMULATOR" in run.stdout
 
 
-def test_no_driver_and_no_simulator_raises_naming_the_variable():
-    script = (
-        "import numba_hostfn as nh\n"
-        "try:\n    nh.host_launch(object(), print)\n"
-        "except TypeError:\n    pass\n"
-        "try:\n    nh.pending()\n"
-        "except nh.BackendUnavailableError as e:\n    print('unavailable:', e)\n"
-    )
+_NO_DRIVER = """
+import os
+import numba_hostfn as nh
+try:
+    nh.host_launch(object(), print)
+except TypeError:
+    pass
+for use in (nh.pending, nh.backend_name):
+    try:
+        use()
+    except nh.BackendUnavailableError as e:
+        print('unavailable:', e)
+{choose}
+print('then:', nh.backend_name())
+"""
+
+
+@pytest.mark.parametrize(
+    "choose", ["nh.simulate_without_gpu()", "os.environ['NUMBA_HOSTFN_SIMULATOR'] = '1'"]
+)
+def test_no_driver_and_no_simulator_raises_naming_both_ways(choose):
+    """No driver, no simulator: pending() and backend_name() raise, naming
+    simulate_without_gpu() and the variable; and what the message says is true:
+    either, done after the error (long after the import), selects the simulator."""
     env = child_env(CUDA_VISIBLE_DEVICES="")  # hides every GPU from the driver
     env.pop("NUMBA_HOSTFN_SIMULATOR", None)
     run = subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", _NO_DRIVER.format(choose=choose)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert run.returncode == 0, run.stderr
-    assert "unavailable:" in run.stdout
-    assert "NUMBA_HOSTFN_SIMULATOR=1" in run.stdout
+    errors = [line for line in run.stdout.splitlines() if line.startswith("unavailable:")]
+    assert len(errors) == 2, run.stdout
+    for line in errors:
+        assert "simulate_without_gpu()" in line and "NUMBA_HOSTFN_SIMULATOR=1" in line, line
+        assert "before importing" not in line, line
+    assert "then: simulator" in run.stdout, run.stdout
 
 
 def test_simulated_stream_has_the_cuda_core_stream_surface_it_models():
