@@ -190,13 +190,17 @@ class Stream(_core.SimStreamBase):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self) -> None:
-        if not getattr(self, "_closed", True) and not forked():
+    # What __del__ calls is bound here, once: a stream collected at interpreter
+    # exit may be collected after the modules' globals were cleared (None), and the
+    # close must still stop its thread (issue 31: "Exception ignored in
+    # Stream.__del__ ... 'NoneType' object is not callable" at every exit).
+    def __del__(self, _forked: Any = forked, _close: Any = _core.sim_close) -> None:
+        if not self.__dict__.get("_closed", True) and not _forked():
             self._closed = True
             capture = self._backend.captures.pop(self._handle, None)
             if capture is not None:
                 capture.release()
-            _core.sim_close(self._handle, False)  # the thread ends on its own
+            _close(self._handle, False)  # the thread ends on its own
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
