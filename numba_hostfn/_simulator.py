@@ -92,7 +92,12 @@ class Stream(_core.SimStreamBase):
         return self._handle in self._backend.captures
 
     def sync(self) -> None:
-        """Wait, without holding the GIL, until all work enqueued so far has run."""
+        """Wait, without holding the GIL, until all work enqueued so far has run.
+
+        Ctrl-C interrupts the wait (``KeyboardInterrupt``; the stream's work still
+        runs, and ``sync()`` may be called again), which CUDA's does not:
+        docs/simulator.md.  A host function must not call it (``RuntimeError``).
+        """
         handle = self._live()
         if self.is_capturing:
             raise RuntimeError(
@@ -171,7 +176,8 @@ class Stream(_core.SimStreamBase):
         A capture still open is abandoned: what it owned is released.  The
         queue's few hundred bytes are kept, not freed: any later launch on
         this stream (through a stale handle too) finds it stopped and raises.
-        An interrupted close can be called again: it finishes the job.
+        An interrupted close can be called again: it finishes the job.  A close
+        on another thread while this one runs waits until the same point.
         """
         if self._closed:
             return
