@@ -47,6 +47,8 @@ class SimulatorBackend(Backend):
         return handle
 
     def raise_refusal(self, status: int, call: str = "") -> None:
+        if status & _core.IN_HOST_FUNCTION:
+            _refuse_in_host_function()
         if status & _core.EXECUTOR_CLOSED:
             raise RuntimeError("the HostExecutor is closed; create a new one")
         if status & _core.QUEUE_STOPPED:
@@ -59,6 +61,8 @@ class SimulatorBackend(Backend):
         raise MemoryError("the simulator could not allocate a queue entry")
 
     def capture_graph(self, handle: int, builder: bool) -> Any:
+        if _core.sim_in_host_function():  # a GraphBuilder's capture enqueues nothing first
+            _refuse_in_host_function()
         capture = self.captures.get(handle)
         if capture is None and builder:
             raise RuntimeError(
@@ -82,3 +86,15 @@ class SimulatorBackend(Backend):
 
     def executor_memory(self, nbytes: int) -> int:
         return _core.host_words(nbytes)  # never freed: a stream may still wait on it
+
+
+def _refuse_in_host_function() -> None:
+    """Raise for work enqueued by a host function (the simulator's ``IN_HOST_FUNCTION``)."""
+    raise RuntimeError(
+        "a host function enqueued work on a simulated stream (host_launch, host_copy, "
+        "release_after, a signal or a graph launch): CUDA forbids a host function any "
+        "CUDA call (the driver may refuse it or deadlock), so the simulator refuses it, "
+        "and nothing was enqueued. Enqueue from the program's own threads; to launch "
+        "when a stream gets somewhere, use host_launch(stream, fn, blocking=False): fn "
+        "then runs on a Python thread, where it may launch (docs/threading.md)"
+    )

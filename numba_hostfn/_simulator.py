@@ -92,7 +92,12 @@ class Stream(_core.SimStreamBase):
         return self._handle in self._backend.captures
 
     def sync(self) -> None:
-        """Wait, without holding the GIL, until all work enqueued so far has run."""
+        """Wait, without holding the GIL, until all work enqueued so far has run.
+
+        Ctrl-C interrupts the wait (``KeyboardInterrupt``; the stream's work still
+        runs, and ``sync()`` may be called again), which CUDA's does not:
+        docs/simulator.md.  A host function must not call it (``RuntimeError``).
+        """
         handle = self._live()
         if self.is_capturing:
             raise RuntimeError(
@@ -171,7 +176,8 @@ class Stream(_core.SimStreamBase):
         A capture still open is abandoned: what it owned is released.  The
         queue's few hundred bytes are kept, not freed: any later launch on
         this stream (through a stale handle too) finds it stopped and raises.
-        An interrupted close can be called again: it finishes the job.
+        An interrupted close can be called again: it finishes the job.  A close
+        on another thread while this one runs waits until the same point.
         """
         if self._closed:
             return
@@ -190,13 +196,17 @@ class Stream(_core.SimStreamBase):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self) -> None:
-        if not getattr(self, "_closed", True) and not forked():
+    # What __del__ calls is bound here, once: a stream collected at interpreter
+    # exit may be collected after the modules' globals were cleared (None), and the
+    # close must still stop its thread (issue 31: "Exception ignored in
+    # Stream.__del__ ... 'NoneType' object is not callable" at every exit).
+    def __del__(self, _forked: Any = forked, _close: Any = _core.sim_close) -> None:
+        if not self.__dict__.get("_closed", True) and not _forked():
             self._closed = True
             capture = self._backend.captures.pop(self._handle, None)
             if capture is not None:
                 capture.release()
-            _core.sim_close(self._handle, False)  # the thread ends on its own
+            _close(self._handle, False)  # the thread ends on its own
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"

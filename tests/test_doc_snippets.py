@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 import pytest
-from _device import child_env, rerun_on_simulator
+from _device import assert_no_ignored_errors, child_env, rerun_on_simulator
 
 import numba_hostfn
 import numba_hostfn._hostfunction
@@ -80,6 +80,9 @@ def test_snippet_runs(page, code, tmp_path):
         f"the {page} snippet failed (rc {run.returncode}):\n{code}\n"
         f"stderr:\n{run.stderr}\nstdout:\n{run.stdout}"
     )
+    # A reader sees stderr too: an error printed at exit is a failure, though the
+    # return code is 0 (two snippets printed one at every exit, unseen).
+    assert_no_ignored_errors(run.stderr, f"the {page} snippet\n{code}\n")
 
 
 def test_docstring_examples_of_the_compiler():

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from _device import child_env
+from _device import assert_no_ignored_errors, child_env
 
 EXAMPLES = sorted((pathlib.Path(__file__).parent.parent / "examples").glob("*.py"))
 
@@ -33,4 +33,5 @@ def test_example_runs(path):
         [sys.executable, str(path)], env=child_env(), capture_output=True, text=True, timeout=300
     )
     assert run.returncode == 0, run.stdout + run.stderr
+    assert_no_ignored_errors(run.stderr, path.name)
     assert "OK" in run.stdout

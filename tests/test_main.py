@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from _device import child_env
+from _device import assert_no_ignored_errors, child_env
 
 
 def test_main_job_runs_and_reports_order_and_costs():
@@ -15,6 +15,7 @@ def test_main_job_runs_and_reports_order_and_costs():
         timeout=300,
     )
     assert run.returncode == 0, run.stdout + run.stderr
+    assert_no_ignored_errors(run.stderr, "python -m numba_hostfn")
     out = run.stdout
     assert "cells [1, 10, 10, 2]: in order" in out
     assert "compiled HostFunction (no GIL)" in out and "Python callable" in out
@@ -32,6 +33,7 @@ def test_main_job_says_plainly_when_it_uses_the_simulator():
         timeout=300,
     )
     assert run.returncode == 0, run.stdout + run.stderr
+    assert_no_ignored_errors(run.stderr, "python -m numba_hostfn")
     assert "backend: simulator (no usable CUDA driver found" in run.stdout
 
 

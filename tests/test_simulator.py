@@ -1,14 +1,20 @@
 """The simulator's own surface: what it models, and the clear errors for what it does not."""
 
+import functools
+import gc
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
-from _device import child_env, rerun_on_simulator
+from _device import child_env, rerun_on_simulator, run_child
 from numba import carray
 
 import numba_hostfn as nh
+import numba_hostfn._simulator
+from numba_hostfn import _core
 
 
 @nh.host_callback
@@ -73,6 +79,196 @@ def test_a_host_function_that_waits_for_a_stream_is_refused(request, unraisables
         other.sync()  # both streams still work
         nh.host_launch(other, increment, user_data=np.zeros(1, np.int64))
         other.sync()
+
+
+def test_a_host_function_that_enqueues_is_refused(request, unraisables):
+    """A host function that launches, copies, replays a graph, sleeps a stream,
+    signals or uses an executor gets RuntimeError with nothing enqueued: CUDA
+    forbids a host function any CUDA call (the simulator ran them all)."""
+    if rerun_on_simulator(request):
+        return
+    counter = np.zeros(1, np.int64)
+    src, dst = bytearray(b"abcd"), bytearray(4)
+    seen = []
+
+    with nh.simulator.Stream() as s, nh.simulator.Stream() as other, nh.simulator.Stream() as third:
+        other.begin_capture()
+        nh.host_launch(other, increment, user_data=nh.by_ref(counter))
+        graph = other.end_capture()
+        builder = third.create_graph_builder().begin_building()
+        executor = nh.HostExecutor(threads=1)
+        calls = {
+            "native host_launch": lambda: nh.host_launch(other, increment, user_data=counter),
+            "python host_launch": lambda: nh.host_launch(other, functools.partial(seen.append, 0)),
+            "host_copy": lambda: nh.host_copy(other, dst, src),
+            "release_after": lambda: nh.release_after(other, src),
+            "blocking=False": lambda: nh.host_launch(other, print, blocking=False),
+            "executor": lambda: nh.host_launch(other, print, executor=executor),
+            "sleep": lambda: other.sleep(0),
+            "graph launch": lambda: graph.launch(other),
+            "builder": lambda: nh.host_launch(builder, increment, user_data=counter),
+        }
+
+        def enqueues():
+            for name, call in calls.items():
+                try:
+                    call()
+                    seen.append((name, "enqueued"))
+                except RuntimeError as exc:
+                    seen.append((name, "host function" in str(exc)))
+
+        nh.host_launch(s, enqueues)
+        s.sync()
+        nh.drain()
+        assert seen == [(name, True) for name in calls] and not unraisables
+        assert other.is_done() and third.is_done()
+        assert counter[0] == 0 and dst == bytearray(4)
+        # Nothing was captured either, and the stream, graph and executor still work.
+        builder.end_building()
+        built = builder.complete()
+        built.launch(other)
+        graph.launch(other)
+        nh.host_launch(other, increment, user_data=nh.by_ref(counter))
+        nh.host_copy(other, dst, src, executor=executor)
+        other.sync()
+        assert counter[0] == 2 and dst == src
+        for closing in (built, builder, graph, executor):
+            closing.close()
+
+
+def test_a_second_close_waits_until_the_queued_work_has_run(request):
+    """Two closes at once: the one that comes second returns only once the queued
+    work has run, like the first (it returned at once, before the work had run)."""
+    if rerun_on_simulator(request):
+        return
+    gate, seen = threading.Event(), []
+    s = nh.simulator.Stream()
+    nh.host_launch(s, lambda: gate.wait(60))
+    nh.host_launch(s, lambda: seen.append("ran"))
+    first = threading.Thread(target=s.close)
+    first.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # until the first close has stopped the stream
+        try:
+            nh.host_launch(s, lambda: None)
+        except RuntimeError:
+            break
+        time.sleep(0.001)
+    threading.Timer(0.3, gate.set).start()  # the first close still joins meanwhile
+    s.close()  # the second
+    assert seen == ["ran"]
+    first.join(60)
+    assert not first.is_alive() and _core.sim_pending(s.handle) == 0
+
+
+def test_a_stream_collected_after_its_modules_globals_are_cleared_still_closes(
+    request, monkeypatch, unraisables
+):
+    """At interpreter exit a stream may be collected after the modules' globals
+    were set to None: its __del__ still stops its thread (it raised TypeError)."""
+    if rerun_on_simulator(request):
+        return
+    s = nh.simulator.Stream()
+    handle = s.handle
+    monkeypatch.setattr(numba_hostfn._simulator, "_core", None)
+    monkeypatch.setattr(numba_hostfn._simulator, "forked", None)
+    del s
+    gc.collect()
+    monkeypatch.undo()
+    assert not unraisables
+    assert _core.sim_enqueue(handle, _core.SIM_DELAY, 0, True) == _core.QUEUE_STOPPED
+
+
+_MODULE_LEVEL_STREAM = """
+import numpy as np
+import numba_hostfn as nh
+
+nh.simulate_without_gpu()
+stream = nh.create_stream()
+STATS = np.dtype([("count", np.int64)])
+
+
+@nh.host_callback(dtype=STATS)
+def count(s):
+    s.count += 1
+
+
+stats = np.zeros(1, STATS)
+nh.host_launch(stream, count, user_data=stats)
+stream.sync()
+assert stats[0]["count"] == 1
+print("OK")
+"""
+
+
+def test_a_module_level_stream_exits_quietly(request, tmp_path):
+    """A module-level stream in __main__ beside a HostFunction with a dtype: the exit
+    prints nothing ("Exception ignored in Stream.__del__" at every exit)."""
+    if rerun_on_simulator(request):
+        return
+    script = tmp_path / "main.py"
+    script.write_text(_MODULE_LEVEL_STREAM)
+    run = subprocess.run(
+        [sys.executable, str(script)], env=child_env(), capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0 and run.stdout == "OK\n", run.stdout + run.stderr
+    assert run.stderr == "", run.stderr
+
+
+_INTERRUPTED_SYNC = """
+import signal, sys, threading, time
+import numba_hostfn as nh
+
+signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's, whatever we inherited
+gate, order = threading.Event(), []
+main = threading.main_thread().ident
+
+
+def interrupt_the_sync():
+    # Once the main thread is inside Stream.sync, Ctrl-C; if the sync does not give
+    # way, let the work end after all (a hang guard, not a timing).
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        frame = sys._current_frames().get(main)
+        if frame is not None and frame.f_code.co_name == "sync":
+            break
+        time.sleep(0.01)
+    time.sleep(0.2)  # well inside the native wait
+    signal.pthread_kill(main, signal.SIGINT)
+    if not interrupted.wait(30):
+        order.append("work released")
+        gate.set()
+
+
+interrupted = threading.Event()
+s = nh.simulator.Stream()
+nh.host_launch(s, lambda: gate.wait(120))  # the work: until gate is set
+nh.host_launch(s, lambda: order.append("after"))
+threading.Thread(target=interrupt_the_sync, daemon=True).start()
+try:
+    s.sync()
+    order.append("sync returned")
+except KeyboardInterrupt:
+    order.append("interrupted")
+interrupted.set()
+assert order == ["interrupted"], order
+assert not s.is_done()
+gate.set()
+s.sync()  # the stream is as it was: its work runs, and it can be waited for again
+assert order == ["interrupted", "after"], order
+s.close()
+nh.drain()
+assert nh.pending() == 0
+print("OK")
+"""
+
+
+def test_ctrl_c_interrupts_a_simulated_sync(request):
+    """SIGINT during a simulated sync raises KeyboardInterrupt while the work is still
+    running (it waited until the work ended), and leaves the stream usable."""
+    if rerun_on_simulator(request):
+        return
+    assert run_child(_INTERRUPTED_SYNC, timeout=120).strip().endswith("OK")
 
 
 def test_sleep_and_launch_validate(request, stream):

@@ -162,6 +162,7 @@ PyMODINIT_FUNC PyInit__core(void) {
         add_status(module, "OUT_OF_MEMORY", NHF_OUT_OF_MEMORY) < 0 ||
         add_status(module, "KEPT", NHF_KEPT) < 0 ||
         add_status(module, "EXECUTOR_CLOSED", NHF_EXECUTOR_CLOSED) < 0 ||
+        add_status(module, "IN_HOST_FUNCTION", NHF_IN_HOST_FUNCTION) < 0 ||
         nhf_add_address(module, "RUN_COMPILED", (void *)(uintptr_t)nhf_run_compiled) < 0 ||
         nhf_add_address(module, "RUN_PYTHON", (void *)(uintptr_t)nhf_run_python) < 0 ||
         nhf_add_address(module, "REPLAY_PYTHON", (void *)(uintptr_t)nhf_replay_python) < 0 ||

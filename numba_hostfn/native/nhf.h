@@ -37,6 +37,7 @@
 #define NHF_OUT_OF_MEMORY (UINT64_C(1) << 36)        /* no memory for an entry or task */
 #define NHF_KEPT (UINT64_C(1) << 37)                 /* enqueued after all: it will run */
 #define NHF_EXECUTOR_CLOSED (UINT64_C(1) << 38)      /* the executor is closed */
+#define NHF_IN_HOST_FUNCTION (UINT64_C(1) << 40)     /* simulator: called by a host function */
 #define NHF_CURESULT_MASK UINT64_C(0xFFFFFFFF)
 
 /* A CUhostFn: void (*)(void *). */

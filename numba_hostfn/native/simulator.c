@@ -14,6 +14,7 @@
 #include "nhf.h"
 
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 enum lane { LANE_DEVICE, LANE_HOST };
@@ -30,10 +31,12 @@ struct nhf_sim_stream {
     pthread_cond_t wake;     /* an item arrived, or stop */
     pthread_cond_t host_ran; /* host_done was set (apart from wake: an enqueue during a
                               * host function wakes no one who waits for it) */
-    pthread_cond_t idle;     /* nothing pending */
+    pthread_cond_t idle;     /* nothing pending (CLOCK_MONOTONIC, for sync's slices) */
+    pthread_cond_t ended;    /* the thread has run its last item (has_ended was set) */
     item *head, *tail;     /* the FIFO */
     long pending;          /* items enqueued and not yet finished */
     int stopping;          /* refuse new items; the thread ends once empty */
+    int has_ended;         /* the thread is past its last item: every closer may return */
     int capturing;         /* enqueues refuse: the capture path records */
     pthread_t thread;
     /* The stream's turn on the host-function thread. */
@@ -51,6 +54,16 @@ static struct {
     pthread_t thread;
     int started;
 } context = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, 0, 0};
+
+/* True on the context's host-function thread only (set once, as it starts): a
+ * host function runs there, and CUDA forbids a host function any CUDA call. */
+static _Thread_local int in_host_function_thread;
+
+/* A child forked from this process: it has the streams' memory but none of their
+ * threads (a mutex may even be held by one that is gone), so a close there
+ * touches nothing (the Python side refuses everything else). */
+static atomic_int forked;
+static void at_fork_in_child(void) { atomic_store(&forked, 1); }
 
 /* ---- enqueue (without the GIL) ------------------------------------------------ */
 
@@ -76,8 +89,14 @@ static void append_locked(nhf_sim_stream *stream, item *first, item *last, long 
     pthread_cond_signal(&stream->wake);
 }
 
-/* Under the stream's mutex: 0, or why the stream takes nothing now. */
+/* Under the stream's mutex: 0, or why the stream takes nothing now.  A host
+ * function that enqueues (a launch, a copy, a replay, an executor's stream
+ * operations) is refused first: on CUDA it would call cuLaunchHostFunc (or
+ * cuGraphLaunch, cuStreamWriteValue32) from a host function, which CUDA forbids
+ * (the driver may refuse it or deadlock); nothing is enqueued. */
 static uint64_t refusal_locked(nhf_sim_stream *stream) {
+    if (in_host_function_thread)
+        return NHF_IN_HOST_FUNCTION;
     if (stream->stopping)
         return NHF_QUEUE_STOPPED;
     if (stream->capturing)
@@ -158,6 +177,8 @@ static void *stream_main(void *stream_) {
         if (--stream->pending == 0)
             pthread_cond_broadcast(&stream->idle);
     }
+    stream->has_ended = 1; /* stopping and empty: nothing of the stream runs any more */
+    pthread_cond_broadcast(&stream->ended);
     pthread_mutex_unlock(&stream->mutex);
     return NULL;
 }
@@ -167,6 +188,7 @@ static void *stream_main(void *stream_) {
  * process ends, like the driver's. */
 static void *host_thread_main(void *unused) {
     (void)unused;
+    in_host_function_thread = 1;
     pthread_mutex_lock(&context.mutex);
     for (;;) {
         nhf_sim_stream *stream = context.head;
@@ -340,9 +362,20 @@ static nhf_sim_stream *stream_new(void) {
     nhf_sim_stream *stream = calloc(1, sizeof(nhf_sim_stream));
     if (stream == NULL)
         return NULL;
-    if (pthread_mutex_init(&stream->mutex, NULL) || pthread_cond_init(&stream->wake, NULL) ||
-        pthread_cond_init(&stream->host_ran, NULL) || pthread_cond_init(&stream->idle, NULL) ||
-        pthread_create(&stream->thread, NULL, stream_main, stream)) {
+    pthread_condattr_t monotonic;
+    if (pthread_condattr_init(&monotonic)) {
+        free(stream);
+        return NULL;
+    }
+    int failed = pthread_condattr_setclock(&monotonic, CLOCK_MONOTONIC) ||
+                 pthread_mutex_init(&stream->mutex, NULL) ||
+                 pthread_cond_init(&stream->wake, NULL) ||
+                 pthread_cond_init(&stream->host_ran, NULL) ||
+                 pthread_cond_init(&stream->idle, &monotonic) ||
+                 pthread_cond_init(&stream->ended, NULL) ||
+                 pthread_create(&stream->thread, NULL, stream_main, stream);
+    pthread_condattr_destroy(&monotonic);
+    if (failed) {
         free(stream);
         return NULL;
     }
@@ -426,10 +459,7 @@ static PyObject *py_set_capturing(PyObject *self, PyObject *const *args, Py_ssiz
 /* A host function must not wait for streams (CUDA forbids it any CUDA call):
  * on the host-function thread it would wait for itself, for ever. */
 static int refuse_on_host_thread(const char *what) {
-    pthread_mutex_lock(&context.mutex);
-    int here = context.started && pthread_equal(pthread_self(), context.thread);
-    pthread_mutex_unlock(&context.mutex);
-    if (!here)
+    if (!in_host_function_thread)
         return 0;
     PyErr_Format(PyExc_RuntimeError,
                  "%s was called from a host function, which it would wait for: a host "
@@ -438,19 +468,58 @@ static int refuse_on_host_thread(const char *what) {
     return -1;
 }
 
-/* Wait, without the GIL, until everything enqueued so far has run. */
+/* How long sync waits, without the GIL, between two checks for signals. */
+#define SYNC_SLICE_NS 50000000L /* 50 ms */
+
+/* Without the GIL: wait at most one slice for the stream to have nothing
+ * pending; true if it has nothing pending. */
+static int wait_idle_for_a_slice(nhf_sim_stream *stream) {
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_nsec += SYNC_SLICE_NS;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec += 1;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&stream->mutex);
+    int timed_out = 0;
+    while (stream->pending > 0 && !timed_out)
+        timed_out = pthread_cond_timedwait(&stream->idle, &stream->mutex, &until) != 0;
+    int idle = stream->pending == 0;
+    pthread_mutex_unlock(&stream->mutex);
+    return idle;
+}
+
+/* Wait, without the GIL, until everything enqueued so far has run.  The wait is
+ * taken in slices; between two, with the GIL, Python's signal handlers run
+ * (PyErr_CheckSignals, on the main thread), so a Ctrl-C raises KeyboardInterrupt
+ * at once instead of after the work, and a handler that returns lets the wait
+ * go on (as time.sleep does).  A sync changes nothing on the stream, so one
+ * interrupted leaves it as it was: its work still runs, and sync() may be
+ * called again.  (CUDA's cuStreamSynchronize is not interrupted: docs/simulator.md.) */
 static PyObject *py_sync(PyObject *self, PyObject *arg) {
     (void)self;
     nhf_sim_stream *stream = stream_arg(arg);
     if (stream == NULL || refuse_on_host_thread("simulator.Stream.sync()") < 0)
         return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    pthread_mutex_lock(&stream->mutex);
-    while (stream->pending > 0)
-        pthread_cond_wait(&stream->idle, &stream->mutex);
-    pthread_mutex_unlock(&stream->mutex);
-    Py_END_ALLOW_THREADS
+    for (;;) {
+        int idle;
+        Py_BEGIN_ALLOW_THREADS
+        idle = wait_idle_for_a_slice(stream);
+        Py_END_ALLOW_THREADS
+        if (idle)
+            break;
+        if (PyErr_CheckSignals() < 0)
+            return NULL;
+    }
     Py_RETURN_NONE;
+}
+
+/* in_host_function() -> True on the simulated host-function thread: a host
+ * function's call (the capture path asks, which enqueues nothing to refuse). */
+static PyObject *py_in_host_function(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyBool_FromLong(in_host_function_thread);
 }
 
 static PyObject *py_pending(PyObject *self, PyObject *arg) {
@@ -466,7 +535,11 @@ static PyObject *py_pending(PyObject *self, PyObject *arg) {
 
 /* Refuse new work; the thread runs what is queued, then ends.  Then wait for it
  * to end (join true), without the GIL, or let it end alone (join false).  One
- * call, so that no exception can come between the two (a half-closed stream). */
+ * call, so that no exception can come between the two (a half-closed stream).
+ * Only the first close joins or detaches the thread; a later close with join
+ * true (another thread's, while the first still joins) waits, without the GIL,
+ * until the thread has run its last item, so that every close that returns
+ * means what the first means: everything queued before it has run. */
 static PyObject *py_close(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (check_nargs("sim_close", nargs, 2) < 0)
@@ -475,13 +548,24 @@ static PyObject *py_close(PyObject *self, PyObject *const *args, Py_ssize_t narg
     int join = stream == NULL ? -1 : PyObject_IsTrue(args[1]);
     if (join < 0 || (join && refuse_on_host_thread("simulator.Stream.close()") < 0))
         return NULL;
+    if (atomic_load(&forked))
+        Py_RETURN_NONE; /* no thread to stop, none to join */
     pthread_mutex_lock(&stream->mutex);
     int first = !stream->stopping;
     stream->stopping = 1;
     pthread_cond_broadcast(&stream->wake);
     pthread_mutex_unlock(&stream->mutex);
-    if (!first)
-        Py_RETURN_NONE; /* closed before: its thread is joined or detached already */
+    if (!first) { /* closed before: its thread is joined, detached, or being joined */
+        if (join) {
+            Py_BEGIN_ALLOW_THREADS
+            pthread_mutex_lock(&stream->mutex);
+            while (!stream->has_ended)
+                pthread_cond_wait(&stream->ended, &stream->mutex);
+            pthread_mutex_unlock(&stream->mutex);
+            Py_END_ALLOW_THREADS
+        }
+        Py_RETURN_NONE;
+    }
     if (join) {
         Py_BEGIN_ALLOW_THREADS
         pthread_join(stream->thread, NULL);
@@ -662,6 +746,8 @@ static PyMethodDef methods[] = {
      "sim_set_capturing(stream, capturing)"},
     {"sim_sync", py_sync, METH_O, "Wait (GIL released) until the stream's work has run."},
     {"sim_pending", py_pending, METH_O, "Items enqueued on the stream and not yet finished."},
+    {"sim_in_host_function", py_in_host_function, METH_NOARGS,
+     "True on the simulated host-function thread (a host function's call)."},
     {"sim_close", (PyCFunction)(void (*)(void))py_close, METH_FASTCALL,
      "sim_close(stream, join): stop the stream once empty; join its thread or detach it."},
     {"sim_enqueue", (PyCFunction)(void (*)(void))py_enqueue, METH_FASTCALL,
@@ -676,6 +762,10 @@ static PyMethodDef methods[] = {
 };
 
 int nhf_simulator_init(PyObject *module) {
+    if (pthread_atfork(NULL, NULL, at_fork_in_child) != 0) {
+        PyErr_SetString(PyExc_RuntimeError, "the simulator could not register its fork handler");
+        return -1;
+    }
     if (PyModule_AddFunctions(module, methods) < 0 || PyType_Ready(&sim_graph_type) < 0 ||
         PyModule_AddObjectRef(module, "SimGraph", (PyObject *)&sim_graph_type) < 0 ||
         PyType_Ready(&sim_stream_type) < 0 ||
