@@ -8,6 +8,7 @@
  */
 #include "nhf.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 static atomic_int closing;   /* the guard is closed: exit has begun */
@@ -104,4 +105,26 @@ void nhf_gil_give_back_leaked(void) {
         PyGILState_Release(PyGILState_UNLOCKED);
         nhf_guard_leave();
     }
+}
+
+/* ---- fork -------------------------------------------------------------------- */
+
+/* A child forked after the module was loaded.  Set inside fork(), by the handler
+ * pthread_atfork runs in the child, before the child runs any Python: checks made
+ * from Python's own after-fork hooks would come too late for a pending call the
+ * child inherited (LIFETIME.md, invariant 22). */
+static atomic_int forked;
+
+static void at_fork_in_child(void) { atomic_store(&forked, 1); }
+
+/* Any thread. */
+bool nhf_forked(void) { return atomic_load(&forked); }
+
+/* GIL held, at module load. */
+int nhf_fork_init(void) {
+    if (pthread_atfork(NULL, NULL, at_fork_in_child) != 0) {
+        PyErr_SetString(PyExc_RuntimeError, "numba_hostfn could not register its fork handler");
+        return -1;
+    }
+    return 0;
 }

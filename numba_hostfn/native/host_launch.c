@@ -53,13 +53,6 @@ static struct {
     PyObject *s_cuda_stream, *s_restype, *s_argtypes;
 } launch = {.wanted = 1};
 
-static atomic_int forked; /* a forked child: every call goes to Python, which refuses */
-
-static void at_fork_in_child(void) { atomic_store(&forked, 1); }
-
-/* Any thread. */
-bool nhf_forked(void) { return atomic_load(&forked); }
-
 /* ---- the compiled-function base type (HostFunction subclasses it) ------------ */
 
 static PyObject *compiled_bind(PyObject *self_, PyObject *const *args, Py_ssize_t nargs) {
@@ -575,7 +568,7 @@ PyObject *nhf_host_launch(PyObject *self, PyObject *const *args, Py_ssize_t narg
     PyObject *data = Py_None, *executor = Py_None;
     if ((nargs != 2 || kwnames != NULL) && check_arguments(nargs, kwnames) < 0)
         return NULL;
-    if (!launch.configured || !launch.wanted || atomic_load(&forked) || nargs != 2)
+    if (!launch.configured || !launch.wanted || nhf_forked() || nargs != 2)
         goto fall;
     Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
     for (Py_ssize_t i = 0; i < nkw; i++) {
@@ -739,9 +732,5 @@ int nhf_host_launch_init(PyObject *module) {
     if (!launch.s_stream || !launch.s_fn || !launch.s_user_data || !launch.s_executor || !launch.s_blocking ||
         !launch.s_cuda_stream || !launch.s_restype || !launch.s_argtypes)
         return -1;
-    if (pthread_atfork(NULL, NULL, at_fork_in_child) != 0) {
-        PyErr_SetString(PyExc_RuntimeError, "numba_hostfn could not register its fork handler");
-        return -1;
-    }
     return 0;
 }

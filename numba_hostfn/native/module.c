@@ -169,7 +169,7 @@ PyMODINIT_FUNC PyInit__core(void) {
         nhf_add_address(module, "USER_OBJECT_RELEASE",
                         (void *)(uintptr_t)nhf_user_object_release) < 0 ||
         nhf_add_address(module, "CUDA_ENQUEUE", (void *)(uintptr_t)nhf_cuda_enqueue) < 0 ||
-        nhf_enqueue_init(module) < 0 || nhf_host_launch_init(module) < 0 ||
+        nhf_fork_init() < 0 || nhf_enqueue_init(module) < 0 || nhf_host_launch_init(module) < 0 ||
         nhf_simulator_init(module) < 0 ||
         nhf_executor_init(module) < 0 || nhf_notify_init(module) < 0) {
         Py_DECREF(module);

@@ -90,6 +90,11 @@ bool nhf_guard_open(void);
 /* GIL held: close the guard and wait, GIL released, at most ms milliseconds
  * for the threads inside; returns how many are left. */
 long nhf_guard_close(long ms);
+/* Any thread: this process is a child forked after the module was loaded (set by
+ * the fork handler inside fork(), before the child runs any Python). */
+bool nhf_forked(void);
+/* GIL held, at module load: register the fork handler. */
+int nhf_fork_init(void);
 
 /* Any thread, inside the guard: take the GIL (a foreign thread gets a thread
  * state that it keeps); returns what nhf_gil_give gives back. */
@@ -175,10 +180,6 @@ PyObject *nhf_py_configure_launch(PyObject *self, PyObject *const *args, Py_ssiz
                                   PyObject *kwnames);
 PyObject *nhf_py_launch_counts(PyObject *self, PyObject *unused);
 int nhf_host_launch_init(PyObject *module);
-/* Any thread: this process is a child forked after the module was loaded (set by
- * the fork handler inside fork(), before the child runs any Python). */
-bool nhf_forked(void);
-
 /* ---- the simulator (simulator.c) ----------------------------------------------- */
 
 typedef struct nhf_sim_stream nhf_sim_stream;

@@ -59,12 +59,6 @@ static struct {
  * host function runs there, and CUDA forbids a host function any CUDA call. */
 static _Thread_local int in_host_function_thread;
 
-/* A child forked from this process: it has the streams' memory but none of their
- * threads (a mutex may even be held by one that is gone), so a close there
- * touches nothing (the Python side refuses everything else). */
-static atomic_int forked;
-static void at_fork_in_child(void) { atomic_store(&forked, 1); }
-
 /* ---- enqueue (without the GIL) ------------------------------------------------ */
 
 static item *new_item(nhf_hostfn fn, void *arg, enum lane lane) {
@@ -548,7 +542,10 @@ static PyObject *py_close(PyObject *self, PyObject *const *args, Py_ssize_t narg
     int join = stream == NULL ? -1 : PyObject_IsTrue(args[1]);
     if (join < 0 || (join && refuse_on_host_thread("simulator.Stream.close()") < 0))
         return NULL;
-    if (atomic_load(&forked))
+    /* A forked child has the streams' memory but none of their threads (a mutex may
+     * even be held by one that is gone): a close there touches nothing (the Python
+     * side refuses everything else). */
+    if (nhf_forked())
         Py_RETURN_NONE; /* no thread to stop, none to join */
     pthread_mutex_lock(&stream->mutex);
     int first = !stream->stopping;
@@ -762,10 +759,6 @@ static PyMethodDef methods[] = {
 };
 
 int nhf_simulator_init(PyObject *module) {
-    if (pthread_atfork(NULL, NULL, at_fork_in_child) != 0) {
-        PyErr_SetString(PyExc_RuntimeError, "the simulator could not register its fork handler");
-        return -1;
-    }
     if (PyModule_AddFunctions(module, methods) < 0 || PyType_Ready(&sim_graph_type) < 0 ||
         PyModule_AddObjectRef(module, "SimGraph", (PyObject *)&sim_graph_type) < 0 ||
         PyType_Ready(&sim_stream_type) < 0 ||
