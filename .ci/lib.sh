@@ -14,3 +14,12 @@ python_of() {
   echo "no Python $version on this machine (~/.pyenv/versions or PATH)" >&2
   return 1
 }
+
+# Copy this working tree (its tracked and untracked, not ignored, files) into folder $1,
+# leaving out the package: tests run there import an installed numba_hostfn, and those
+# that read the package's sources skip (the `checkout` marker, tests/conftest.py).
+tree_without_package() {
+  mkdir -p "$1"
+  git ls-files -z --cached --others --exclude-standard | grep -zv '^numba_hostfn/' |
+    xargs -0 cp --parents -t "$1"
+}

@@ -39,12 +39,25 @@ CHILD_PREAMBLE = textwrap.dedent("""
 """)
 
 
+#: The folder above tests/: a checkout, or a copy of one without the package.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def imported_from_root() -> bool:
+    """Whether numba_hostfn is imported from :data:`ROOT` (a checkout), not installed."""
+    import numba_hostfn
+
+    package = os.path.dirname(os.path.dirname(os.path.abspath(numba_hostfn.__file__)))
+    return os.path.samefile(package, ROOT)
+
+
 def child_env(**extra: str) -> dict:
-    """The environment for a child Python: this backend, and this checkout importable."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    """The environment for a child Python: this backend, the package this process
+    imported (the checkout, when it is imported from one; else the installed one)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
-        [root, os.path.dirname(os.path.abspath(__file__))]
+        ([ROOT] if imported_from_root() else [])
+        + [os.path.dirname(os.path.abspath(__file__))]
         + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     )
     env.update(extra)
@@ -95,10 +108,12 @@ def rerun_on_simulator(request) -> bool:
 
     if numba_hostfn.backend_name() == "simulator":
         return False
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # From ROOT's parent, which `python -m` puts on sys.path instead of ROOT: the child
+    # imports the package this process imported (a checkout is on child_env's path).
+    test = os.path.join(ROOT, request.node.nodeid)
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", request.node.nodeid],
-        cwd=root,
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", ROOT, test],
+        cwd=os.path.dirname(ROOT),
         env=child_env(NUMBA_HOSTFN_SIMULATOR="1"),
         capture_output=True,
         text=True,
