@@ -1,3 +1,5 @@
+import os
+
 import numba_hostfn
 import numba_hostfn.simulator
 
@@ -95,3 +97,13 @@ def test_one_script_runs_on_a_gpu_or_the_simulator():
     simulated, no_driver, module, value = run_child(SCRIPT_THAT_RUNS_ANYWHERE, env=env).split()
     assert simulated == no_driver and value == "1"
     assert module.startswith("numba_hostfn" if simulated == "True" else "cuda.core")
+
+
+def test_a_child_imports_the_package_this_suite_imported():
+    """A child (child_env) imports the numba_hostfn this process did: the checkout's in a
+    checkout, the installed one in a run against an installed wheel (from a checkout
+    too, where the checkout on the child's path used to win)."""
+    from _device import child_env, run_child
+
+    out = run_child("import numba_hostfn; print(numba_hostfn.__file__)", env=child_env())
+    assert os.path.samefile(out.split()[-1], numba_hostfn.__file__), out
