@@ -1,8 +1,10 @@
 """Build the sdist and wheel, check what they carry, and install and run each in a fresh venv.
 
-Checks: the wheel is a platform wheel with the license (``*.dist-info/licenses/LICENSE``),
-the native core (``numba_hostfn/_core*.so``) and ``LIFETIME.md``, and no package file that
-is missing from the source tree (a stale ``build/lib`` copy); the sdist has ``LICENSE``, the
+Checks: the build prints no warning about the package layout (setuptools' "Package
+would be ignored"); the wheel is a platform wheel with the license
+(``*.dist-info/licenses/LICENSE``), the native core (``numba_hostfn/_core*.so``) and
+``LIFETIME.md``, no C source, and no package file that is missing from the source tree
+(a stale ``build/lib`` copy); the sdist has ``LICENSE``, the
 C sources and header of the native core, and no tests (their helpers and conftest are not
 shipped, so it ships none); ``twine check --strict`` passes (metadata and the README as long
 description).  In a fresh venv, ``pip install`` of the wheel (with its dependencies, from
@@ -92,6 +94,11 @@ def check_wheel(wheel: Path) -> str:
         fail(f"{wheel.name} lacks the native core ({core}) or {PACKAGE}/LIFETIME.md")
     ok(f"platform wheel carries {core[0]} and {PACKAGE}/LIFETIME.md")
 
+    sources = sorted(n for n in names if n.endswith((".c", ".h")))
+    if sources:
+        fail(f"{wheel.name} carries C sources, which only the sdist needs: {sources}")
+    ok("wheel carries no C sources")
+
     # A file removed from the source can survive in build/lib and be packed from there.
     stale = sorted(
         n
@@ -145,10 +152,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="check_dist-") as tmp_name:
         tmp = Path(tmp_name)
         dist = tmp / "dist"
-        run(
+        out = run(
             [sys.executable, "-m", "build", "--sdist", "--wheel", "--outdir", dist, "."],
             cwd=ROOT,
         )
+        layout = [line for line in out.splitlines() if "would be ignored" in line]
+        if layout or "absent from the `packages` configuration" in out:
+            fail(f"python -m build warns about the package layout: {layout}")
+        ok("python -m build printed no warning about the package layout")
         wheel = only(sorted(dist.glob("*.whl")), "wheel")
         sdist = only(sorted(dist.glob("*.tar.gz")), "sdist")
         ok(f"built {sdist.name} and {wheel.name}")

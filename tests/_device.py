@@ -40,6 +40,18 @@ CHILD_PREAMBLE = textwrap.dedent("""
 """)
 
 
+#: The folder above tests/: a checkout, or a copy of one without the package.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def imported_from_root() -> bool:
+    """Whether numba_hostfn is imported from :data:`ROOT` (a checkout), not installed."""
+    import numba_hostfn
+
+    package = os.path.dirname(os.path.dirname(os.path.abspath(numba_hostfn.__file__)))
+    return os.path.samefile(package, ROOT)
+
+
 #: What a child Python prints when it reports an error and goes on: an exception in a
 #: ``__del__`` or a thread, an atexit handler's (3.10 says "Error in atexit"), one that
 #: reached ``sys.unraisablehook`` at exit.  The return code stays 0 for all of them.
@@ -54,11 +66,12 @@ def assert_no_ignored_errors(stderr: str, what: str) -> None:
 
 
 def child_env(**extra: str) -> dict:
-    """The environment for a child Python: this backend, and this checkout importable."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    """The environment for a child Python: this backend, the package this process
+    imported (the checkout, when it is imported from one; else the installed one)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
-        [root, os.path.dirname(os.path.abspath(__file__))]
+        ([ROOT] if imported_from_root() else [])
+        + [os.path.dirname(os.path.abspath(__file__))]
         + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     )
     env.update(extra)
@@ -115,10 +128,12 @@ def rerun_on_simulator(request) -> bool:
 
     if numba_hostfn.backend_name() == "simulator":
         return False
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # From ROOT's parent, which `python -m` puts on sys.path instead of ROOT: the child
+    # imports the package this process imported (a checkout is on child_env's path).
+    test = os.path.join(ROOT, request.node.nodeid)
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", request.node.nodeid],
-        cwd=root,
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", ROOT, test],
+        cwd=os.path.dirname(ROOT),
         env=child_env(NUMBA_HOSTFN_SIMULATOR="1"),
         capture_output=True,
         text=True,

@@ -35,20 +35,32 @@ from _device import Device  # noqa: E402
 
 import numba_hostfn  # noqa: E402
 
+#: Whether the package's sources are beside tests/ (a checkout); a copy of tests/ run
+#: against an installed wheel (.ci/run's wheel stage) has none, and skips the tests
+#: marked ``checkout``, which read them.
+CHECKOUT = os.path.isdir(os.path.join(os.path.dirname(__file__), "..", "numba_hostfn", "native"))
+
 
 def pytest_report_header(config):
     backend = numba_hostfn.backend_name()
     why = " (no usable CUDA driver)" if SIMULATOR else ""
-    return f"numba_hostfn backend: {backend}{why}"
+    package = os.path.dirname(os.path.abspath(numba_hostfn.__file__))
+    return [f"numba_hostfn backend: {backend}{why}", f"numba_hostfn imported from: {package}"]
 
 
 def pytest_collection_modifyitems(config, items):
-    if not SIMULATOR:
-        return
-    skip = pytest.mark.skip(reason="needs a real CUDA device (simulator run)")
+    skips = {}
+    if SIMULATOR:
+        skips["gpu"] = pytest.mark.skip(reason="needs a real CUDA device (simulator run)")
+    if not CHECKOUT:
+        skips["checkout"] = pytest.mark.skip(
+            reason="needs a source checkout: reads the package's sources (numba_hostfn/), "
+            "which are not beside these tests"
+        )
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        for marker, skip in skips.items():
+            if marker in item.keywords:
+                item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -34,6 +34,7 @@ def test_every_private_hook_is_present():
     assert not missing, f"private APIs gone in this Python/numba: {missing} (see _compat.py)"
 
 
+@pytest.mark.checkout
 def test_only_the_compat_module_reaches_private_names():
     offenders = [
         f"{path.name}: {match.group(0).strip()}"
@@ -74,6 +75,7 @@ def test_the_scan_finds_each_kind_of_hook(line):
     assert PRIVATE.search(line), line
 
 
+@pytest.mark.checkout
 def test_the_native_core_uses_no_private_cpython_api_but_the_listed_ones():
     used = {
         match.group(0)

@@ -3,6 +3,10 @@
 import pathlib
 import re
 
+import pytest
+
+pytestmark = pytest.mark.checkout  # reads numba_hostfn/LIFETIME.md of the repository
+
 ROOT = pathlib.Path(__file__).parent.parent
 
 

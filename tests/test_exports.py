@@ -1,3 +1,5 @@
+import os
+
 from _device import run_child
 
 import numba_hostfn
@@ -116,3 +118,13 @@ def test_a_first_launch_imports_neither_numba_nor_asyncio():
         "print('concurrent.futures' in sys.modules)\n"
     )
     assert out.splitlines() == ["[1] []", "True"], out
+
+
+def test_a_child_imports_the_package_this_suite_imported():
+    """A child (child_env) imports the numba_hostfn this process did: the checkout's in a
+    checkout, the installed one in a run against an installed wheel (from a checkout
+    too, where the checkout on the child's path used to win)."""
+    from _device import child_env, run_child
+
+    out = run_child("import numba_hostfn; print(numba_hostfn.__file__)", env=child_env())
+    assert os.path.samefile(out.split()[-1], numba_hostfn.__file__), out

@@ -8,6 +8,10 @@ import collections
 import re
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.checkout  # reads the package's modules in the repository
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "numba_hostfn"
 MODULES = sorted(p.stem for p in PACKAGE.glob("*.py"))
