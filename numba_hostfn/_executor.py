@@ -177,6 +177,11 @@ class HostExecutor(_core.ExecutorBase):
         have to execute a wait on them.  A launch racing it either raises
         RuntimeError ("closed"), having enqueued nothing, or runs before it
         returns; an interrupted close can be called again and finishes the job.
+
+        Raises RuntimeError from one of its own tasks, and from any host
+        function (a driver's, or another executor's task) while tasks are
+        outstanding: one queued behind that host function would wait for it,
+        and close() for that task.  Close it from another thread.
         """
         if self._closed:
             return

@@ -633,12 +633,15 @@ static void *aligned_zeroed(size_t size) {
  * detached, to quit on their own once the last graph holding a slot is gone
  * (its replays still need them).  Idempotent, and one close at a time.  The
  * pool's memory, lanes and slots are kept: a stream may still have to execute
- * a wait on their words. */
-static void pool_close(nhf_pool *pool) {
+ * a wait on their words.  0 once closed.  With no_wait (a close from a host
+ * function), it returns the count of tasks outstanding instead of waiting for
+ * them, if any are once the pool is stopped (a launch raced the caller's
+ * check): the threads run them and quit, and a later close joins them. */
+static long pool_close(nhf_pool *pool, bool no_wait) {
     pthread_mutex_lock(&pool->close_mutex);
     if (pool->closed) {
         pthread_mutex_unlock(&pool->close_mutex);
-        return;
+        return 0;
     }
     pthread_mutex_lock(&pool->mutex);
     atomic_store(&pool->stopping, 1);
@@ -655,6 +658,11 @@ static void pool_close(nhf_pool *pool) {
     atomic_store(&pool->quit, 1);
     pthread_cond_broadcast(&pool->wake);
     pthread_mutex_unlock(&pool->mutex);
+    long outstanding = atomic_load(&pool->outstanding);
+    if (no_wait && outstanding > 0) {
+        pthread_mutex_unlock(&pool->close_mutex);
+        return outstanding;
+    }
     while (atomic_load(&pool->outstanding) > 0)
         sleep_ns(20000);
     pthread_mutex_lock(&pool->mutex);
@@ -668,6 +676,7 @@ static void pool_close(nhf_pool *pool) {
     }
     pool->closed = 1;
     pthread_mutex_unlock(&pool->close_mutex);
+    return 0;
 }
 
 /* A pool of nthreads threads, started; NULL if that failed.  Never freed. */
@@ -687,7 +696,7 @@ static nhf_pool *pool_new(long nthreads, long spin_ns, long poll_ns) {
     for (long i = 0; i < nthreads; i++) {
         if (pthread_create(&threads[i], NULL, thread_main, pool) != 0) {
             pool->nthreads = i; /* close the threads that started */
-            pool_close(pool);
+            (void)pool_close(pool, false);
             return NULL;
         }
         pool->nthreads = i + 1;
@@ -741,7 +750,22 @@ static PyObject *executor_start(PyObject *self_, PyObject *const *args, Py_ssize
     Py_RETURN_NONE;
 }
 
-/* _close(): finish what is enqueued, then stop the threads (GIL released). */
+/* The refusal of a close() from a host function with tasks outstanding. */
+static PyObject *refuse_close_from_host_function(long outstanding, const char *then) {
+    PyErr_Format(PyExc_RuntimeError,
+                 "HostExecutor.close() was called from a host function while %ld of its tasks "
+                 "%s outstanding: close() would wait for them, and a task queued behind this "
+                 "host function waits for it, so close() would be waiting for itself; close "
+                 "the executor from another thread once the streams have passed this host "
+                 "function (after stream.sync())%s",
+                 outstanding, outstanding == 1 ? "is" : "are", then);
+    return NULL;
+}
+
+/* _close(): finish what is enqueued, then stop the threads (GIL released).
+ * Refused from one of the pool's own tasks, and from any host function (a
+ * driver's, the simulator's, another executor's task) while tasks are
+ * outstanding: a host function must not wait for stream work. */
 static PyObject *executor_close(PyObject *self_, PyObject *unused) {
     (void)unused;
     nhf_pool *pool = ((nhf_executor_object *)self_)->pool;
@@ -754,9 +778,19 @@ static PyObject *executor_close(PyObject *self_, PyObject *unused) {
                 return NULL;
             }
         }
+        int from_host_function = nhf_in_host_function();
+        long outstanding = atomic_load(&pool->outstanding);
+        if (from_host_function && outstanding > 0)
+            return refuse_close_from_host_function(outstanding, ""); /* the pool goes on */
         Py_BEGIN_ALLOW_THREADS
-        pool_close(pool);
+        outstanding = pool_close(pool, from_host_function);
         Py_END_ALLOW_THREADS
+        if (outstanding > 0) /* a launch raced the check above: stopped, not waited for */
+            return refuse_close_from_host_function(
+                outstanding,
+                "; a launch raced this close(), which has stopped the executor (it refuses "
+                "new launches, and its threads end once the outstanding tasks ran): call "
+                "close() again from another thread to wait for them");
     }
     Py_RETURN_NONE;
 }

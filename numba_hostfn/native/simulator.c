@@ -429,6 +429,7 @@ static int refuse_on_host_thread(const char *what) {
     pthread_mutex_lock(&context.mutex);
     int here = context.started && pthread_equal(pthread_self(), context.thread);
     pthread_mutex_unlock(&context.mutex);
+    here = here || nhf_in_host_function(); /* a HostExecutor's task, too */
     if (!here)
         return 0;
     PyErr_Format(PyExc_RuntimeError,

@@ -69,12 +69,20 @@ PyObject *nhf_call_reporting(PyObject *callable) {
     return result;
 }
 
+/* How many Python callables this thread is running as host functions (one,
+ * unless a callable runs a trampoline itself). */
+static _Thread_local int host_function_depth;
+
+int nhf_in_host_function(void) { return host_function_depth > 0; }
+
 /* GIL held: the record's callable, called; its exception reported with the
  * callable as the object (a blocking Python callable reports every exception,
  * KeyboardInterrupt included, as the stream cannot stop). */
 static PyObject *call_python(nhf_record *record) {
     PyObject *callable = record->arg;
+    host_function_depth++;
     PyObject *result = PyObject_CallNoArgs(callable);
+    host_function_depth--;
     if (result == NULL)
         PyErr_WriteUnraisable(callable);
     return result;
