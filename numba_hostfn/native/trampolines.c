@@ -7,7 +7,9 @@
  */
 #include "nhf.h"
 
+#include <pthread.h>
 #include <signal.h>
+#include <stdint.h>
 
 /* Any thread: a compiled host function, once: fn(arg), then complete the
  * record.  No CPython call but Py_AddPendingCall (in the completion, once per
@@ -70,19 +72,33 @@ PyObject *nhf_call_reporting(PyObject *callable) {
 }
 
 /* How many Python callables this thread is running as host functions (one,
- * unless a callable runs a trampoline itself). */
-static _Thread_local int host_function_depth;
+ * unless a callable runs a trampoline itself), as a thread-specific value: a
+ * pthread key, not _Thread_local, whose lazily allocated dynamic TLS in a
+ * dlopen'ed module TSan reports as a race with the exit of a pool thread. */
+static pthread_key_t host_function_key;
+static pthread_once_t host_function_once = PTHREAD_ONCE_INIT;
 
-int nhf_in_host_function(void) { return host_function_depth > 0; }
+static void host_function_key_make(void) { (void)pthread_key_create(&host_function_key, NULL); }
+
+static intptr_t host_function_depth(void) {
+    pthread_once(&host_function_once, host_function_key_make);
+    return (intptr_t)pthread_getspecific(host_function_key);
+}
+
+static void host_function_depth_add(intptr_t delta) {
+    (void)pthread_setspecific(host_function_key, (void *)(host_function_depth() + delta));
+}
+
+int nhf_in_host_function(void) { return host_function_depth() > 0; }
 
 /* GIL held: the record's callable, called; its exception reported with the
  * callable as the object (a blocking Python callable reports every exception,
  * KeyboardInterrupt included, as the stream cannot stop). */
 static PyObject *call_python(nhf_record *record) {
     PyObject *callable = record->arg;
-    host_function_depth++;
+    host_function_depth_add(1);
     PyObject *result = PyObject_CallNoArgs(callable);
-    host_function_depth--;
+    host_function_depth_add(-1);
     if (result == NULL)
         PyErr_WriteUnraisable(callable);
     return result;
