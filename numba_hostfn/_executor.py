@@ -90,8 +90,6 @@ class HostExecutor(_core.ExecutorBase):
         self.spin_us = spin
         self.poll_us = poll
         self._lanes: dict[int, int] = {}
-        #: Disarmed graph slots, (address, words), for reuse (list ops are atomic).
-        self._free_slots: list[tuple[int, int]] = []
         self._block = 0
         self._block_used = _WORDS_PER_BLOCK
         self._lock = threading.Lock()
@@ -144,17 +142,22 @@ class HostExecutor(_core.ExecutorBase):
         self._block_used += 1
         return words
 
-    def _graph_slot(self) -> GraphSlot:
-        """A disarmed graph slot for one node: a free one, or one on new words."""
+    def _graph_slot(self) -> _core.GraphSlot:
+        """A disarmed graph slot for one node: a free one, or one on new words.
+
+        A ``_core.GraphSlot``: the node's launch record owns it, so it is
+        disarmed when the graph, all its instances and queued replays are gone
+        and the record is released on the main thread (LIFETIME.md, invariant
+        16), and its words then serve a later node.  The disarm is its native
+        dealloc: no Python runs in between, so a Ctrl-C cannot leave it armed.
+        """
         if self._closed:
             raise RuntimeError("the HostExecutor is closed; create a new one")
-        try:
-            slot, words = self._free_slots.pop()
-        except IndexError:
+        slot = self._slot_take()
+        if slot is None:
             with self._lock:
-                words = self._words()
-                slot = self._slot_new(words)
-        return GraphSlot(self, slot, words)
+                slot = self._slot_new(self._words())
+        return slot
 
     def graph_nodes(self) -> int:
         """How many of this executor's nodes are in graphs that are still alive.
@@ -174,6 +177,11 @@ class HostExecutor(_core.ExecutorBase):
         have to execute a wait on them.  A launch racing it either raises
         RuntimeError ("closed"), having enqueued nothing, or runs before it
         returns; an interrupted close can be called again and finishes the job.
+
+        Raises RuntimeError from one of its own tasks, and from any host
+        function (a driver's, or another executor's task) while tasks are
+        outstanding: one queued behind that host function would wait for it,
+        and close() for that task.  Close it from another thread.
         """
         if self._closed:
             return
@@ -196,40 +204,6 @@ class HostExecutor(_core.ExecutorBase):
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self._lanes)} streams"
         return f"<numba_hostfn.HostExecutor threads={self.threads} {state}>"
-
-
-class GraphSlot:
-    """One executor node in a graph: its pinned words, armed while the graph lives.
-
-    The node's launch record owns it (with the node's other owners), so it is
-    disarmed when the graph, all its instances and queued replays are gone and
-    the record is released on the main thread (LIFETIME.md, invariant 16); its
-    words then serve a later node.
-    """
-
-    __slots__ = ("_armed", "address", "executor", "words")
-
-    def __init__(self, executor: HostExecutor, address: int, words: int) -> None:
-        self.executor = executor
-        self.address = address
-        self.words = words
-        self._armed = False
-
-    def arm(self, fn: int, arg: int, copy: bool) -> None:
-        """From now on a replay that reaches the slot runs ``fn(arg)`` (or the copy).
-
-        Refused (RuntimeError) once the executor is closing: no thread would answer.
-        """
-        if _core.exec_slot_arm(self.address, fn, arg, copy):
-            raise RuntimeError("the HostExecutor is closed; create a new one")
-        self._armed = True
-
-    def __del__(self) -> None:
-        executor = self.executor
-        if self._armed and not forked():
-            self._armed = False
-            _core.exec_slot_disarm(self.address)
-        executor._free_slots.append((self.address, self.words))
 
 
 def check_executor(executor: Any) -> HostExecutor:

@@ -114,7 +114,7 @@ def _slot_record(
     node_fn, node_arg, _ = _graph_record(backend, graph, kind, fn, arg, (owner, slot))
     if copy:  # the pool's own (parallel) copy of the MEMCPY_LAYOUT at arg
         node_fn, node_arg = 0, arg
-    slot.arm(node_fn, node_arg, copy)
+    slot.arm(node_fn, node_arg, copy)  # RuntimeError if the executor is closing
     return slot
 
 

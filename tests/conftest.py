@@ -23,8 +23,9 @@ if os.environ.get("NUMBA_HOSTFN_REQUIRE_GPU") and not cuda_driver_usable():
     raise pytest.UsageError("NUMBA_HOSTFN_REQUIRE_GPU=1 but no usable CUDA driver was found")
 SIMULATOR = simulator_unless_driver()
 # A suite started as a background job (`python -m pytest &` in a script) inherits
-# SIGINT ignored, and Python then installs no KeyboardInterrupt handler: a Ctrl-C, or
-# one a callback re-raises (PyErr_SetInterrupt), is dropped.  The interrupt tests need
+# SIGINT ignored, and Python then installs no KeyboardInterrupt handler: a Ctrl-C is
+# dropped, and one a callback raises is reported as unraisable, not delivered again
+# (PyErr_SetInterrupt would drop it).  The interrupt tests need
 # Python's own handler, as at a terminal; the children they start get it back too
 # (exec resets a handled signal to its default, and Python installs its handler).
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:

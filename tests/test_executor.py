@@ -204,6 +204,136 @@ def test_close_from_one_of_its_own_tasks_is_refused_and_the_pool_goes_on(stream)
     assert ex.closed
 
 
+CLOSE_FROM_A_HOST_FUNCTION_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    from _device import Hold
+
+    counter = np.zeros(1, np.int64)
+    ex = nh.HostExecutor(threads=2)
+    other = nh.HostExecutor(threads=1)
+    seen = []
+
+    def close_it():
+        try:
+            ex.close()
+            seen.append("closed")
+        except RuntimeError as exc:
+            seen.append(str(exc))
+
+    # From a driver host function, then from a task of another executor: each with a
+    # task of ex queued behind it on its stream, which close() would wait for.
+    for launch_on in ({}, {"executor": other}):
+        with Hold(stream):  # both launches are enqueued before the stream gets there
+            nh.host_launch(stream, close_it, **launch_on)
+            nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=ex)
+        stream.sync()
+    nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=ex)
+    stream.sync()  # ex goes on
+    ex.close()
+    other.close()
+    nh.drain()
+    print(int(counter[0]), ex.closed, nh.pending(),
+          [("from a host function" in m, "another thread" in m) for m in seen])
+""")
+
+
+def test_close_from_a_host_function_with_its_tasks_queued_behind_is_refused():
+    """close() from a host function, or from another executor's task, while a task of
+    the executor is queued behind it on its stream gets RuntimeError (close() waited
+    for that task, which waited for the host function: main hung for ever)."""
+    out = run_child(CLOSE_FROM_A_HOST_FUNCTION_SCRIPT, timeout=60)
+    assert out.split("\n")[-2] == "3 True 0 [(True, True), (True, True)]", out
+
+
+CLOSE_RACING_A_LAUNCH_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import threading, time
+    from _device import Hold
+    from numba_hostfn import _core
+
+    counter = np.zeros(1, np.int64)
+    ex = nh.HostExecutor(threads=2)
+    nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=ex)
+    stream.sync()  # the lane exists
+    seen = []
+
+    def close_it():
+        try:
+            ex.close()
+            seen.append("closed")
+        except RuntimeError as exc:
+            seen.append(str(exc))
+
+    hold = Hold(stream)
+    nh.host_launch(stream, close_it)
+    _core.exec_test_pause(2_000_000_000)  # 2 s between a launch's open check and its count
+    entered = threading.Event()
+
+    def launch():  # a task behind close_it, still uncounted when close_it checks
+        entered.set()
+        nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=ex)
+
+    t = threading.Thread(target=launch)
+    t.start()
+    entered.wait()
+    time.sleep(0.5)  # the launch has seen the pool open, and has not counted its task
+    hold.release()
+    t.join()
+    _core.exec_test_pause(0)
+    stream.sync()
+    ex.close()  # again, from here: it joins the threads
+    nh.drain()
+    print(int(counter[0]), ex.closed, nh.pending(), ["a launch raced" in m for m in seen])
+""")
+
+
+def test_close_from_a_host_function_racing_a_launch_behind_it_stops_without_waiting():
+    """close() from a host function whose check found nothing outstanding, raced by a
+    launch behind it that the stopping pool had to count: close() raises instead of
+    waiting for it (the executor refuses launches; the task still runs), and a close()
+    from another thread finishes the job (without it, close() waited for a task queued
+    behind the host function that called it: for ever)."""
+    out = run_child(CLOSE_RACING_A_LAUNCH_SCRIPT, timeout=60)
+    assert out.split("\n")[-2] == "2 True 0 [True]", out
+
+
+SYNC_FROM_A_TASK_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    counter = np.zeros(1, np.int64)
+    ex = nh.HostExecutor(threads=2)
+    seen = []
+
+    def waits(s):
+        for wait in (s.sync, s.close):
+            try:
+                wait()
+                seen.append("returned")
+            except RuntimeError as exc:
+                seen.append("host function" in str(exc))
+
+    other = nh.create_stream()
+    nh.host_launch(stream, lambda: waits(stream), executor=ex)  # its own stream
+    nh.host_launch(stream, lambda: waits(other), executor=ex)
+    stream.sync()
+    nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=ex)
+    nh.host_launch(other, increment, user_data=nh.by_ref(counter), executor=ex)
+    stream.sync()
+    other.sync()  # both streams go on
+    ex.close()
+    nh.drain()
+    print(seen, int(counter[0]), nh.pending())
+""")
+
+
+def test_a_simulated_sync_or_close_from_an_executor_task_is_refused(request):
+    """A task that syncs or closes a simulated stream (its own, or another) gets
+    RuntimeError, as a host function on the host-function thread does (main hung
+    for ever on its own stream: the stream waited for the task, the task for the
+    stream).  On CUDA the sync is cuda.core's call, which cannot tell; the rule is
+    the host function's: no CUDA call (docs/threading.md)."""
+    if rerun_on_simulator(request):
+        return
+    out = run_child(SYNC_FROM_A_TASK_SCRIPT, timeout=60)
+    assert out.split("\n")[-2] == "[True, True, True, True] 2 0", out
+
+
 def test_owners_kept_until_run_then_released_on_the_main_thread(executor, stream, device):
     counter = np.zeros(1, np.int64)
     alive = weakref.ref(counter)
@@ -435,7 +565,7 @@ def test_graph_slots_are_reused(executor, stream):
                 break
             time.sleep(0.01)
         assert executor.graph_nodes() == 0
-        seen.update(words for _, words in executor._free_slots)
+        seen.add(executor._block_used)  # words taken: none after the first node
     assert counter[0] == 5 and len(seen) == 1
 
 

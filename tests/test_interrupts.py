@@ -24,8 +24,9 @@ INJECT = textwrap.dedent("""
         return sorted({line for _, _, line in code.co_lines() if line is not None})
 
     def interrupted(fn, line, op):
-        # op(), with a KeyboardInterrupt raised the first time fn's frame reaches line.
-        code = fn.__code__
+        # op(), with a KeyboardInterrupt raised the first time fn's frame (or a frame
+        # of code object fn) reaches line.
+        code = getattr(fn, "__code__", fn)
         fired = []
 
         def local(frame, event, arg):
@@ -54,6 +55,22 @@ INJECT = textwrap.dedent("""
                 return True
             time.sleep(0.005)
         return predicate()
+
+    def lines_run(op):
+        # Every (code object, line) that op() runs on this thread, in order.
+        seen = {}
+
+        def tracer(frame, event, arg):
+            if event in ("call", "line"):
+                seen.setdefault((frame.f_code, frame.f_lineno), None)
+            return tracer
+
+        sys.settrace(tracer)
+        try:
+            op()
+        finally:
+            sys.settrace(None)
+        return list(seen)
 
     def native_threads():
         return len(os.listdir("/proc/self/task"))
@@ -195,6 +212,76 @@ def test_a_close_interrupted_at_any_line_can_be_called_again_and_finishes():
     words = out.split()
     assert words[0] == "cases" and int(words[1]) > 2, out
     assert words[2:] == ["ran", "True", "threads", "left", "0", "0", "pending", "0"], out
+
+
+SLOT_RELEASE_SCRIPT = (
+    CHILD_PREAMBLE
+    + INJECT
+    + textwrap.dedent("""
+    import gc
+
+    unraisable = []
+    sys.unraisablehook = lambda u: unraisable.append(u.exc_type.__name__)
+    counter = np.zeros(1, np.int64)
+    threads = native_threads()
+    executor = nh.HostExecutor(threads=2, poll_us=10000)
+
+    def captured():
+        # A replayed graph with one executor node: its slot is armed until it is gone.
+        builder = stream.create_graph_builder().begin_building()
+        nh.host_launch(builder, increment, user_data=nh.by_ref(counter), executor=executor)
+        graph = builder.end_building().complete()
+        builder.close()
+        graph.launch(stream)
+        stream.sync()
+        return graph
+
+    stuck = 0  # slots left armed so far
+
+    def release(graph):
+        # The graph goes; the node's record is released and its slot disarmed.
+        graph.close()
+        settle(lambda: (gc.collect(), executor.graph_nodes())[1] <= stuck)
+
+    graph = captured()
+    # Every line that a release runs, but settle's own (an interrupt there only
+    # stops the waiting).
+    targets = [(c, n) for c, n in lines_run(lambda: release(graph))
+               if c not in (settle.__code__, release.__code__)]
+    cases = 0
+    for code, line in targets:
+        graph = captured()
+        interrupted(code, line, lambda: release(graph))
+        del graph
+        settle(lambda: (gc.collect(), executor.graph_nodes())[1] <= stuck, seconds=5)
+        stuck = executor.graph_nodes()
+        cases += 1
+    executor.close()  # with a slot left armed: detaches threads that poll for ever
+    for _ in range(200):
+        if native_threads() <= threads:
+            break
+        time.sleep(0.01)
+    settle(lambda: nh.pending() == 0)
+    print("cases", cases, "ran", int(counter[0]) == cases + 1, "stuck", stuck,
+          "threads left", native_threads() - threads, "pending", nh.pending(),
+          "unraisable", unraisable)
+""")
+)
+
+
+def test_a_graph_slot_released_with_an_interrupt_at_any_line_is_disarmed():
+    """A graph with an executor node released with an interrupt at each line that the
+    release runs: the node's slot is disarmed every time, and close() stops the pool's
+    threads, and no interrupt is swallowed (main cleared the slot's armed flag in Python
+    before the native disarm: an interrupt in between, or before, left the slot armed,
+    so the pool polled for ever, close() detached threads that never quit, and the
+    interrupt went to sys.unraisablehook)."""
+    out = run_child(SLOT_RELEASE_SCRIPT, timeout=300)
+    words = out.split()
+    assert words[0] == "cases" and int(words[1]) > 3, out
+    assert words[2:] == [
+        "ran", "True", "stuck", "0", "threads", "left", "0", "pending", "0", "unraisable", "[]",
+    ], out  # fmt: skip
 
 
 REPLAY_SCRIPT = (

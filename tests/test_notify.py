@@ -242,6 +242,42 @@ def test_a_keyboard_interrupt_in_a_callback_reaches_the_main_thread():
     assert "DELIVERED" in out and "NOT DELIVERED" not in out, out
 
 
+NOT_PYTHONS_SIGINT_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import signal, sys, time
+
+    # As under nohup or in a background job (SIG_IGN), or in a CLI tool (SIG_DFL):
+    # Python's SIGINT handler is not installed, and PyErr_SetInterrupt does nothing.
+    signal.signal(signal.SIGINT, getattr(signal, sys.argv[1]))
+    reported = []
+    sys.unraisablehook = lambda u: reported.append((u.exc_type.__name__, u.object is interrupt))
+
+    def interrupt():
+        raise KeyboardInterrupt
+
+    delivered = False
+    try:
+        nh.host_launch(stream, interrupt, blocking=False)
+        stream.sync()
+        deadline = time.monotonic() + 10
+        while not reported and time.monotonic() < deadline:
+            nh.drain()
+            time.sleep(0.001)
+    except KeyboardInterrupt:
+        delivered = True
+    print("delivered", delivered, "reported", reported)
+""")
+
+
+@pytest.mark.parametrize("handler", ["SIG_IGN", "SIG_DFL"])
+def test_a_keyboard_interrupt_in_a_callback_is_reported_when_sigint_is_not_pythons(handler):
+    """With SIGINT ignored (nohup, a background job) or at its default (a CLI tool),
+    a callback's KeyboardInterrupt cannot be delivered again: it goes to
+    sys.unraisablehook with the callable, never vanishes (main re-delivered it with
+    PyErr_SetInterrupt, which does nothing then: neither delivered nor reported)."""
+    out = run_child(NOT_PYTHONS_SIGINT_SCRIPT.replace("sys.argv[1]", repr(handler)))
+    assert out.split("\n")[-2] == "delivered False reported [('KeyboardInterrupt', True)]", out
+
+
 AFTER_ENQUEUE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     import sys
     import threading

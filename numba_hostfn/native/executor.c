@@ -30,6 +30,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <time.h>
+#include <unistd.h>
 #if defined(__x86_64__)
 #include <emmintrin.h>
 #endif
@@ -96,6 +97,7 @@ typedef struct {
  * done := 1.  Armed while the graph lives; a disarmed slot is reused. */
 typedef struct slot {
     struct slot *next; /* the next slot of the pool */
+    struct slot *next_free; /* the next disarmed slot to reuse (under the pool's mutex) */
     _Atomic uint32_t *words;
     nhf_hostfn fn;
     void *arg;
@@ -119,6 +121,7 @@ struct nhf_pool {
     /* Read by spinning threads at every turn. */
     _Atomic(lane *) lanes;
     _Atomic(slot *) slots;  /* appended under mutex, never removed */
+    slot *free_slots;       /* disarmed slots that no GraphSlot holds (under mutex) */
     _Atomic(job *) job;     /* the parallel copy being shared out, or NULL */
     long spin_ns, poll_ns;
     pthread_t *threads;
@@ -136,6 +139,7 @@ struct nhf_pool {
     pthread_cond_t wake;    /* parked threads */
     pthread_mutex_t close_mutex; /* one close() at a time */
     int closed;             /* close() finished (under close_mutex) */
+    pid_t pid;              /* the process whose threads these are (not a forked child) */
 };
 
 /* ---- time --------------------------------------------------------------------- */
@@ -629,12 +633,15 @@ static void *aligned_zeroed(size_t size) {
  * detached, to quit on their own once the last graph holding a slot is gone
  * (its replays still need them).  Idempotent, and one close at a time.  The
  * pool's memory, lanes and slots are kept: a stream may still have to execute
- * a wait on their words. */
-static void pool_close(nhf_pool *pool) {
+ * a wait on their words.  0 once closed.  With no_wait (a close from a host
+ * function), it returns the count of tasks outstanding instead of waiting for
+ * them, if any are once the pool is stopped (a launch raced the caller's
+ * check): the threads run them and quit, and a later close joins them. */
+static long pool_close(nhf_pool *pool, bool no_wait) {
     pthread_mutex_lock(&pool->close_mutex);
     if (pool->closed) {
         pthread_mutex_unlock(&pool->close_mutex);
-        return;
+        return 0;
     }
     pthread_mutex_lock(&pool->mutex);
     atomic_store(&pool->stopping, 1);
@@ -651,6 +658,11 @@ static void pool_close(nhf_pool *pool) {
     atomic_store(&pool->quit, 1);
     pthread_cond_broadcast(&pool->wake);
     pthread_mutex_unlock(&pool->mutex);
+    long outstanding = atomic_load(&pool->outstanding);
+    if (no_wait && outstanding > 0) {
+        pthread_mutex_unlock(&pool->close_mutex);
+        return outstanding;
+    }
     while (atomic_load(&pool->outstanding) > 0)
         sleep_ns(20000);
     pthread_mutex_lock(&pool->mutex);
@@ -664,6 +676,7 @@ static void pool_close(nhf_pool *pool) {
     }
     pool->closed = 1;
     pthread_mutex_unlock(&pool->close_mutex);
+    return 0;
 }
 
 /* A pool of nthreads threads, started; NULL if that failed.  Never freed. */
@@ -679,10 +692,11 @@ static nhf_pool *pool_new(long nthreads, long spin_ns, long poll_ns) {
     pool->spin_ns = spin_ns;
     pool->poll_ns = poll_ns;
     pool->threads = threads;
+    pool->pid = getpid();
     for (long i = 0; i < nthreads; i++) {
         if (pthread_create(&threads[i], NULL, thread_main, pool) != 0) {
             pool->nthreads = i; /* close the threads that started */
-            pool_close(pool);
+            (void)pool_close(pool, false);
             return NULL;
         }
         pool->nthreads = i + 1;
@@ -736,7 +750,22 @@ static PyObject *executor_start(PyObject *self_, PyObject *const *args, Py_ssize
     Py_RETURN_NONE;
 }
 
-/* _close(): finish what is enqueued, then stop the threads (GIL released). */
+/* The refusal of a close() from a host function with tasks outstanding. */
+static PyObject *refuse_close_from_host_function(long outstanding, const char *then) {
+    PyErr_Format(PyExc_RuntimeError,
+                 "HostExecutor.close() was called from a host function while %ld of its tasks "
+                 "%s outstanding: close() would wait for them, and a task queued behind this "
+                 "host function waits for it, so close() would be waiting for itself; close "
+                 "the executor from another thread once the streams have passed this host "
+                 "function (after stream.sync())%s",
+                 outstanding, outstanding == 1 ? "is" : "are", then);
+    return NULL;
+}
+
+/* _close(): finish what is enqueued, then stop the threads (GIL released).
+ * Refused from one of the pool's own tasks, and from any host function (a
+ * driver's, the simulator's, another executor's task) while tasks are
+ * outstanding: a host function must not wait for stream work. */
 static PyObject *executor_close(PyObject *self_, PyObject *unused) {
     (void)unused;
     nhf_pool *pool = ((nhf_executor_object *)self_)->pool;
@@ -749,9 +778,19 @@ static PyObject *executor_close(PyObject *self_, PyObject *unused) {
                 return NULL;
             }
         }
+        int from_host_function = nhf_in_host_function();
+        long outstanding = atomic_load(&pool->outstanding);
+        if (from_host_function && outstanding > 0)
+            return refuse_close_from_host_function(outstanding, ""); /* the pool goes on */
         Py_BEGIN_ALLOW_THREADS
-        pool_close(pool);
+        outstanding = pool_close(pool, from_host_function);
         Py_END_ALLOW_THREADS
+        if (outstanding > 0) /* a launch raced the check above: stopped, not waited for */
+            return refuse_close_from_host_function(
+                outstanding,
+                "; a launch raced this close(), which has stopped the executor (it refuses "
+                "new launches, and its threads end once the outstanding tasks ran): call "
+                "close() again from another thread to wait for them");
     }
     Py_RETURN_NONE;
 }
@@ -797,7 +836,10 @@ static PyObject *executor_lane_new(PyObject *self_, PyObject *const *args, Py_ss
     return PyLong_FromVoidPtr(l);
 }
 
-/* _slot_new(words): a disarmed graph slot on words (two 32-bit words); never freed. */
+static PyObject *graph_slot_wrap(PyObject *executor, slot *s);
+
+/* _slot_new(words): a disarmed GraphSlot on words (two 32-bit words); the
+ * native slot is never freed. */
 static PyObject *executor_slot_new(PyObject *self_, PyObject *words_) {
     nhf_pool *pool = started((nhf_executor_object *)self_);
     void *words;
@@ -815,7 +857,24 @@ static PyObject *executor_slot_new(PyObject *self_, PyObject *words_) {
     s->next = atomic_load(&pool->slots);
     atomic_store(&pool->slots, s);
     pthread_mutex_unlock(&pool->mutex);
-    return PyLong_FromVoidPtr(s);
+    return graph_slot_wrap(self_, s);
+}
+
+/* _slot_take(): a disarmed GraphSlot whose words served an earlier node, or
+ * None if no slot of the pool is free. */
+static PyObject *executor_slot_take(PyObject *self_, PyObject *unused) {
+    (void)unused;
+    nhf_pool *pool = started((nhf_executor_object *)self_);
+    if (pool == NULL)
+        return NULL;
+    pthread_mutex_lock(&pool->mutex);
+    slot *s = pool->free_slots;
+    if (s != NULL)
+        pool->free_slots = s->next_free;
+    pthread_mutex_unlock(&pool->mutex);
+    if (s == NULL)
+        Py_RETURN_NONE;
+    return graph_slot_wrap(self_, s);
 }
 
 static PyObject *executor_pool(PyObject *self_, void *closure) {
@@ -838,7 +897,9 @@ static PyMethodDef executor_methods[] = {
     {"_live_slots", executor_live_slots, METH_NOARGS, "Graph slots armed."},
     {"_lane_new", (PyCFunction)(void (*)(void))executor_lane_new, METH_FASTCALL,
      "_lane_new(stream, words) -> lane address"},
-    {"_slot_new", executor_slot_new, METH_O, "_slot_new(words) -> slot address"},
+    {"_slot_new", executor_slot_new, METH_O, "_slot_new(words) -> a new, disarmed GraphSlot"},
+    {"_slot_take", executor_slot_take, METH_NOARGS,
+     "_slot_take() -> a disarmed GraphSlot to reuse, or None"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -888,27 +949,86 @@ static PyObject *py_slot_op(PyObject *self, PyObject *const *args, Py_ssize_t na
     return PyLong_FromVoidPtr(&s->ops[i]);
 }
 
-/* exec_slot_arm(slot, fn, arg, copy) -> status: from now on a replay that
- * reaches the slot runs fn(arg) (or the pool's copy of arg); refused
- * (NHF_EXECUTOR_CLOSED) once the pool is stopping. */
-static PyObject *py_slot_arm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "exec_slot_arm(slot, fn, arg, copy)");
+/* ---- GraphSlot: a graph slot as Python holds it ------------------------------------ */
+
+/* One executor node's slot, owned by the node's launch record (with the
+ * node's other owners), so the graph owns it (invariant 16).  Its dealloc, run
+ * when the record is released on the main thread, disarms the slot and gives
+ * it back to the pool's free list: one native step, with no bytecode between
+ * the release and the disarm, so an asynchronous exception (a Ctrl-C) cannot
+ * leave a slot armed (invariant 21).  Made only by ExecutorBase._slot_new and
+ * _slot_take. */
+typedef struct {
+    PyObject_HEAD
+    slot *slot;
+    PyObject *executor; /* the HostExecutor, alive while the node is */
+} graph_slot_object;
+
+static PyTypeObject graph_slot_type;
+
+/* GIL held: disarm s if it is armed (once, however often it is called), and
+ * put it on the pool's free list.  Not in a forked child: the pool's mutex may
+ * have been held by a thread of the parent, which does not exist here. */
+static void slot_give_back(slot *s) {
+    nhf_pool *pool = s->pool;
+    if (getpid() != pool->pid)
+        return;
+    pthread_mutex_lock(&pool->mutex);
+    if (atomic_exchange(&s->live, 0)) {
+        atomic_fetch_sub(&pool->live_slots, 1);
+        pthread_cond_broadcast(&pool->wake); /* a closing pool's parked threads may now quit */
+    }
+    s->next_free = pool->free_slots;
+    pool->free_slots = s;
+    pthread_mutex_unlock(&pool->mutex);
+}
+
+/* A new GraphSlot for the disarmed slot s of executor's pool; NULL (s given
+ * back to the free list) if there was no memory for it. */
+static PyObject *graph_slot_wrap(PyObject *executor, slot *s) {
+    graph_slot_object *self = PyObject_New(graph_slot_object, &graph_slot_type);
+    if (self == NULL) {
+        slot_give_back(s);
         return NULL;
     }
-    slot *s = slot_arg(args[0]);
-    void *fn, *arg;
-    if (s == NULL || nhf_address_arg(args[1], &fn) < 0 || nhf_address_arg(args[2], &arg) < 0)
+    self->slot = s;
+    self->executor = Py_NewRef(executor);
+    return (PyObject *)self;
+}
+
+static void graph_slot_dealloc(PyObject *self_) {
+    graph_slot_object *self = (graph_slot_object *)self_;
+    slot_give_back(self->slot);
+    Py_DECREF(self->executor);
+    PyObject_Free(self);
+}
+
+/* arm(fn, arg, copy): from now on a replay that reaches the slot runs fn(arg)
+ * (or the pool's copy of the MEMCPY_LAYOUT at arg); RuntimeError once the pool
+ * is stopping (no thread would answer). */
+static PyObject *graph_slot_arm(PyObject *self_, PyObject *const *args, Py_ssize_t nargs) {
+    slot *s = ((graph_slot_object *)self_)->slot;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "arm(fn, arg, copy)");
         return NULL;
-    int copy = PyObject_IsTrue(args[3]);
+    }
+    void *fn, *arg;
+    if (nhf_address_arg(args[0], &fn) < 0 || nhf_address_arg(args[1], &arg) < 0)
+        return NULL;
+    int copy = PyObject_IsTrue(args[2]);
     if (copy < 0)
         return NULL;
     nhf_pool *pool = s->pool;
     pthread_mutex_lock(&pool->mutex);
     if (atomic_load(&pool->stopping)) {
         pthread_mutex_unlock(&pool->mutex);
-        return PyLong_FromUnsignedLongLong(NHF_EXECUTOR_CLOSED);
+        PyErr_SetString(PyExc_RuntimeError, "the HostExecutor is closed; create a new one");
+        return NULL;
+    }
+    if (atomic_load(&s->live)) {
+        pthread_mutex_unlock(&pool->mutex);
+        PyErr_SetString(PyExc_RuntimeError, "the graph slot is armed already");
+        return NULL;
     }
     atomic_store(&s->words[0], 0);
     atomic_store(&s->words[1], 0);
@@ -919,20 +1039,54 @@ static PyObject *py_slot_arm(PyObject *self, PyObject *const *args, Py_ssize_t n
     atomic_fetch_add(&pool->live_slots, 1);
     pthread_cond_broadcast(&pool->wake);
     pthread_mutex_unlock(&pool->mutex);
-    return PyLong_FromLong(0);
-}
-
-/* exec_slot_disarm(slot): its graph and every replay of it are gone. */
-static PyObject *py_slot_disarm(PyObject *self, PyObject *arg) {
-    (void)self;
-    slot *s = slot_arg(arg);
-    if (s == NULL)
-        return NULL;
-    atomic_store(&s->live, 0);
-    atomic_fetch_sub(&s->pool->live_slots, 1);
-    wake(s->pool); /* a closing pool's parked threads may now quit */
     Py_RETURN_NONE;
 }
+
+static PyObject *graph_slot_address(PyObject *self_, void *closure) {
+    (void)closure;
+    return PyLong_FromVoidPtr(((graph_slot_object *)self_)->slot);
+}
+
+static PyObject *graph_slot_words(PyObject *self_, void *closure) {
+    (void)closure;
+    return PyLong_FromVoidPtr((void *)((graph_slot_object *)self_)->slot->words);
+}
+
+static PyObject *graph_slot_armed(PyObject *self_, void *closure) {
+    (void)closure;
+    return PyBool_FromLong(atomic_load(&((graph_slot_object *)self_)->slot->live));
+}
+
+static PyObject *graph_slot_executor(PyObject *self_, void *closure) {
+    (void)closure;
+    return Py_NewRef(((graph_slot_object *)self_)->executor);
+}
+
+static PyMethodDef graph_slot_methods[] = {
+    {"arm", (PyCFunction)(void (*)(void))graph_slot_arm, METH_FASTCALL,
+     "arm(fn, arg, copy): a replay that reaches the slot runs fn(arg) (or the copy)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef graph_slot_getset[] = {
+    {"address", graph_slot_address, NULL, "The native slot's address.", NULL},
+    {"words", graph_slot_words, NULL, "The address of its two 32-bit words.", NULL},
+    {"armed", graph_slot_armed, NULL, "True while a replay may reach it.", NULL},
+    {"executor", graph_slot_executor, NULL, "Its HostExecutor.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject graph_slot_type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "numba_hostfn._core.GraphSlot",
+    .tp_doc = "One executor node's graph slot, disarmed when this object goes "
+              "(LIFETIME.md, invariant 16).",
+    .tp_basicsize = sizeof(graph_slot_object),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_dealloc = graph_slot_dealloc,
+    .tp_methods = graph_slot_methods,
+    .tp_getset = graph_slot_getset,
+};
 
 /* exec_test_pause(ns): tests only, see test_pause_ns. */
 static PyObject *py_test_pause(PyObject *self, PyObject *arg) {
@@ -949,15 +1103,14 @@ static PyMethodDef methods[] = {
      "exec_test_pause(ns): tests only, pause each executor enqueue after its open check"},
     {"exec_slot_op", (PyCFunction)(void (*)(void))py_slot_op, METH_FASTCALL,
      "exec_slot_op(slot, i) -> the simulator's argument of the slot's node i"},
-    {"exec_slot_arm", (PyCFunction)(void (*)(void))py_slot_arm, METH_FASTCALL,
-     "exec_slot_arm(slot, fn, arg, copy) -> status"},
-    {"exec_slot_disarm", py_slot_disarm, METH_O, "exec_slot_disarm(slot)"},
     {NULL, NULL, 0, NULL},
 };
 
 int nhf_executor_init(PyObject *module) {
     if (PyType_Ready(&nhf_executor_type) < 0 ||
-        PyModule_AddObjectRef(module, "ExecutorBase", (PyObject *)&nhf_executor_type) < 0)
+        PyModule_AddObjectRef(module, "ExecutorBase", (PyObject *)&nhf_executor_type) < 0 ||
+        PyType_Ready(&graph_slot_type) < 0 ||
+        PyModule_AddObjectRef(module, "GraphSlot", (PyObject *)&graph_slot_type) < 0)
         return -1;
     if (PyModule_AddFunctions(module, methods) < 0)
         return -1;

@@ -115,6 +115,10 @@ void nhf_user_object_release(void *record);
 /* GIL held: call callable(), reporting an exception (KeyboardInterrupt is
  * delivered again to the main thread); a new reference, or NULL. */
 PyObject *nhf_call_reporting(PyObject *callable);
+/* Any thread: true while this thread runs a Python callable as a host function
+ * (the driver's, the simulator's, or a HostExecutor's task or graph node): a
+ * wait for stream work from there may wait for itself, and is refused. */
+int nhf_in_host_function(void);
 
 /* ---- the enqueue (enqueue.c) --------------------------------------------------- */
 

@@ -55,9 +55,19 @@ static struct {
     int started;
 } context = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, NULL, 0, 0};
 
-/* True on the context's host-function thread only (set once, as it starts): a
- * host function runs there, and CUDA forbids a host function any CUDA call. */
-static _Thread_local int in_host_function_thread;
+/* The context's host-function thread, which writes its own id once, as it starts:
+ * a host function runs there, and CUDA forbids a host function any CUDA call.  Not
+ * a _Thread_local: every enqueueing thread would read it, and a dlopen'ed module's
+ * lazily allocated dynamic TLS is reported by TSan as a race with the exit of a
+ * pool thread (trampolines.c says the same of its key). */
+static pthread_t host_thread_id;
+static atomic_int host_thread_known;
+
+/* Any thread: whether it is the context's host-function thread. */
+static bool on_host_function_thread(void) {
+    return atomic_load_explicit(&host_thread_known, memory_order_acquire) &&
+           pthread_equal(pthread_self(), host_thread_id);
+}
 
 /* ---- enqueue (without the GIL) ------------------------------------------------ */
 
@@ -89,7 +99,7 @@ static void append_locked(nhf_sim_stream *stream, item *first, item *last, long 
  * cuGraphLaunch, cuStreamWriteValue32) from a host function, which CUDA forbids
  * (the driver may refuse it or deadlock); nothing is enqueued. */
 static uint64_t refusal_locked(nhf_sim_stream *stream) {
-    if (in_host_function_thread)
+    if (on_host_function_thread())
         return NHF_IN_HOST_FUNCTION;
     if (stream->stopping)
         return NHF_QUEUE_STOPPED;
@@ -182,7 +192,8 @@ static void *stream_main(void *stream_) {
  * process ends, like the driver's. */
 static void *host_thread_main(void *unused) {
     (void)unused;
-    in_host_function_thread = 1;
+    host_thread_id = pthread_self();
+    atomic_store_explicit(&host_thread_known, 1, memory_order_release);
     pthread_mutex_lock(&context.mutex);
     for (;;) {
         nhf_sim_stream *stream = context.head;
@@ -453,7 +464,8 @@ static PyObject *py_set_capturing(PyObject *self, PyObject *const *args, Py_ssiz
 /* A host function must not wait for streams (CUDA forbids it any CUDA call):
  * on the host-function thread it would wait for itself, for ever. */
 static int refuse_on_host_thread(const char *what) {
-    if (!in_host_function_thread)
+    /* The host-function thread, or a host function anywhere (a HostExecutor's task). */
+    if (!on_host_function_thread() && !nhf_in_host_function())
         return 0;
     PyErr_Format(PyExc_RuntimeError,
                  "%s was called from a host function, which it would wait for: a host "
@@ -513,7 +525,7 @@ static PyObject *py_sync(PyObject *self, PyObject *arg) {
  * function's call (the capture path asks, which enqueues nothing to refuse). */
 static PyObject *py_in_host_function(PyObject *self, PyObject *unused) {
     (void)self, (void)unused;
-    return PyBool_FromLong(in_host_function_thread);
+    return PyBool_FromLong(on_host_function_thread());
 }
 
 static PyObject *py_pending(PyObject *self, PyObject *arg) {

@@ -7,6 +7,10 @@
  */
 #include "nhf.h"
 
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+
 /* Any thread: a compiled host function, once: fn(arg), then complete the
  * record.  No CPython call but Py_AddPendingCall (in the completion, once per
  * batch) and, if the body left the GIL taken, giving it back. */
@@ -17,29 +21,84 @@ void nhf_run_compiled(void *record_) {
     nhf_record_complete(record);
 }
 
+/* GIL held: 1 if SIGINT has a Python-level handler (Python's own
+ * default_int_handler, or the program's), so that PyErr_SetInterrupt delivers
+ * a KeyboardInterrupt (or calls that handler); 0 if it has none: SIGINT
+ * ignored (SIG_IGN, inherited by a background job), at its default (SIG_DFL, a
+ * CLI tool), or installed by C code (None).  PyErr_SetInterrupt then does
+ * nothing, on 3.10 to 3.13 (PyErr_SetInterruptEx skips SIG_IGN and SIG_DFL;
+ * for None it reports "Signal 2 ignored").  -1 with an error set if the
+ * handler could not be read. */
+static int sigint_is_pythons(void) {
+    PyObject *module = PyImport_ImportModule("_signal");
+    if (module == NULL)
+        return -1;
+    PyObject *handler = PyObject_CallMethod(module, "getsignal", "i", SIGINT);
+    Py_DECREF(module);
+    if (handler == NULL)
+        return -1;
+    int pythons = handler != Py_None && !PyLong_Check(handler); /* SIG_IGN, SIG_DFL: ints */
+    Py_DECREF(handler);
+    return pythons;
+}
+
 /* GIL held: call callable(); an exception goes to sys.unraisablehook with the
  * callable as the object, except KeyboardInterrupt (Ctrl-C, whose handler ran
  * inside the call on the main thread): it is not swallowed but delivered again,
- * as a new SIGINT that the main thread handles at its next check. */
+ * as a new SIGINT that the main thread handles at its next check.  Where SIGINT
+ * has no Python handler, delivering it would drop it: it goes to
+ * sys.unraisablehook too (invariant 18: never swallowed). */
 PyObject *nhf_call_reporting(PyObject *callable) {
     PyObject *result = PyObject_CallNoArgs(callable);
     if (result == NULL) {
         if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
-            PyErr_Clear();
-            PyErr_SetInterrupt();
-        } else {
-            PyErr_WriteUnraisable(callable);
+            PyObject *type, *value, *traceback;
+            PyErr_Fetch(&type, &value, &traceback);
+            int pythons = sigint_is_pythons();
+            if (pythons > 0) {
+                Py_XDECREF(type);
+                Py_XDECREF(value);
+                Py_XDECREF(traceback);
+                PyErr_SetInterrupt();
+                return NULL;
+            }
+            if (pythons < 0)
+                PyErr_Clear(); /* the handler unknown: report, never drop */
+            PyErr_Restore(type, value, traceback);
         }
+        PyErr_WriteUnraisable(callable);
     }
     return result;
 }
+
+/* How many Python callables this thread is running as host functions (one,
+ * unless a callable runs a trampoline itself), as a thread-specific value: a
+ * pthread key, not _Thread_local, whose lazily allocated dynamic TLS in a
+ * dlopen'ed module TSan reports as a race with the exit of a pool thread. */
+static pthread_key_t host_function_key;
+static pthread_once_t host_function_once = PTHREAD_ONCE_INIT;
+
+static void host_function_key_make(void) { (void)pthread_key_create(&host_function_key, NULL); }
+
+static intptr_t host_function_depth(void) {
+    pthread_once(&host_function_once, host_function_key_make);
+    return (intptr_t)pthread_getspecific(host_function_key);
+}
+
+static void host_function_depth_add(intptr_t delta) {
+    (void)pthread_setspecific(host_function_key, (void *)(host_function_depth() + delta));
+}
+
+int nhf_in_host_function(void) { return host_function_depth() > 0; }
 
 /* GIL held: the record's callable, called; its exception reported with the
  * callable as the object (a blocking Python callable reports every exception,
  * KeyboardInterrupt included, as the stream cannot stop). */
 static PyObject *call_python(nhf_record *record) {
     PyObject *callable = record->arg;
+    host_function_depth_add(1);
     PyObject *result = PyObject_CallNoArgs(callable);
+    host_function_depth_add(-1);
     if (result == NULL)
         PyErr_WriteUnraisable(callable);
     return result;
