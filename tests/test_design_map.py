@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.checkout  # reads the package's sources and notes in the repository
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTES = ("numba_hostfn/LIFETIME.md", "docs/design.md")
 #: Names of other projects that the notes quote: asyncio's, concurrent.futures', numba's
