@@ -13,7 +13,7 @@ import weakref
 import numba
 import numpy as np
 import pytest
-from _device import CHILD_PREAMBLE, rerun_on_simulator, run_child
+from _device import CHILD_PREAMBLE, child_env, rerun_on_simulator, run_child
 from numba import carray
 
 import numba_hostfn as nh
@@ -523,3 +523,36 @@ def test_primary_context_reset_with_launches_pending_neither_hangs_nor_crashes()
     assert before == 2000 and ran_compiled == ran_python
     assert after == 2000 - ran_compiled - ran_python, out
     print(out)  # what the driver did, for docs/errors.md (pytest -s shows it)
+
+
+IMPORT_ONLY_FORK_SCRIPT = """
+import os, threading, time, warnings
+
+warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads: the point
+import numba_hostfn as nh  # imported, never used: no backend in this process
+
+pid = os.fork()
+if pid == 0:
+    stream = nh.create_stream()
+    ran = []
+    nh.host_launch(stream, lambda: (time.sleep(0.2), ran.append("blocking")))
+    nh.host_launch(stream, lambda: ran.append("non-blocking"), blocking=False)
+    stream.close()  # waits for what was queued before it
+    print("child: closed after", ran[:1], flush=True)
+    nh.drain()
+    print("child:", ran, nh.pending(), flush=True)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+print("parent: child status", status, flush=True)
+"""
+
+
+def test_a_child_of_a_process_that_only_imported_may_use_the_package():
+    """The native fork flag is set only in a child of a process that had used
+    numba_hostfn, as Python's is (LIFETIME.md, invariant 22): a child forked after a
+    bare import uses the package fully, and a simulated close there still waits for
+    the work queued before it (the flag set at import made it return at once)."""
+    out = run_child(IMPORT_ONLY_FORK_SCRIPT, env=child_env(NUMBA_HOSTFN_SIMULATOR="1"))
+    assert "child: closed after ['blocking']" in out, out
+    assert "child: ['blocking', 'non-blocking'] 0" in out, out
+    assert "parent: child status 0" in out, out

@@ -1082,7 +1082,9 @@ static PyTypeObject graph_slot_type = {
     .tp_doc = "One executor node's graph slot, disarmed when this object goes "
               "(LIFETIME.md, invariant 16).",
     .tp_basicsize = sizeof(graph_slot_object),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    /* Made only by the executor (its slot set): never from Python, whose object
+     * would have no slot for the dealloc to give back. */
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
     .tp_dealloc = graph_slot_dealloc,
     .tp_methods = graph_slot_methods,
     .tp_getset = graph_slot_getset,

@@ -109,13 +109,22 @@ void nhf_gil_give_back_leaked(void) {
 
 /* ---- fork -------------------------------------------------------------------- */
 
-/* A child forked after the module was loaded.  Set inside fork(), by the handler
- * pthread_atfork runs in the child, before the child runs any Python: checks made
- * from Python's own after-fork hooks would come too late for a pending call the
- * child inherited (LIFETIME.md, invariant 22). */
+/* A child forked from a process that had used numba_hostfn (its backend was made:
+ * nhf_mark_used), as _process.forked() says in Python.  Set inside fork(), by the
+ * handler pthread_atfork runs in the child, before the child runs any Python:
+ * checks made from Python's own after-fork hooks would come too late for a pending
+ * call the child inherited (LIFETIME.md, invariant 22).  A child of a process that
+ * only imported the package may use it: the flag stays clear there. */
+static atomic_int used;
 static atomic_int forked;
 
-static void at_fork_in_child(void) { atomic_store(&forked, 1); }
+static void at_fork_in_child(void) {
+    if (atomic_load(&used))
+        atomic_store(&forked, 1);
+}
+
+/* Any thread: this process's backend is made (configure_launch got its enqueue). */
+void nhf_mark_used(void) { atomic_store(&used, 1); }
 
 /* Any thread. */
 bool nhf_forked(void) { return atomic_load(&forked); }

@@ -187,11 +187,16 @@ static int byref_init(PyObject *self_, PyObject *args, PyObject *kwargs) {
     /* What every launch of it relies on, checked once, here (ByRef's Python
      * checks say more, first): a byte to point at, and no object pointers. */
     if (self->view.len == 0 || format_holds_objects(self->view.format)) {
-        PyErr_SetString(self->view.len == 0 ? PyExc_ValueError : PyExc_TypeError,
-                        self->view.len == 0
-                            ? "by_ref() needs a buffer of at least one byte"
-                            : "by_ref() got a buffer of Python objects; a host function "
-                              "cannot use object pointers without the GIL: pass numeric data");
+        /* A pin is made for host_copy's buffers and a record's address fields. */
+        const char *who = pin_only ? "a buffer that host_copy or a record() field points to"
+                                   : "the buffer given to by_ref()";
+        if (self->view.len == 0)
+            PyErr_Format(PyExc_ValueError, "%s is empty: it needs at least one byte", who);
+        else
+            PyErr_Format(PyExc_TypeError,
+                         "%s holds Python objects; a host function cannot use object "
+                         "pointers without the GIL: pass numeric data",
+                         who);
         PyBuffer_Release(&self->view);
         return -1;
     }
@@ -639,6 +644,8 @@ PyObject *nhf_py_configure_launch(PyObject *self, PyObject *const *args, Py_ssiz
             if (nhf_address_arg(value, &address) < 0)
                 return NULL;
             launch.enqueue_fn = (nhf_enqueue_fn)(uintptr_t)address;
+            if (address != 0)
+                nhf_mark_used(); /* the backend is made: a forked child refuses */
         } else if (!strcmp(name, "executor_enqueue_fn")) {
             if (nhf_address_arg(value, &address) < 0)
                 return NULL;

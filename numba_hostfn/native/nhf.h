@@ -90,9 +90,11 @@ bool nhf_guard_open(void);
 /* GIL held: close the guard and wait, GIL released, at most ms milliseconds
  * for the threads inside; returns how many are left. */
 long nhf_guard_close(long ms);
-/* Any thread: this process is a child forked after the module was loaded (set by
- * the fork handler inside fork(), before the child runs any Python). */
+/* Any thread: this process is a child forked from one that had used numba_hostfn
+ * (set by the fork handler inside fork(), before the child runs any Python). */
 bool nhf_forked(void);
+/* Any thread: this process has used numba_hostfn (its backend is made). */
+void nhf_mark_used(void);
 /* GIL held, at module load: register the fork handler. */
 int nhf_fork_init(void);
 
@@ -112,8 +114,9 @@ void nhf_run_compiled(void *record);
 void nhf_run_python(void *record);
 void nhf_replay_python(void *record);
 void nhf_user_object_release(void *record);
-/* GIL held: call callable(), reporting an exception (KeyboardInterrupt is
- * delivered again to the main thread); a new reference, or NULL. */
+/* GIL held: call callable(), reporting an exception (a KeyboardInterrupt is
+ * delivered again to the main thread where SIGINT has Python's handler, and goes
+ * to sys.unraisablehook where it has not); a new reference, or NULL. */
 PyObject *nhf_call_reporting(PyObject *callable);
 /* Any thread: true while this thread runs a Python callable as a host function
  * (the driver's, the simulator's, or a HostExecutor's task or graph node): a

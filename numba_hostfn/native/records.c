@@ -111,7 +111,7 @@ Py_ssize_t nhf_drain(void) {
 static int pending_drain(void *unused) {
     (void)unused;
     atomic_store(&drain_scheduled, 0);
-    if (nhf_guard_open())
+    if (nhf_guard_open() && !nhf_forked()) /* inherited by a forked child: not its own */
         (void)nhf_drain();
     return 0;
 }

@@ -76,17 +76,24 @@ PyObject *nhf_call_reporting(PyObject *callable) {
  * pthread key, not _Thread_local, whose lazily allocated dynamic TLS in a
  * dlopen'ed module TSan reports as a race with the exit of a pool thread. */
 static pthread_key_t host_function_key;
+static bool host_function_key_made; /* false if the process had no key left */
 static pthread_once_t host_function_once = PTHREAD_ONCE_INIT;
 
-static void host_function_key_make(void) { (void)pthread_key_create(&host_function_key, NULL); }
+static void host_function_key_make(void) {
+    host_function_key_made = pthread_key_create(&host_function_key, NULL) == 0;
+}
 
+/* Without a key no thread is counted (the self-wait refusals then do not fire),
+ * rather than reading and writing a key that another library owns. */
 static intptr_t host_function_depth(void) {
     pthread_once(&host_function_once, host_function_key_make);
-    return (intptr_t)pthread_getspecific(host_function_key);
+    return host_function_key_made ? (intptr_t)pthread_getspecific(host_function_key) : 0;
 }
 
 static void host_function_depth_add(intptr_t delta) {
-    (void)pthread_setspecific(host_function_key, (void *)(host_function_depth() + delta));
+    intptr_t depth = host_function_depth();
+    if (host_function_key_made)
+        (void)pthread_setspecific(host_function_key, (void *)(depth + delta));
 }
 
 int nhf_in_host_function(void) { return host_function_depth() > 0; }
