@@ -194,8 +194,10 @@ def running_loop() -> Any:
     since 3.7, for event loop implementations.  No loop can run before asyncio is
     imported, so this imports nothing: a first launch does not pay for asyncio.
     """
-    asyncio = sys.modules.get("asyncio")
-    return None if asyncio is None else asyncio._get_running_loop()
+    # asyncio half imported (a pending call run inside its import) has no
+    # _get_running_loop yet, and runs no loop either.
+    get = getattr(sys.modules.get("asyncio"), "_get_running_loop", None)
+    return None if get is None else get()
 
 
 def on_foreign_thread() -> bool:

@@ -116,9 +116,12 @@ def host_launch_python(
         If there is no CUDA driver and the simulator is not selected.
     """
     if blocking is not True:
-        # In argument order, as enqueue checks: the stream, fn, then the keywords.
+        # In argument order, as enqueue checks: the stream, fn, user_data, then the
+        # keywords (a Python callable takes no user_data, whatever blocking is).
         check_target(stream)
         kind, _, callable_ = classify_function(fn)
+        if kind == "python" and user_data is not None:
+            raise user_data_with_callable(fn)
         if blocking is not False:
             raise TypeError(f"host_launch(blocking=...) expected True or False, got {blocking!r}")
         if kind != "python":
@@ -127,8 +130,6 @@ def host_launch_python(
                 f"{getattr(fn, '__qualname__', type(fn).__name__)!r} is compiled code, which "
                 "never takes the GIL and needs no such option: leave blocking=True"
             )
-        if user_data is not None:
-            raise user_data_with_callable(fn)
         launch_nonblocking(stream, callable_, executor)
         return None
     return enqueue(stream, fn, user_data, None, executor=executor)

@@ -58,6 +58,17 @@ def imported_from_root() -> bool:
 IGNORED_ERRORS = ("Exception ignored", "Traceback (most recent call last)", "Error in atexit")
 
 
+def resizable(buf) -> bool:
+    """Whether ``buf`` (a bytearray or array.array) may be resized now: pop its last
+    item and put it back, which moves nothing; False if an export pins it."""
+    try:
+        last = buf.pop()
+    except BufferError:
+        return False
+    buf.append(last)
+    return True
+
+
 def assert_no_ignored_errors(stderr: str, what: str) -> None:
     """Fail if ``stderr`` of a child that succeeded holds an error it reported and went
     on from (issue 31: "Exception ignored in Stream.__del__" at every exit, unseen)."""

@@ -264,7 +264,10 @@ CLOSE_RACING_A_LAUNCH_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
 
     hold = Hold(stream)
     nh.host_launch(stream, close_it)
-    _core.exec_test_pause(2_000_000_000)  # 2 s between a launch's open check and its count
+    # 5 s between a launch's open check and its count: wide, so that on a loaded
+    # machine (TSan, 2 cores) the launch reaches its pause in the 1 s below, and
+    # close_it runs inside the pause.
+    _core.exec_test_pause(5_000_000_000)
     entered = threading.Event()
 
     def launch():  # a task behind close_it, still uncounted when close_it checks
@@ -274,7 +277,7 @@ CLOSE_RACING_A_LAUNCH_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     t = threading.Thread(target=launch)
     t.start()
     entered.wait()
-    time.sleep(0.5)  # the launch has seen the pool open, and has not counted its task
+    time.sleep(1.0)  # the launch has seen the pool open, and has not counted its task
     hold.release()
     t.join()
     _core.exec_test_pause(0)

@@ -7,7 +7,7 @@ import weakref
 
 import numpy as np
 import pytest
-from _device import Hold, released_eventually
+from _device import Hold, released_eventually, resizable
 
 import numba_hostfn as nh
 
@@ -147,17 +147,6 @@ def test_dst_and_src_kept_alive_until_copied_then_released(stream, device):
     assert np.array_equal(np.frombuffer(memory, np.float64), expected)
 
 
-def _resizable(buf) -> bool:
-    """Whether ``buf`` (a bytearray or array.array) may be resized now: pop its last
-    item and put it back, which moves nothing; False if an export pins it."""
-    try:
-        last = buf.pop()
-    except BufferError:
-        return False
-    buf.append(last)
-    return True
-
-
 def _moved(buf):
     """Resize ``buf`` for real (it may move), and back."""
     grow = bytes(1 << 16) if isinstance(buf, bytearray) else array.array(buf.typecode, [0]) * 8192
@@ -193,7 +182,7 @@ def test_a_queued_copy_pins_its_buffers_memory(stream, kind, layout, executor):
                 nh.host_copy(stream, dst, rows, executor=pool)
                 pinned = (src,)
             for buf in pinned:
-                assert not _resizable(buf)
+                assert not resizable(buf)
                 with pytest.raises(BufferError):
                     _moved(buf)
         stream.sync()
@@ -215,11 +204,11 @@ def test_a_memoryview_given_to_a_queued_copy_cannot_be_released(stream):
         nh.host_copy(stream, dst, b"x" * 4096)
         with pytest.raises(BufferError):
             dst.release()
-        assert not _resizable(memory)
+        assert not resizable(memory)
     stream.sync()
     nh.drain()
     dst.release()
-    assert memory == b"x" * 4096 and _resizable(memory)
+    assert memory == b"x" * 4096 and resizable(memory)
 
 
 def test_a_captured_copy_pins_its_buffers_for_the_graphs_life(device, stream):
@@ -232,7 +221,7 @@ def test_a_captured_copy_pins_its_buffers_for_the_graphs_life(device, stream):
     graph.launch(stream)
     stream.sync()
     nh.drain()
-    assert dst == src and not _resizable(src) and not _resizable(dst)
+    assert dst == src and not resizable(src) and not resizable(dst)
     graph.close()
     builder.close()
     assert released_eventually(lambda: None, device, pending=0)  # the graph's record

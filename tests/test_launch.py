@@ -12,7 +12,7 @@ import weakref
 
 import numpy as np
 import pytest
-from _device import Hold, child_env, rerun_on_simulator, run_child, thread_state_count
+from _device import Hold, child_env, rerun_on_simulator, resizable, run_child, thread_state_count
 from numba import carray
 
 import numba_hostfn as nh
@@ -618,17 +618,6 @@ def test_a_record_owns_the_buffers_its_fields_point_to(stream, device):
         nh.host_launch(stream, total, user_data=nh.record(np.dtype([("x", np.uint64)]), x=out))
 
 
-def _resizable(buf) -> bool:
-    """Whether ``buf`` (a bytearray or array.array) may be resized now: pop its last
-    item and put it back, which moves nothing; False if an export pins it."""
-    try:
-        last = buf.pop()
-    except BufferError:
-        return False
-    buf.append(last)
-    return True
-
-
 @pytest.mark.parametrize("given", ["buffer", "by_ref"])
 def test_a_record_pins_the_memory_its_fields_point_to(stream, given):
     """A record holds a buffer export of every buffer its address fields point to,
@@ -655,14 +644,14 @@ def test_a_record_pins_the_memory_its_fields_point_to(stream, given):
         del user_data  # the launch alone holds the record now
         gc.collect()
         for buf in (values, out):
-            assert not _resizable(buf)
+            assert not resizable(buf)
             with pytest.raises(BufferError):
                 buf.extend(buf[:1] * 8192)  # would move it
     stream.sync()
     nh.drain()
     gc.collect()
     assert struct.unpack("=d", out) == (8192.0,)
-    assert _resizable(values) and _resizable(out)
+    assert resizable(values) and resizable(out)
     values.extend(values[:1] * 8192)
     out.extend(bytes(1 << 16))
     with pytest.raises(TypeError, match="Python objects"):

@@ -774,6 +774,7 @@ def test_then_fn_then_user_data_then_the_keywords(stream):
         (touch, {"user_data": "text", "executor": "no"}, TypeError, "not str"),
         (touch, {"user_data": -1, "executor": "no"}, ValueError, r"\[0, 2\*\*64\)"),
         (lambda: None, {"user_data": 5, "executor": "no"}, ValueError, "Python callable"),
+        (lambda: None, {"user_data": 5, "blocking": "yes"}, ValueError, "Python callable"),
     ):
         _rejects(stream, error, match, fn, **kwargs)
 
