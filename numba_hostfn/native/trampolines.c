@@ -91,6 +91,11 @@ static intptr_t host_function_depth(void) {
 }
 
 static void host_function_depth_add(intptr_t delta) {
+    /* Read first, in a statement of its own: the read makes the key (pthread_once),
+     * and C leaves the order of a call's arguments open.  Written as one call,
+     * pthread_setspecific(host_function_key, depth() + delta), clang (the wheels'
+     * zig cc) read the key before making it, and wrote 1 into key 0: CPython's
+     * thread-state key ("PyGILState_Release: thread state 0x1 must be current"). */
     intptr_t depth = host_function_depth();
     if (host_function_key_made)
         (void)pthread_setspecific(host_function_key, (void *)(depth + delta));
