@@ -16,8 +16,10 @@ import textwrap
 import threading
 import time
 
+import numpy as np
 import pytest
 from _device import CHILD_PREAMBLE, rerun_on_simulator, run_child
+from numba import carray
 
 import numba_hostfn as nh
 from numba_hostfn import _core
@@ -418,3 +420,47 @@ def test_a_failed_launch_is_released_on_the_main_thread(request):
         time.sleep(0.01)  # the pending call drains, between two of these bytecodes
     assert released_on == [True] and nh.pending() == 0
     s.close()
+
+
+@nh.host_callback
+def _increment(p):
+    carray(p, (1,), np.int64)[0] += 1
+
+
+def _polls_while(more=3, rounds=3000):
+    """Wait until the watchdog has polled ``more`` times (a bounded wait)."""
+    start = _core.watchdog_stats()["polls"]
+    for _ in range(rounds):
+        if _core.watchdog_stats()["polls"] >= start + more:
+            return True
+        time.sleep(0.001)
+    return False
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("which", ["another stream", "the stream in flight"])
+def test_the_watchdog_never_invalidates_a_capture_in_global_mode(device, stream, which):
+    """While launches are in flight the watchdog queries their streams.  A capture in
+    global mode (torch's default) begun meanwhile, on another stream or on the very
+    stream with launches in flight, stays valid: the watchdog's thread is in relaxed
+    capture mode and does not query a stream that is capturing."""
+    from _device import Capture
+
+    other = device.create_stream()
+    counter = np.zeros(1, np.int64)
+    try:
+        device.delay(stream, 1.0)
+        nh.host_launch(stream, _increment, user_data=nh.by_ref(counter))  # in flight
+        target = other if which == "another stream" else stream
+        capture = Capture(target, "global")
+        nh.host_launch(target, _increment, user_data=nh.by_ref(counter))  # a graph node
+        assert _polls_while(), "the watchdog did not poll"
+        capture.end()  # asserts that cuStreamEndCapture succeeded: not invalidated
+        capture.launch(other)
+        other.sync()
+        stream.sync()
+        capture.close()
+        assert counter[0] == 2
+    finally:
+        other.sync()
+        other.close()

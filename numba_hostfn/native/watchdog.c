@@ -294,7 +294,11 @@ void nhf_watch_enqueued(nhf_record *record, unsigned long taken) {
 /* ---- the CUDA backend's query ------------------------------------------------------- */
 
 typedef int (*cu_stream_query)(void *stream);
-typedef int (*cu_stream_get_ctx)(void *stream, void **ctx);
+/* cuStreamGetCtx(stream, &ctx); a driver whose cuStreamGetCtx is the _v2 form
+ * (CUDA 12.5+: a third out, the green context) writes it to the third pointer,
+ * which the older form ignores (one argument too many is harmless in the C
+ * calling conventions of x86-64 and AArch64, as for cuStreamGetCaptureInfo). */
+typedef int (*cu_stream_get_ctx)(void *stream, void **ctx, void **green_ctx);
 typedef int (*cu_exchange_capture_mode)(int *mode);
 
 static struct {
@@ -310,6 +314,8 @@ static struct {
  * its launches are graph nodes, and it has none in flight until it ends. */
 static int nhf_cuda_query(void *stream) {
     static _Thread_local int relaxed;
+    if ((uintptr_t)stream <= 2)
+        return CUDA_ERROR_NOT_READY; /* a default stream needs a current context: not queried */
     if (!relaxed) {
         int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
         cu_exchange_capture_mode exchange = atomic_load(&cuda_watch.exchange_mode);
@@ -325,10 +331,17 @@ static int nhf_cuda_query(void *stream) {
     return atomic_load(&cuda_watch.query)(stream);
 }
 
-/* Any thread: a CUDA stream's context (cuStreamGetCtx). */
+/* Any thread: a CUDA stream's context (cuStreamGetCtx), or its green context. */
 static int nhf_cuda_context_of(void *stream, void **ctx) {
     cu_stream_get_ctx get_ctx = atomic_load(&cuda_watch.get_ctx);
-    return get_ctx == NULL ? CUDA_ERROR_NOT_INITIALIZED : get_ctx(stream, ctx);
+    if (get_ctx == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    void *green = NULL;
+    *ctx = NULL;
+    int rc = get_ctx(stream, ctx, &green);
+    if (rc == 0 && *ctx == NULL)
+        *ctx = green;
+    return rc;
 }
 
 /* ---- from Python ------------------------------------------------------------------------ */
