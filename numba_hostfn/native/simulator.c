@@ -154,13 +154,23 @@ uint64_t nhf_sim_enqueue_device(void *stream, nhf_hostfn fn, void *arg) {
 /* ---- the threads ---------------------------------------------------------------- */
 
 /* The stream whose thread this is (NULL on other threads): its device work
- * finds its context here (a fault, a wait that must stop). */
-static _Thread_local nhf_sim_stream *this_stream;
+ * finds its context here (a fault, a wait that must stop).  A pthread key, not
+ * _Thread_local: the dynamic TLS of a dlopen'ed module is allocated lazily by
+ * the loader, which ThreadSanitizer reports as a race at thread exit. */
+static pthread_key_t this_stream_key;
+static pthread_once_t this_stream_once = PTHREAD_ONCE_INIT;
+
+static void this_stream_key_make(void) { (void)pthread_key_create(&this_stream_key, NULL); }
+
+static nhf_sim_stream *this_stream(void) {
+    pthread_once(&this_stream_once, this_stream_key_make);
+    return pthread_getspecific(this_stream_key);
+}
 
 /* Any thread (a stream's): simulated device work that faults: the stream's
  * context has the sticky error (uintptr_t)arg from now on. */
 static void sim_fault(void *arg) {
-    nhf_sim_stream *stream = this_stream;
+    nhf_sim_stream *stream = this_stream();
     unsigned expected = 0;
     unsigned code = (unsigned)(uintptr_t)arg;
     if (atomic_compare_exchange_strong(&stream->ctx->fault, &expected, code)) {
@@ -174,7 +184,8 @@ static void sim_fault(void *arg) {
 /* Any thread (a stream's, inside device work): whether its context has
  * faulted (a simulated wait stops waiting then, as a faulted GPU does). */
 bool nhf_sim_faulted_here(void) {
-    return this_stream != NULL && atomic_load(&this_stream->ctx->fault) != 0;
+    nhf_sim_stream *stream = this_stream();
+    return stream != NULL && atomic_load(&stream->ctx->fault) != 0;
 }
 
 /* On a stream's thread: an item a fault keeps from running.  Only what is the
@@ -212,7 +223,8 @@ static void run_on_host_thread(nhf_sim_stream *stream, nhf_hostfn fn, void *arg)
 /* A stream's thread: run its items in order until it is stopped and empty. */
 static void *stream_main(void *stream_) {
     nhf_sim_stream *stream = stream_;
-    this_stream = stream;
+    pthread_once(&this_stream_once, this_stream_key_make);
+    (void)pthread_setspecific(this_stream_key, stream);
     pthread_mutex_lock(&stream->mutex);
     for (;;) {
         item *it = stream->head;

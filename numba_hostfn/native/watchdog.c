@@ -313,7 +313,7 @@ static struct {
  * stream that is capturing is not queried (that would invalidate its capture):
  * its launches are graph nodes, and it has none in flight until it ends. */
 static int nhf_cuda_query(void *stream) {
-    static _Thread_local int relaxed;
+    static int relaxed; /* only the watchdog's one thread queries */
     if ((uintptr_t)stream <= 2)
         return CUDA_ERROR_NOT_READY; /* a default stream needs a current context: not queried */
     if (!relaxed) {
