@@ -504,3 +504,52 @@ def test_fault_to_resolution_time_is_printed():
         lines += [run_child(RESOLUTION_SCRIPT.replace("TRIALS", "1")) for _ in range(5)]
     assert all("fault to every wait resolved" in line for line in lines), lines
     print(nh.backend_name(), *lines, sep="\n")
+
+
+IDLE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import os, time
+    from numba_hostfn import _core
+
+    def watchdogs():
+        names = []
+        for t in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{t}/comm") as f:
+                    names.append(f.read().strip())
+            except OSError:
+                pass
+        return names.count("nhf-watchdog")
+
+    query, context_of = (
+        (_core.SIM_QUERY, _core.SIM_CONTEXT_OF) if device.simulator
+        else (_core.CUDA_QUERY, _core.CUDA_CONTEXT_OF)
+    )
+    _core.watchdog_configure(query, context_of, 1000, 20000, 200)  # ends after 0.2 s idle
+    print("before any launch", watchdogs())
+    device.delay(stream, 0.1)
+    nh.host_launch(stream, lambda: None)
+    print("while in flight", watchdogs())
+    stream.sync()
+    nh.drain()
+    for _ in range(1000):
+        if watchdogs() == 0:
+            break
+        time.sleep(0.01)
+    print("idle", watchdogs(), _core.watchdog_stats()["running"])
+    device.delay(stream, 0.1)
+    nh.host_launch(stream, lambda: None)
+    print("again", watchdogs())
+    stream.sync()
+""")
+
+
+def test_the_watchdog_thread_exists_only_around_launches_in_flight():
+    """No thread before the first launch; one while launches are in flight; none once
+    it has been idle a while (here 0.2 s; 10 s by default); the next launch starts it."""
+    out = run_child(IDLE_SCRIPT)
+    assert out.splitlines() == [
+        "before any launch 0",
+        "while in flight 1",
+        "idle 0 0",
+        "again 1",
+    ], out

@@ -22,9 +22,9 @@
  *     not reached, so their pool's threads answer them and close() returns;
  *   - the context is noted as faulted: enqueues on its streams are refused.
  *
- * With nothing in flight the watchdog parks on a condition variable; the
- * enqueue that puts the first record in flight wakes it (one load of `active`
- * when it is awake), and it is started by the first such enqueue.  Healthy
+ * With nothing in flight the watchdog parks on a condition variable, and after
+ * idle_ms (10 s) parked its thread ends; the enqueue that puts a record in flight
+ * wakes it (one load of `active` when it is awake), or starts it.  Healthy
  * streams cost a query each per interval, and nothing on the launch path.
  *
  * Threads: the watchdog is native and never touches CPython but through
@@ -32,7 +32,9 @@
  */
 #include "nhf.h"
 
+#include <errno.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <time.h>
 
 enum {
@@ -89,13 +91,15 @@ static struct {
     _Atomic(nhf_query_fn) query;
     _Atomic(nhf_context_fn) context_of;
     atomic_long first_ns, max_ns; /* the backoff */
+    atomic_long idle_ms;   /* parked this long, the thread ends */
     atomic_long failed;    /* records failed */
     atomic_long polls;     /* polls done (tests: the watchdog parks) */
     atomic_long wakes;     /* times an enqueue woke it */
 } dog = {.mutex = PTHREAD_MUTEX_INITIALIZER,
          .wake = PTHREAD_COND_INITIALIZER,
          .first_ns = 1000000,
-         .max_ns = 20000000};
+         .max_ns = 20000000,
+         .idle_ms = 10000};
 
 bool nhf_fault_note(void *ctx, unsigned code, void *stream) {
     bool added = false;
@@ -223,15 +227,36 @@ static void sleep_ns(long ns) {
     nanosleep(&ts, NULL);
 }
 
+/* Under dog.mutex: wait until woken; false if idle_ms passed first (the
+ * thread then ends, and the next wake starts another). */
+static bool park_locked(void) {
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    long ns = deadline.tv_nsec + (atomic_load(&dog.idle_ms) % 1000) * 1000000L;
+    deadline.tv_sec += atomic_load(&dog.idle_ms) / 1000 + ns / 1000000000L;
+    deadline.tv_nsec = ns % 1000000000L;
+    while (!atomic_load(&dog.active)) {
+        if (pthread_cond_timedwait(&dog.wake, &dog.mutex, &deadline) == ETIMEDOUT &&
+            !atomic_load(&dog.active)) {
+            dog.started = 0;
+            return false;
+        }
+    }
+    return true;
+}
+
+/* The watchdog's thread (native, named nhf-watchdog): it touches CPython only
+ * through nhf_record_complete and nhf_signal_fail, inside the guard. */
 static void *dog_main(void *unused) {
     (void)unused;
+    (void)prctl(PR_SET_NAME, "nhf-watchdog", 0UL, 0UL, 0UL);
     survey s = {NULL, 0, 0, 0};
     long interval = atomic_load(&dog.first_ns);
     pthread_mutex_lock(&dog.mutex);
     for (;;) {
         if (!atomic_load(&dog.active)) {
-            while (!atomic_load(&dog.active))
-                pthread_cond_wait(&dog.wake, &dog.mutex);
+            if (!park_locked())
+                break;
             interval = atomic_load(&dog.first_ns);
         }
         pthread_mutex_unlock(&dog.mutex);
@@ -258,6 +283,8 @@ static void *dog_main(void *unused) {
                 atomic_store(&dog.active, 1);
         }
     }
+    pthread_mutex_unlock(&dog.mutex);
+    free(s.streams);
     return NULL;
 }
 
@@ -271,6 +298,8 @@ static void wake_locked(void) {
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
         dog.started = pthread_create(&dog.thread, &attr, dog_main, NULL) == 0;
         pthread_attr_destroy(&attr);
+        if (dog.started) /* named at once, not when it first runs (tests count it) */
+            (void)pthread_setname_np(dog.thread, "nhf-watchdog");
         if (!dog.started)
             return; /* tried again at the next enqueue */
     }
@@ -363,14 +392,15 @@ static PyObject *py_set_cuda_watch(PyObject *self, PyObject *const *args, Py_ssi
     Py_RETURN_NONE;
 }
 
-/* watchdog_configure(query, context_of[, first_us, max_us]): the backend's
- * query functions (addresses), and the backoff. */
+/* watchdog_configure(query, context_of[, first_us, max_us[, idle_ms]]): the
+ * backend's query functions (addresses), the backoff, and how long a parked
+ * watchdog keeps its thread (tests change them). */
 static PyObject *py_watchdog_configure(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     void *query, *context_of;
-    if (nargs != 2 && nargs != 4) {
+    if (nargs != 2 && nargs != 4 && nargs != 5) {
         PyErr_SetString(PyExc_TypeError,
-                        "watchdog_configure(query, context_of[, first_us, max_us])");
+                        "watchdog_configure(query, context_of[, first_us, max_us[, idle_ms]])");
         return NULL;
     }
     if (nhf_address_arg(args[0], &query) < 0 || nhf_address_arg(args[1], &context_of) < 0)
@@ -385,6 +415,15 @@ static PyObject *py_watchdog_configure(PyObject *self, PyObject *const *args, Py
         }
         atomic_store(&dog.first_ns, first * 1000);
         atomic_store(&dog.max_ns, max * 1000);
+    }
+    if (nargs == 5) {
+        long idle = PyLong_AsLong(args[4]);
+        if (idle < 1) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "expected idle_ms >= 1");
+            return NULL;
+        }
+        atomic_store(&dog.idle_ms, idle);
     }
     atomic_store(&dog.context_of, (nhf_context_fn)(uintptr_t)context_of);
     atomic_store(&dog.query, (nhf_query_fn)(uintptr_t)query);
@@ -414,12 +453,16 @@ static PyObject *py_fault_info(PyObject *self, PyObject *unused) {
     return list;
 }
 
-/* watchdog_stats() -> dict: failed (records), polls, wakes, active. */
+/* watchdog_stats() -> dict: failed (records), polls, wakes, active, running
+ * (its thread exists). */
 static PyObject *py_watchdog_stats(PyObject *self, PyObject *unused) {
     (void)self, (void)unused;
-    return Py_BuildValue("{slslslsi}", "failed", atomic_load(&dog.failed), "polls",
+    pthread_mutex_lock(&dog.mutex);
+    int running = dog.started;
+    pthread_mutex_unlock(&dog.mutex);
+    return Py_BuildValue("{slslslsisi}", "failed", atomic_load(&dog.failed), "polls",
                          atomic_load(&dog.polls), "wakes", atomic_load(&dog.wakes), "active",
-                         atomic_load(&dog.active));
+                         atomic_load(&dog.active), "running", running);
 }
 
 /* stream_fault(stream) -> 0 or the code of its context's noted fault. */
@@ -435,7 +478,7 @@ static PyMethodDef methods[] = {
     {"set_cuda_watch", (PyCFunction)(void (*)(void))py_set_cuda_watch, METH_FASTCALL,
      "set_cuda_watch(cuStreamQuery, cuStreamGetCtx, cuThreadExchangeStreamCaptureMode)"},
     {"watchdog_configure", (PyCFunction)(void (*)(void))py_watchdog_configure, METH_FASTCALL,
-     "watchdog_configure(query, context_of[, first_us, max_us])"},
+     "watchdog_configure(query, context_of[, first_us, max_us[, idle_ms]])"},
     {"fault_info", py_fault_info, METH_NOARGS, "The faulted contexts: (context, code, stream)."},
     {"watchdog_stats", py_watchdog_stats, METH_NOARGS, "The watchdog's counters."},
     {"stream_fault", py_stream_fault, METH_O, "The noted fault of a stream's context, or 0."},
