@@ -72,7 +72,7 @@ class _Channel:
             import asyncio
 
             invalid = asyncio.InvalidStateError
-        # on_fault(entry, code): a device fault failed the entry's launch (invariant 26).
+        # on_fault(entry, code): a device fault failed the entry's launch (invariant 23).
         self.dispatcher = _core.Dispatcher(self.address, resolve, invalid, on_fault)
 
     def launch(self, target: Any, executor: Any, refusal: str, entry: Any) -> None:

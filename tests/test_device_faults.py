@@ -2,7 +2,7 @@
 
 After a kernel fault CUDA runs no host function and no stream memory operation of
 that context again, so every wait of this package would hang.  The watchdog
-(native/watchdog.c, LIFETIME.md invariant 26) finds the fault and fails them.
+(native/watchdog.c, LIFETIME.md invariant 23) finds the fault and fails them.
 
 The child-process tests run on both backends: on the simulator ``Device.fault`` is
 ``Stream.fault()``, on a GPU a kernel that spins, then ``__trap()``s.  Each runs in

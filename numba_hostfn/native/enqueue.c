@@ -36,7 +36,7 @@ uint64_t nhf_enqueue_record(nhf_enqueue_fn enqueue_fn, void *target, nhf_hostfn 
     if (record == NULL)
         return NHF_NO_RECORD;
     record->context = context;
-    /* The stream a device fault would be found on (invariant 26). */
+    /* The stream a device fault would be found on (invariant 23). */
     bool executor = enqueue_fn == nhf_exec_cuda_enqueue || enqueue_fn == nhf_exec_sim_enqueue;
     atomic_store_explicit(&record->watch, executor ? nhf_exec_lane_stream(target) : target,
                           memory_order_relaxed);

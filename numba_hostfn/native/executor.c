@@ -83,7 +83,7 @@ typedef struct lane {
     uint32_t seq;            /* the last number given (under enqueue_mutex) */
     pthread_mutex_t enqueue_mutex; /* one producer at a time per lane */
     /* Set once by the watchdog: the stream has a device fault, and will never
-     * reach the tasks it has not reached (invariant 26). */
+     * reach the tasks it has not reached (invariant 23). */
     atomic_uint fault;
 } lane;
 
@@ -322,7 +322,7 @@ static void copy_run(nhf_pool *pool, const uint64_t *desc) {
 void nhf_exec_copy(void *record_) {
     nhf_record *record = record_;
     if (!nhf_record_start(record))
-        return; /* failed by a device fault: released by the drain (invariant 26) */
+        return; /* failed by a device fault: released by the drain (invariant 23) */
     copy_run(record->context, record->arg);
     nhf_record_complete(record);
 }

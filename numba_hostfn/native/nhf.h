@@ -58,7 +58,7 @@ typedef struct nhf_record {
     struct nhf_record *next; /* link: free list, completed stack, or a simulated graph's list */
     PyObject *result;        /* what a Python callable returned (released by the drain) */
     PyObject *owner;         /* strong reference to what the launch keeps alive */
-    /* A device fault (watchdog.c, LIFETIME.md invariant 26): the stream the
+    /* A device fault (watchdog.c, LIFETIME.md invariant 23): the stream the
      * launch was enqueued on (an executor's: its lane's), and its state: an
      * incarnation number (raised at every take) and a phase, changed by
      * compare-and-swap only. */

@@ -143,7 +143,7 @@ static void nhf_signal(void *node_) {
 bool nhf_is_signal(nhf_hostfn fn) { return fn == nhf_signal; }
 
 /* Any thread (the watchdog's): the signal's launch will never run: push it,
- * marked with the fault, as it would have pushed itself (invariant 26). */
+ * marked with the fault, as it would have pushed itself (invariant 23). */
 void nhf_signal_fail(void *node_, unsigned code) {
     signal_node *node = node_;
     node->fault = code;
@@ -333,7 +333,7 @@ static int act(dispatcher *d, PyObject *entry) {
     return -1;
 }
 
-/* A device fault failed the entry's launch (invariant 26): on_fault(entry,
+/* A device fault failed the entry's launch (invariant 23): on_fault(entry,
  * code) fails its wait; without on_fault (non-blocking callbacks) it is
  * dropped.  Counted either way.  What on_fault raises is reported, except a
  * KeyboardInterrupt, delivered again to the main thread. */

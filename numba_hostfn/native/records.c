@@ -91,7 +91,7 @@ void nhf_records_each(void (*visit)(nhf_record *record, void *arg), void *arg) {
 
 /* The record is back on the free list before its references are dropped: a
  * finalizer run by the decref may take or drain records itself (invariant 11).
- * A record that a device fault failed is never reused (invariant 26): the driver
+ * A record that a device fault failed is never reused (invariant 23): the driver
  * might yet call its trampoline, which then finds it failed and returns. */
 void nhf_record_release(nhf_record *record) {
     PyObject *result = record->result, *owner = record->owner;

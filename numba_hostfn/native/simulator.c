@@ -239,7 +239,7 @@ static void *stream_main(void *stream_) {
             stream->tail = NULL;
         pthread_mutex_unlock(&stream->mutex);
         if (atomic_load(&stream->ctx->fault) != 0)
-            drop_item(it); /* host work behind a fault never runs (invariant 26) */
+            drop_item(it); /* host work behind a fault never runs (invariant 23) */
         else if (it->lane == LANE_HOST)
             run_on_host_thread(stream, it->fn, it->arg);
         else

@@ -10,7 +10,7 @@
  * nhf_cuda_query below: the same code on both backends), at an interval that
  * backs off from first_ns to max_ns, and on any answer but success, NOT_READY
  * or one that cannot tell (a destroyed stream or context) it *fails* the
- * stream's launches (LIFETIME.md, invariant 26):
+ * stream's launches (LIFETIME.md, invariant 23):
  *
  *   - each record in flight on that stream is claimed, by compare-and-swap, from
  *     in flight to failed (a trampoline that comes later finds it failed and
