@@ -14,6 +14,7 @@ from ._errors import (
     SIMULATOR_ENV,
     BackendUnavailableError,
     CudaDriverError,
+    DeviceFaultError,
     HostCallbackCompileError,
     SimulatorUnsupportedError,
 )
@@ -28,7 +29,7 @@ from ._hostcopy import (
 )
 from ._hostfunction import CUhostFn, HostFunction, host_callback
 from ._launch import host_launch
-from ._notify import async_done, done_future
+from ._notify import async_done, done_future, dropped_callbacks
 from ._numba_cuda import add_callback
 from ._process import get_backend as _get_backend
 from ._process import simulator_unless_driver as _simulator_unless_driver
@@ -45,6 +46,7 @@ __all__ = [
     "ByRef",
     "CUhostFn",
     "CudaDriverError",
+    "DeviceFaultError",
     "HostCallbackCompileError",
     "HostExecutor",
     "HostFunction",
@@ -57,6 +59,7 @@ __all__ = [
     "create_stream",
     "done_future",
     "drain",
+    "dropped_callbacks",
     "host_callback",
     "host_copy",
     "host_launch",

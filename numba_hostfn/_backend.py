@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import _core
+from ._errors import FAULT_NAMES, DeviceFaultError
 from ._records import LaunchRecords
 
 __all__ = ["Backend"]
@@ -40,6 +41,34 @@ class Backend:
     def raise_refusal(self, status: int, call: str) -> None:  # pragma: no cover
         """Raise the error for an enqueue function's nonzero status."""
         raise NotImplementedError
+
+    def error_name(self, code: int) -> str:
+        """The name of a ``CUresult``."""
+        return FAULT_NAMES.get(code, f"CUresult {code}")
+
+    def fault_error(self, code: int, outcome: str, stream: int = 0) -> DeviceFaultError:
+        """The error of a device fault ``code``, saying what became of the call (``outcome``).
+
+        ``stream`` is the handle of the stream the call was about, if known: the
+        context's fault is looked up by it, else by the code (the latest fault).
+        """
+        found = 0
+        faults = _core.fault_info()
+        by_stream = stream and _core.stream_fault(stream)
+        for _ctx, fault_code, on in reversed(faults):
+            if fault_code == code or (by_stream and fault_code == by_stream):
+                found = on
+                break
+        name = self.error_name(code)
+        where = f"found on stream {found:#x}" if found else "reported by the driver"
+        return DeviceFaultError(
+            f"{name} ({code}): a device fault (a kernel trapped or touched an illegal "
+            f"address) in this stream's CUDA context, {where}; {outcome}. CUDA runs nothing "
+            "more of that context: end the process (a job scheduler can restart it)",
+            code,
+            name,
+            found,
+        )
 
     def enqueue(
         self,

@@ -7,7 +7,7 @@ from typing import Any
 
 from . import _core
 from ._backend import Backend
-from ._errors import SIMULATOR_ENV, BackendUnavailableError, CudaDriverError
+from ._errors import FAULT_NAMES, SIMULATOR_ENV, BackendUnavailableError, CudaDriverError
 
 __all__ = ["CudaBackend", "cuda_driver_usable"]
 
@@ -81,7 +81,14 @@ class CudaBackend(Backend):
         # Optional entry points (0 where the driver lacks one):
         # CUDA 12.3+: an explicit graph's executor node is captured into a child graph;
         # the executor's write and wait go in one cuStreamBatchMemOp (two calls without it).
-        for name in ("cuStreamBeginCaptureToGraph", "cuStreamBatchMemOp"):
+        # The watchdog's queries (device faults, native/watchdog.c).
+        for name in (
+            "cuStreamBeginCaptureToGraph",
+            "cuStreamBatchMemOp",
+            "cuStreamQuery",
+            "cuStreamGetCtx",
+            "cuThreadExchangeStreamCaptureMode",
+        ):
             try:
                 proc[name] = self._proc(name)
             except (BackendUnavailableError, CudaDriverError):
@@ -93,6 +100,13 @@ class CudaBackend(Backend):
         )
         self._enqueue_entry_points = (proc["cuStreamIsCapturing"], proc["cuLaunchHostFunc"])
         self.set_memops(*self._memops)
+        if proc["cuStreamQuery"] and proc["cuStreamGetCtx"]:
+            _core.set_cuda_watch(
+                proc["cuStreamQuery"],
+                proc["cuStreamGetCtx"],
+                proc["cuThreadExchangeStreamCaptureMode"],
+            )
+            _core.watchdog_configure(_core.CUDA_QUERY, _core.CUDA_CONTEXT_OF)
         self.enqueue_fn = _core.CUDA_ENQUEUE
         self.device_enqueue_fn = _core.CUDA_ENQUEUE
         # The capture path calls these through ctypes on the raw driver
@@ -156,6 +170,16 @@ class CudaBackend(Backend):
             )
         return address
 
+    def error_name(self, code: int) -> str:
+        d = self._driver
+        try:
+            err, name = d.cuGetErrorName(d.CUresult(code))
+            if err == d.CUresult.CUDA_SUCCESS:
+                return name.decode()
+        except ValueError:
+            pass
+        return super().error_name(code)
+
     def error_text(self, code: int) -> str:
         d = self._driver
         try:
@@ -172,6 +196,8 @@ class CudaBackend(Backend):
 
     def raise_refusal(self, status: int, call: str) -> None:
         code = int(status & 0xFFFFFFFF)
+        if status & _core.FAULTED or (code in FAULT_NAMES and not status & _core.KEPT):
+            raise self.fault_error(code, f"nothing was enqueued ({call} refused)")
         if status & _core.EXECUTOR_CLOSED:
             raise RuntimeError("the HostExecutor is closed; create a new one")
         if status & _core.KEPT:
@@ -257,6 +283,8 @@ class CudaBackend(Backend):
     def executor_memory(self, nbytes: int) -> int:
         pointer = ctypes.c_void_p()
         rc = self._host_alloc(ctypes.byref(pointer), nbytes, _HOSTALLOC_PORTABLE_DEVICEMAP)
+        if rc in FAULT_NAMES:
+            raise self.fault_error(rc, "a HostExecutor could not allocate its words")
         if rc:
             raise CudaDriverError(
                 f"cuMemHostAlloc failed: {self.error_text(rc)}; a HostExecutor allocates its "

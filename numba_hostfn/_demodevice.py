@@ -44,6 +44,16 @@ extern "C" __global__ void spin_then_store(int *target, int value, unsigned long
         __threadfence_system();
     }
 }
+
+extern "C" __global__ void spin_then_trap(unsigned long long ns)
+{
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < ns);
+    __trap();
+}
 """
 
 
@@ -64,7 +74,9 @@ class Device:
         self.name = self.cuda.name
         arch = "sm_" + "".join(str(x) for x in self.cuda.compute_capability)
         program = Program(_KERNELS, code_type="c++", options=ProgramOptions(arch=arch))
-        self._kernel = program.compile("cubin").get_kernel("spin_then_store")
+        module = program.compile("cubin")
+        self._kernel = module.get_kernel("spin_then_store")
+        self._trap = module.get_kernel("spin_then_trap")
         self._config = LaunchConfig(grid=1, block=1)
 
     def create_stream(self) -> Any:
@@ -126,6 +138,18 @@ class Device:
             stream.launch(_sim_store, user_data=struct.pack("=Qq", target, value))
         else:
             self._launch(stream, target, value, delay)
+
+    def fault(self, stream: Any, delay: float = 0.0) -> None:
+        """Device work that faults after ``delay`` seconds (a kernel that traps):
+        the stream's context then has CUDA_ERROR_LAUNCH_FAILED for good."""
+        if self.simulator:
+            if delay:
+                stream.sleep(delay)
+            stream.fault()
+            return
+        from cuda.core import launch
+
+        launch(stream, self._config, self._trap, np.uint64(int(delay * 1e9)))
 
     def close(self) -> None:
         for buf in self._buffers:

@@ -12,6 +12,7 @@ from __future__ import annotations
 __all__ = [
     "BackendUnavailableError",
     "CudaDriverError",
+    "DeviceFaultError",
     "HostCallbackCompileError",
     "SimulatorUnsupportedError",
 ]
@@ -40,6 +41,39 @@ class CudaDriverError(RuntimeError):
     def __init__(self, message: str, code: int = 0) -> None:
         super().__init__(message)
         self.code = code
+
+
+#: The CUresults of a device fault (sticky: the context runs nothing more), by name.
+FAULT_NAMES = {
+    214: "CUDA_ERROR_ECC_UNCORRECTABLE",
+    700: "CUDA_ERROR_ILLEGAL_ADDRESS",
+    702: "CUDA_ERROR_LAUNCH_TIMEOUT",
+    714: "CUDA_ERROR_HARDWARE_STACK_ERROR",
+    715: "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+    716: "CUDA_ERROR_MISALIGNED_ADDRESS",
+    717: "CUDA_ERROR_INVALID_ADDRESS_SPACE",
+    718: "CUDA_ERROR_INVALID_PC",
+    719: "CUDA_ERROR_LAUNCH_FAILED",
+}
+
+
+class DeviceFaultError(CudaDriverError):
+    """Raised for work that a device fault ended: a kernel trapped or touched an illegal address.
+
+    CUDA runs nothing more of a context after such a fault: no host function,
+    no stream memory operation.  numba_hostfn finds the fault (docs/errors.md,
+    "A device fault") and fails every wait that would never resolve with this
+    error (``done_future``'s future, ``async_done``'s awaitable), and refuses
+    new work on the context's streams with it.  ``code`` is the ``CUresult``,
+    ``error_name`` its name (``"CUDA_ERROR_LAUNCH_FAILED"``, ...), ``stream``
+    the handle of the stream the fault was found on (0 if not known).  The
+    context stays unusable: end the process (a scheduler restarts it).
+    """
+
+    def __init__(self, message: str, code: int = 0, error_name: str = "", stream: int = 0) -> None:
+        super().__init__(message, code)
+        self.error_name = error_name
+        self.stream = stream
 
 
 class BackendUnavailableError(RuntimeError):

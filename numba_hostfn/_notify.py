@@ -23,7 +23,6 @@ been drained.
 
 from __future__ import annotations
 
-import functools
 import os
 import threading
 import weakref
@@ -38,7 +37,13 @@ if TYPE_CHECKING:  # imported where used: a first launch needs neither (start-up
     import asyncio
     import concurrent.futures
 
-__all__ = ["async_done", "done_future", "launch_nonblocking", "run_callbacks"]
+__all__ = [
+    "async_done",
+    "done_future",
+    "dropped_callbacks",
+    "launch_nonblocking",
+    "run_callbacks",
+]
 
 
 class _Channel:
@@ -46,7 +51,9 @@ class _Channel:
     the entries its signals act on, registered with their signal's enqueue and acted
     on in batches, natively.  Its reference is dropped when this dies."""
 
-    def __init__(self, *, wake_main: bool, nonblocking: bool, resolve: bool = False) -> None:
+    def __init__(
+        self, *, wake_main: bool, nonblocking: bool, resolve: bool = False, on_fault: Any = None
+    ) -> None:
         get_backend()  # in a forked child: RuntimeError, naming spawn
         flags = os.EFD_CLOEXEC | (os.EFD_NONBLOCK if nonblocking else 0)
         self.fd = os.eventfd(0, flags)
@@ -65,7 +72,8 @@ class _Channel:
             import asyncio
 
             invalid = asyncio.InvalidStateError
-        self.dispatcher = _core.Dispatcher(self.address, resolve, invalid)  # its own reference
+        # on_fault(entry, code): a device fault failed the entry's launch (invariant 23).
+        self.dispatcher = _core.Dispatcher(self.address, resolve, invalid, on_fault)
 
     def launch(self, target: Any, executor: Any, refusal: str, entry: Any) -> None:
         """Register ``entry`` and enqueue its signal on ``target``, as one native step:
@@ -88,8 +96,10 @@ class _Callbacks:
     has been called, with no Python-level step between (LIFETIME.md, 17 and 21).
     """
 
-    def __init__(self, *, wake_main: bool = True, name: str = "numba_hostfn-callbacks") -> None:
-        self._channel = _Channel(wake_main=wake_main, nonblocking=False)
+    def __init__(
+        self, *, wake_main: bool = True, name: str = "numba_hostfn-callbacks", on_fault: Any = None
+    ) -> None:
+        self._channel = _Channel(wake_main=wake_main, nonblocking=False, on_fault=on_fault)
         self._batch = self._channel.dispatcher
         if wake_main:
             _route_pending_calls()
@@ -118,6 +128,10 @@ class _Callbacks:
     def running_here(self) -> bool:
         """Whether this thread is inside this batch (a callback that drains)."""
         return self._batch.running_here()
+
+    def faulted(self) -> int:
+        """Entries whose launch a device fault failed."""
+        return self._batch.faulted()
 
 
 # ---- the pending call that signals of channels made with wake_main ask for ----
@@ -190,8 +204,28 @@ def _the_futures() -> _Callbacks:
     if _futures is None:
         with _callbacks_lock:
             if _futures is None:
-                _futures = _Callbacks(wake_main=False, name="numba_hostfn-futures")
+                _futures = _Callbacks(
+                    wake_main=False, name="numba_hostfn-futures", on_fault=_FutureEntry.fail
+                )
     return _futures
+
+
+def dropped_callbacks() -> int:
+    """How many non-blocking callbacks a device fault dropped.
+
+    ``host_launch(stream, fn, blocking=False)`` has no caller to raise to: when
+    a device fault means that its stream will never get there (docs/errors.md,
+    "A device fault"), the callback is dropped, never called, and counted here.
+    A blocking callable or compiled host function that will never run is
+    released as well (``pending()`` goes back to 0), and ``done_future`` and
+    ``async_done`` raise :class:`DeviceFaultError`.
+
+    Returns
+    -------
+    int
+        Non-blocking callbacks dropped since the process started.
+    """
+    return 0 if _callbacks is None else _callbacks.faulted()
 
 
 def run_callbacks() -> int:
@@ -255,15 +289,46 @@ def done_future(stream: Any, *, executor: Any = None) -> concurrent.futures.Futu
     import concurrent.futures
 
     future: concurrent.futures.Future = concurrent.futures.Future()
-    _the_futures().launch(
-        stream, functools.partial(_resolve, future, stream), executor, _FUTURE_IN_GRAPH
-    )
+    _the_futures().launch(stream, _FutureEntry(future, stream), executor, _FUTURE_IN_GRAPH)
     return future
 
 
-def _resolve(future: concurrent.futures.Future, stream: Any) -> None:
-    if future.set_running_or_notify_cancel():
-        future.set_result(stream)
+class _FutureEntry:
+    """What a done_future's signal acts on: its future, resolved with the stream, or
+    failed with the device fault that kept the stream from getting there."""
+
+    __slots__ = ("future", "stream")
+
+    def __init__(self, future: concurrent.futures.Future, stream: Any) -> None:
+        self.future = future
+        self.stream = stream
+
+    def __call__(self) -> None:
+        if self.future.set_running_or_notify_cancel():
+            self.future.set_result(self.stream)
+
+    def fail(self, code: int) -> None:
+        if self.future.set_running_or_notify_cancel():
+            self.future.set_exception(_fault_error(code, self.stream))
+
+
+def _fault_error(code: int, stream: Any) -> Exception:
+    """The DeviceFaultError of a wait on ``stream`` that a device fault ``code`` ended.
+
+    The stream object is not asked for its handle here (its ``__cuda_stream__``
+    could be anyone's code, and failing a wait runs none): the fault is named by
+    its code, with the stream the watchdog found it on."""
+    backend = get_backend()
+    what = repr(stream) if type(stream) is backend.stream_type else type(stream).__name__
+    return backend.fault_error(code, f"this wait's stream ({what}) will never get here")
+
+
+def _fail_loop_wait(entry: Any, code: int) -> None:
+    """on_fault of a loop's waits: the future gets the error (it schedules its awaiting
+    coroutines with call_soon, as a result does: no user code runs here)."""
+    future, stream = entry
+    if not future.done():
+        future.set_exception(_fault_error(code, stream))
 
 
 # ---- async_done: one channel per event loop ----
@@ -287,7 +352,9 @@ class _LoopWaits:
         wake = wake or any_thread_pending_call() is not None
         if wake:
             _route_pending_calls()
-        self.channel = _Channel(wake_main=wake, nonblocking=True, resolve=True)
+        self.channel = _Channel(
+            wake_main=wake, nonblocking=True, resolve=True, on_fault=_fail_loop_wait
+        )
         loop.add_reader(self.channel.fd, self._ready)
 
     def _ready(self) -> None:

@@ -23,6 +23,8 @@ class SimulatorBackend(Backend):
         self.chosen_because = chosen_because
         if _core.sim_context_start():
             raise RuntimeError("the simulator could not start its host-function thread")
+        # Device faults: the watchdog queries the simulated streams (native/watchdog.c).
+        _core.watchdog_configure(_core.SIM_QUERY, _core.SIM_CONTEXT_OF)
         self.enqueue_fn = _core.SIM_ENQUEUE
         self.device_enqueue_fn = _core.SIM_ENQUEUE_DEVICE
         self.executor_enqueue_fn = _core.EXEC_SIM_ENQUEUE
@@ -49,6 +51,8 @@ class SimulatorBackend(Backend):
     def raise_refusal(self, status: int, call: str = "") -> None:
         if status & _core.IN_HOST_FUNCTION:
             _refuse_in_host_function()
+        if status & _core.FAULTED:
+            raise self.fault_error(status & 0xFFFFFFFF, "nothing was enqueued")
         if status & _core.EXECUTOR_CLOSED:
             raise RuntimeError("the HostExecutor is closed; create a new one")
         if status & _core.QUEUE_STOPPED:

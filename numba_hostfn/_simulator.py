@@ -29,7 +29,16 @@ from ._errors import SIMULATOR_ENV, SimulatorUnsupportedError
 from ._process import forked, get_backend
 from ._simbackend import SimulatorBackend
 
-__all__ = ["Graph", "GraphBuilder", "Stream"]
+__all__ = ["Graph", "GraphBuilder", "Stream", "new_context"]
+
+#: The faults Stream.fault() can raise, by CUresult.
+_FAULTS = {
+    "CUDA_ERROR_LAUNCH_FAILED": 719,
+    "CUDA_ERROR_ILLEGAL_ADDRESS": 700,
+    "CUDA_ERROR_MISALIGNED_ADDRESS": 716,
+    "CUDA_ERROR_ILLEGAL_INSTRUCTION": 715,
+    "CUDA_ERROR_HARDWARE_STACK_ERROR": 714,
+}
 
 
 def _simulator() -> SimulatorBackend:
@@ -97,6 +106,8 @@ class Stream(_core.SimStreamBase):
         Ctrl-C interrupts the wait (``KeyboardInterrupt``; the stream's work still
         runs, and ``sync()`` may be called again), which CUDA's does not:
         docs/simulator.md.  A host function must not call it (``RuntimeError``).
+        Raises :class:`~numba_hostfn.DeviceFaultError` if the stream's context has
+        a device fault (:meth:`fault`), as ``cuStreamSynchronize`` does.
         """
         handle = self._live()
         if self.is_capturing:
@@ -104,11 +115,42 @@ class Stream(_core.SimStreamBase):
                 "sync() on a simulated stream that is capturing: nothing it captured runs "
                 "until the graph is launched; end the capture first"
             )
-        _core.sim_sync(handle)
+        fault = _core.sim_sync(handle)
+        if fault:
+            raise self._backend.fault_error(fault, "sync() found it", handle)
 
     def is_done(self) -> bool:
-        """True if all work enqueued so far has run."""
-        return _core.sim_pending(self._live()) == 0
+        """True if all work enqueued so far has run (a device fault raises, as in ``sync``)."""
+        handle = self._live()
+        answer = _core.sim_query(handle)
+        if answer not in (0, 600):
+            raise self._backend.fault_error(answer, "the stream's query found it", handle)
+        return answer == 0
+
+    def fault(self, error: str = "CUDA_ERROR_LAUNCH_FAILED") -> None:
+        """Enqueue simulated device work that faults, as a kernel that traps does.
+
+        From the moment it runs the stream's simulated context behaves as CUDA's
+        after a kernel fault: no work of its streams runs any more (host
+        functions included), every stream of it answers the error (``sync()``
+        raises :class:`~numba_hostfn.DeviceFaultError` naming ``error``), and
+        enqueues are refused with it.  Streams made after :func:`new_context`
+        belong to a new, healthy context.  ``error`` is one of
+        ``CUDA_ERROR_LAUNCH_FAILED``, ``CUDA_ERROR_ILLEGAL_ADDRESS``,
+        ``CUDA_ERROR_MISALIGNED_ADDRESS``, ``CUDA_ERROR_ILLEGAL_INSTRUCTION``,
+        ``CUDA_ERROR_HARDWARE_STACK_ERROR``.
+        """
+        code = _FAULTS.get(error) if isinstance(error, str) else None
+        if code is None:
+            raise ValueError(f"fault() expected one of {sorted(_FAULTS)}, got {error!r}")
+        handle = self._live()
+        if self.is_capturing:
+            raise SimulatorUnsupportedError(
+                "the simulator does not model a fault captured into a graph; end the capture"
+            )
+        status = _core.sim_enqueue(handle, _core.SIM_FAULT, code, True)
+        if status:
+            self._backend.raise_refusal(status)
 
     def sleep(self, seconds: float) -> None:
         """Enqueue simulated device work that occupies the stream for ``seconds``."""
@@ -253,6 +295,17 @@ class Graph:
 
 
 SimulatorBackend.stream_type = Stream  # the native host_launch takes its launches
+
+
+def new_context() -> None:
+    """Streams made from now on belong to a new, healthy simulated context.
+
+    A device fault (:meth:`Stream.fault`) is sticky for its context, as on a
+    GPU, where a process must make a new context (or end) to run work again;
+    streams made before keep the faulted context.
+    """
+    _simulator()
+    _core.sim_new_context()
 
 
 class GraphBuilder:

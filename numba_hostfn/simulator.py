@@ -4,6 +4,6 @@ See docs/simulator.md for what it models and what it does not.
 """
 
 from ._errors import SimulatorUnsupportedError
-from ._simulator import Graph, GraphBuilder, Stream
+from ._simulator import Graph, GraphBuilder, Stream, new_context
 
-__all__ = ["Graph", "GraphBuilder", "SimulatorUnsupportedError", "Stream"]
+__all__ = ["Graph", "GraphBuilder", "SimulatorUnsupportedError", "Stream", "new_context"]

@@ -14,6 +14,7 @@ PUBLIC = {
     "Record",
     "CUhostFn",
     "CudaDriverError",
+    "DeviceFaultError",
     "HostCallbackCompileError",
     "HostExecutor",
     "HostFunction",
@@ -26,6 +27,7 @@ PUBLIC = {
     "create_stream",
     "done_future",
     "drain",
+    "dropped_callbacks",
     "host_copy",
     "host_memcpy",
     "host_memcpy_2d",
@@ -51,6 +53,7 @@ def test_simulator_module_exports():
         "GraphBuilder",
         "Stream",
         "SimulatorUnsupportedError",
+        "new_context",
     }
     assert (
         numba_hostfn.simulator.SimulatorUnsupportedError is numba_hostfn.SimulatorUnsupportedError
@@ -60,6 +63,7 @@ def test_simulator_module_exports():
 def test_error_classes_are_the_builtin_kinds():
     assert issubclass(numba_hostfn.HostCallbackCompileError, TypeError)
     assert issubclass(numba_hostfn.CudaDriverError, RuntimeError)
+    assert issubclass(numba_hostfn.DeviceFaultError, numba_hostfn.CudaDriverError)
     assert issubclass(numba_hostfn.BackendUnavailableError, RuntimeError)
     assert issubclass(numba_hostfn.SimulatorUnsupportedError, NotImplementedError)
 

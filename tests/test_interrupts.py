@@ -72,8 +72,15 @@ INJECT = textwrap.dedent("""
             sys.settrace(None)
         return list(seen)
 
-    def native_threads():
-        return len(os.listdir("/proc/self/task"))
+    def native_threads():  # but the device-fault watchdog's (it ends when idle)
+        tasks = os.listdir("/proc/self/task")
+        def name(t):
+            try:
+                with open(f"/proc/self/task/{t}/comm") as f:
+                    return f.read().strip()
+            except OSError:
+                return ""
+        return sum(name(t) != "nhf-watchdog" for t in tasks)
 """)
 
 CALLBACKS_SCRIPT = (

@@ -15,6 +15,9 @@ struct nhf_cuda nhf_cuda;
  * Both are raw driver entry points, never cuda.bindings' wrapper, which routes
  * every host function through a trampoline that takes the GIL. */
 uint64_t nhf_cuda_enqueue(void *stream, nhf_hostfn trampoline, void *record) {
+    uint64_t fault = nhf_fault_of_stream(stream); /* a faulted context: refused at once */
+    if (fault != 0)
+        return fault;
     int capture = 0;
     int rc = atomic_load(&nhf_cuda.is_capturing)(stream, &capture);
     if (rc != 0)
@@ -33,10 +36,17 @@ uint64_t nhf_enqueue_record(nhf_enqueue_fn enqueue_fn, void *target, nhf_hostfn 
     if (record == NULL)
         return NHF_NO_RECORD;
     record->context = context;
+    /* The stream a device fault would be found on (invariant 23). */
+    bool executor = enqueue_fn == nhf_exec_cuda_enqueue || enqueue_fn == nhf_exec_sim_enqueue;
+    atomic_store_explicit(&record->watch, executor ? nhf_exec_lane_stream(target) : target,
+                          memory_order_relaxed);
+    unsigned long taken = atomic_load_explicit(&record->state, memory_order_relaxed);
     uint64_t status;
     Py_BEGIN_ALLOW_THREADS
     status = enqueue_fn(target, trampoline, record);
     Py_END_ALLOW_THREADS
+    if (status == 0 || (status & NHF_KEPT))
+        nhf_watch_enqueued(record, taken);
     if (status == 0) {
         if (nhf_drain_wanted())
             (void)nhf_drain();

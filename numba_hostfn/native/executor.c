@@ -82,6 +82,9 @@ typedef struct lane {
     atomic_int claimed;      /* a thread runs the head task (set by compare-and-swap) */
     uint32_t seq;            /* the last number given (under enqueue_mutex) */
     pthread_mutex_t enqueue_mutex; /* one producer at a time per lane */
+    /* Set once by the watchdog: the stream has a device fault, and will never
+     * reach the tasks it has not reached (invariant 23). */
+    atomic_uint fault;
 } lane;
 
 /* A simulated stream memory operation: its word and value. */
@@ -118,6 +121,7 @@ typedef struct {
 } job;
 
 struct nhf_pool {
+    struct nhf_pool *next_pool; /* every pool, for a device fault (never removed) */
     /* Read by spinning threads at every turn. */
     _Atomic(lane *) lanes;
     _Atomic(slot *) slots;  /* appended under mutex, never removed */
@@ -168,12 +172,14 @@ static void wake(nhf_pool *pool) {
 
 static uint32_t reached_word(const lane *l) { return atomic_load(&l->words[0]); }
 
-/* The first task of a lane whose stream has reached it, claimed; NULL if none. */
+/* The first task of a lane whose stream has reached it (or that a device fault
+ * failed), claimed; NULL if none. */
 static task *claim(nhf_pool *pool, lane **lane_out) {
     for (lane *l = atomic_load(&pool->lanes); l != NULL; l = l->next) {
         /* Without a lock: reached == done means nothing is waiting here. */
         uint32_t reached = reached_word(l);
-        if (reached == atomic_load(&l->words[1]))
+        bool faulted = atomic_load_explicit(&l->fault, memory_order_relaxed) != 0;
+        if (reached == atomic_load(&l->words[1]) && !faulted)
             continue;
         /* One thread claims a lane, the others move on: a compare-and-swap of
          * the claimed flag, so that spinning threads do not all rush the lane's
@@ -186,7 +192,7 @@ static task *claim(nhf_pool *pool, lane **lane_out) {
             continue;
         pthread_mutex_lock(&l->fifo_mutex);
         task *head = l->head;
-        if (head != NULL && (int32_t)(reached - head->seq) >= 0) {
+        if (head != NULL && (faulted || (int32_t)(reached - head->seq) >= 0)) {
             pthread_mutex_unlock(&l->fifo_mutex);
             *lane_out = l;
             return head;
@@ -197,9 +203,15 @@ static task *claim(nhf_pool *pool, lane **lane_out) {
     return NULL;
 }
 
-/* Run a claimed task, write its "done", and retire it. */
+/* Run a claimed task, write its "done", and retire it.  A task that the stream
+ * has not reached on a faulted lane never runs: its record is failed (the
+ * watchdog may have failed it first), and the drain releases it. */
 static void run(nhf_pool *pool, lane *l, task *t) {
-    t->trampoline(t->record);
+    unsigned fault = atomic_load(&l->fault);
+    if (fault != 0 && (int32_t)(reached_word(l) - t->seq) < 0)
+        (void)nhf_fault_fail_record(t->record, fault);
+    else
+        t->trampoline(t->record);
     atomic_thread_fence(memory_order_seq_cst); /* the task's writes before "done" */
     atomic_store(&l->words[1], t->seq);
     pthread_mutex_lock(&l->fifo_mutex);
@@ -309,6 +321,8 @@ static void copy_run(nhf_pool *pool, const uint64_t *desc) {
  * MEMCPY_LAYOUT descriptor, record.context the pool. */
 void nhf_exec_copy(void *record_) {
     nhf_record *record = record_;
+    if (!nhf_record_start(record))
+        return; /* failed by a device fault: released by the drain (invariant 23) */
     copy_run(record->context, record->arg);
     nhf_record_complete(record);
 }
@@ -489,6 +503,11 @@ static task *open_task(lane *l, nhf_hostfn trampoline, void *record, uint64_t *s
         *status = NHF_EXECUTOR_CLOSED;
         return NULL;
     }
+    unsigned fault = atomic_load(&l->fault);
+    if (fault != 0) {
+        *status = NHF_FAULTED | fault;
+        return NULL;
+    }
     long pause = atomic_load_explicit(&test_pause_ns, memory_order_relaxed);
     if (pause > 0)
         sleep_ns(pause);
@@ -505,6 +524,9 @@ static task *open_task(lane *l, nhf_hostfn trampoline, void *record, uint64_t *s
  * the write): status NHF_KEPT | CUresult. */
 uint64_t nhf_exec_cuda_enqueue(void *lane_, nhf_hostfn trampoline, void *record) {
     lane *l = lane_;
+    uint64_t fault = nhf_fault_of_stream(l->stream); /* a faulted context: refused at once */
+    if (fault != 0)
+        return fault;
     int capture = 0;
     int rc = atomic_load(&nhf_cuda.is_capturing)(l->stream, &capture);
     if (rc != 0)
@@ -563,10 +585,11 @@ static void sim_set(void *op_) {
     atomic_store(op->word, op->value);
 }
 
-/* Any thread (a simulated stream's): wait until op.word >= op.value (cyclic), polling. */
+/* Any thread (a simulated stream's): wait until op.word >= op.value (cyclic),
+ * polling; a fault of the stream's context ends the wait, as on a GPU. */
 static void sim_await(void *op_) {
     word_op *op = op_;
-    while ((int32_t)(atomic_load(op->word) - op->value) < 0)
+    while ((int32_t)(atomic_load(op->word) - op->value) < 0 && !nhf_sim_faulted_here())
         usleep(20);
 }
 
@@ -578,6 +601,13 @@ static void sim_write_once(void *op) {
 static void sim_wait_once(void *op) {
     sim_await(op);
     free(op);
+}
+
+bool nhf_exec_sim_drop(nhf_hostfn fn, void *arg) {
+    if (fn != sim_write_once && fn != sim_wait_once)
+        return false;
+    free(arg);
+    return true;
 }
 
 static word_op *new_word_op(_Atomic uint32_t *word, uint32_t value) {
@@ -679,6 +709,25 @@ static long pool_close(nhf_pool *pool, bool no_wait) {
     return 0;
 }
 
+/* Every pool ever started (a pool is never freed). */
+static _Atomic(nhf_pool *) all_pools;
+static pthread_mutex_t all_pools_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void *nhf_exec_lane_stream(void *lane_) { return ((lane *)lane_)->stream; }
+
+void nhf_exec_fault_stream(void *stream, unsigned code) {
+    for (nhf_pool *pool = atomic_load(&all_pools); pool != NULL; pool = pool->next_pool) {
+        bool marked = false;
+        for (lane *l = atomic_load(&pool->lanes); l != NULL; l = l->next) {
+            unsigned expected = 0;
+            if (l->stream == stream && atomic_compare_exchange_strong(&l->fault, &expected, code))
+                marked = true;
+        }
+        if (marked)
+            wake(pool); /* its threads answer the lane's tasks */
+    }
+}
+
 /* A pool of nthreads threads, started; NULL if that failed.  Never freed. */
 static nhf_pool *pool_new(long nthreads, long spin_ns, long poll_ns) {
     nhf_pool *pool = aligned_zeroed(sizeof(nhf_pool));
@@ -701,6 +750,10 @@ static nhf_pool *pool_new(long nthreads, long spin_ns, long poll_ns) {
         }
         pool->nthreads = i + 1;
     }
+    pthread_mutex_lock(&all_pools_lock);
+    pool->next_pool = atomic_load(&all_pools);
+    atomic_store(&all_pools, pool);
+    pthread_mutex_unlock(&all_pools_lock);
     return pool;
 }
 

@@ -163,6 +163,7 @@ PyMODINIT_FUNC PyInit__core(void) {
         add_status(module, "KEPT", NHF_KEPT) < 0 ||
         add_status(module, "EXECUTOR_CLOSED", NHF_EXECUTOR_CLOSED) < 0 ||
         add_status(module, "IN_HOST_FUNCTION", NHF_IN_HOST_FUNCTION) < 0 ||
+        add_status(module, "FAULTED", NHF_FAULTED) < 0 ||
         nhf_add_address(module, "RUN_COMPILED", (void *)(uintptr_t)nhf_run_compiled) < 0 ||
         nhf_add_address(module, "RUN_PYTHON", (void *)(uintptr_t)nhf_run_python) < 0 ||
         nhf_add_address(module, "REPLAY_PYTHON", (void *)(uintptr_t)nhf_replay_python) < 0 ||
@@ -171,7 +172,8 @@ PyMODINIT_FUNC PyInit__core(void) {
         nhf_add_address(module, "CUDA_ENQUEUE", (void *)(uintptr_t)nhf_cuda_enqueue) < 0 ||
         nhf_fork_init() < 0 || nhf_enqueue_init(module) < 0 || nhf_host_launch_init(module) < 0 ||
         nhf_simulator_init(module) < 0 ||
-        nhf_executor_init(module) < 0 || nhf_notify_init(module) < 0) {
+        nhf_executor_init(module) < 0 || nhf_notify_init(module) < 0 ||
+        nhf_watchdog_init(module) < 0) {
         Py_DECREF(module);
         return NULL;
     }

@@ -38,6 +38,7 @@
 #define NHF_KEPT (UINT64_C(1) << 37)                 /* enqueued after all: it will run */
 #define NHF_EXECUTOR_CLOSED (UINT64_C(1) << 38)      /* the executor is closed */
 #define NHF_IN_HOST_FUNCTION (UINT64_C(1) << 40)     /* simulator: called by a host function */
+#define NHF_FAULTED (UINT64_C(1) << 41) /* the stream's context has a device fault (CUresult) */
 #define NHF_CURESULT_MASK UINT64_C(0xFFFFFFFF)
 
 /* A CUhostFn: void (*)(void *). */
@@ -57,7 +58,35 @@ typedef struct nhf_record {
     struct nhf_record *next; /* link: free list, completed stack, or a simulated graph's list */
     PyObject *result;        /* what a Python callable returned (released by the drain) */
     PyObject *owner;         /* strong reference to what the launch keeps alive */
+    /* A device fault (watchdog.c, LIFETIME.md invariant 23): the stream the
+     * launch was enqueued on (an executor's: its lane's), and its state: an
+     * incarnation number (raised at every take) and a phase, changed by
+     * compare-and-swap only. */
+    _Atomic(void *) watch;
+    atomic_ulong state;
 } nhf_record;
+
+/* A record's phase: the low two bits of its state. */
+enum nhf_phase {
+    NHF_TAKEN = 0,     /* taken, not (yet) known to be on a stream */
+    NHF_IN_FLIGHT = 1, /* enqueued: a trampoline or the watchdog will claim it */
+    NHF_RUN = 2,       /* a trampoline claimed it: it runs */
+    NHF_FAILED = 3,    /* the watchdog claimed it: it never runs; never reused */
+};
+#define NHF_PHASE(state) ((unsigned)((state) & 3u))
+#define NHF_WITH_PHASE(state, phase) (((state) & ~(unsigned long)3u) | (unsigned long)(phase))
+
+/* Any thread: a trampoline claims its record before it runs; false if the
+ * watchdog failed it (a device fault): then it must touch nothing of the
+ * record's but return (the record is released by the drain, never reused). */
+static inline bool nhf_record_start(nhf_record *record) {
+    unsigned long state = atomic_load(&record->state);
+    while (NHF_PHASE(state) != NHF_FAILED) {
+        if (atomic_compare_exchange_weak(&record->state, &state, NHF_WITH_PHASE(state, NHF_RUN)))
+            return true;
+    }
+    return false;
+}
 
 /* GIL held.  Take a free record for fn(arg) with a new reference to owner;
  * NULL (MemoryError set) if no memory. */
@@ -79,6 +108,9 @@ bool nhf_drain_wanted(void);
 Py_ssize_t nhf_records_held(void);
 /* Py_AddPendingCall refusals (each retried later). */
 Py_ssize_t nhf_schedule_failures(void);
+/* Any thread: call visit(record, arg) for every record ever allocated (slabs
+ * are never freed); the records may change under it (read their state). */
+void nhf_records_each(void (*visit)(nhf_record *record, void *arg), void *arg);
 
 /* ---- the interpreter guard, and the GIL on foreign threads (guard.c) --------- */
 
@@ -157,6 +189,27 @@ extern struct nhf_cuda nhf_cuda;
 uint64_t nhf_cuda_enqueue(void *stream, nhf_hostfn trampoline, void *record);
 int nhf_enqueue_init(PyObject *module);
 
+/* ---- device faults: the watchdog (watchdog.c) ---------------------------------- */
+
+/* GIL held: the record (whose state was `taken` before its enqueue) was
+ * enqueued (status 0 or NHF_KEPT): mark it in flight, unless it ran already,
+ * and wake the watchdog if it is parked (one load when it is not). */
+void nhf_watch_enqueued(nhf_record *record, unsigned long taken);
+/* Any thread: 0, or NHF_FAULTED | CUresult if the watchdog knows stream's
+ * context to have a device fault (one relaxed load while no fault is known). */
+uint64_t nhf_fault_of_stream(void *stream);
+/* Any thread: note that context ctx has the device fault code, found on stream
+ * (the first note of a context wins).  Returns true if it was new. */
+bool nhf_fault_note(void *ctx, unsigned code, void *stream);
+/* Any thread (a pool's): fail one record that will never run; false if a
+ * trampoline or the watchdog claimed it first. */
+bool nhf_fault_fail_record(nhf_record *record, unsigned code);
+/* The backend's query of a stream, shaped like cuStreamQuery, and of its
+ * context, like cuStreamGetCtx. */
+typedef int (*nhf_query_fn)(void *stream);
+typedef int (*nhf_context_fn)(void *stream, void **ctx);
+int nhf_watchdog_init(PyObject *module);
+
 /* ---- host_launch (host_launch.c) ----------------------------------------------- */
 
 /* The compiled-function base type: HostFunction subclasses it in Python. */
@@ -191,6 +244,11 @@ int nhf_host_launch_init(PyObject *module);
 
 typedef struct nhf_sim_stream nhf_sim_stream;
 uint64_t nhf_sim_enqueue(void *stream, nhf_hostfn fn, void *arg);
+/* The simulator's cuStreamQuery and cuStreamGetCtx (the watchdog's query). */
+int nhf_sim_query(void *stream);
+int nhf_sim_context_of(void *stream, void **ctx);
+/* Any thread: on a simulated stream's thread, whether its context has faulted. */
+bool nhf_sim_faulted_here(void);
 uint64_t nhf_sim_enqueue_device(void *stream, nhf_hostfn fn, void *arg);
 void nhf_sim_delay(void *arg);
 /* GIL held: the native stream of a simulated Stream (NULL for anything else). */
@@ -210,11 +268,24 @@ void *nhf_exec_find_lane(nhf_pool *pool, void *stream);
 uint64_t nhf_exec_cuda_enqueue(void *lane, nhf_hostfn trampoline, void *record);
 uint64_t nhf_exec_sim_enqueue(void *lane, nhf_hostfn trampoline, void *record);
 void nhf_exec_copy(void *record);
+/* Any thread: the stream of an executor lane (the watchdog's query). */
+void *nhf_exec_lane_stream(void *lane);
+/* Any thread (the watchdog's): the lanes on stream, of every pool, fail their
+ * tasks that the stream has not reached from now on (it never will). */
+void nhf_exec_fault_stream(void *stream, unsigned code);
+/* Any thread (a simulated stream's): a dropped item of the executor's; frees
+ * its argument and returns true if fn is one. */
+bool nhf_exec_sim_drop(nhf_hostfn fn, void *arg);
 int nhf_executor_init(PyObject *module);
 
 /* ---- signals to Python (notify.c) ---------------------------------------------- */
 
 int nhf_notify_init(PyObject *module);
+/* Any thread: whether fn is a signal's CUhostFn. */
+bool nhf_is_signal(nhf_hostfn fn);
+/* Any thread: the signal's launch will never run (a device fault): push it as
+ * failed with code, as the signal would have pushed itself. */
+void nhf_signal_fail(void *node, unsigned code);
 
 /* ---- the module (module.c) ----------------------------------------------------- */
 

@@ -29,6 +29,7 @@ typedef struct signal_node {
     struct signal_node *next;
     struct channel *channel;
     uint64_t key;
+    unsigned fault; /* 0, or the CUresult of a device fault: its launch never ran */
 } signal_node;
 
 typedef struct channel {
@@ -124,6 +125,7 @@ static void schedule_notify(void) {
 static void nhf_signal(void *node_) {
     signal_node *node = node_;
     channel *ch = node->channel;
+    /* fault is written before the push, and read by the reader after its take. */
     signal_node *top = atomic_load(&ch->pushed);
     do {
         node->next = top;
@@ -136,6 +138,16 @@ static void nhf_signal(void *node_) {
             schedule_notify();
     }
     channel_release(ch);
+}
+
+bool nhf_is_signal(nhf_hostfn fn) { return fn == nhf_signal; }
+
+/* Any thread (the watchdog's): the signal's launch will never run: push it,
+ * marked with the fault, as it would have pushed itself (invariant 23). */
+void nhf_signal_fail(void *node_, unsigned code) {
+    signal_node *node = node_;
+    node->fault = code;
+    nhf_signal(node);
 }
 
 /* ---- from Python ---------------------------------------------------------------- */
@@ -210,7 +222,7 @@ static uint64_t enqueue_signal(nhf_enqueue_fn enqueue_fn, void *target, nhf_host
     if (node == NULL)
         return NHF_OUT_OF_MEMORY;
     atomic_fetch_add(&ch->refs, 1);
-    *node = (signal_node){NULL, ch, key};
+    *node = (signal_node){NULL, ch, key, 0};
     uint64_t status = nhf_enqueue_record(enqueue_fn, target, trampoline, nhf_signal, node, NULL, owner);
     if (status != 0 && !(status & NHF_KEPT)) {
         free(node);
@@ -231,23 +243,31 @@ static uint64_t enqueue_signal(nhf_enqueue_fn enqueue_fn, void *target, nhf_host
  * Python code a batch runs is the entries' own. */
 enum dispatch { DISPATCH_CALL, DISPATCH_RESOLVE };
 
+/* A key taken from the channel, and the fault its launch failed with (or 0). */
+typedef struct {
+    uint64_t key;
+    unsigned fault;
+} due_key;
+
 typedef struct {
     PyObject_HEAD
     channel *ch;       /* one reference of the channel's, dropped at dealloc */
     int mode;          /* DISPATCH_CALL or DISPATCH_RESOLVE */
     PyObject *waiting; /* dict: key -> entry, until it has been acted on */
     uint64_t next_key;
-    uint64_t *due;     /* a ring of keys taken from the channel, oldest first */
+    due_key *due;      /* a ring of keys taken from the channel, oldest first */
     size_t due_head, due_len, due_cap;
     pthread_mutex_t lock;     /* one batch at a time: stream order */
     atomic_ulong runner;      /* the thread running the batch, or 0 */
     PyObject *invalid_state;  /* for DISPATCH_RESOLVE: asyncio.InvalidStateError */
+    PyObject *on_fault;       /* on_fault(entry, code) for a failed launch's entry, or NULL */
+    atomic_long faulted;      /* entries whose launch a device fault failed */
 } dispatcher;
 
-static int due_push(dispatcher *d, uint64_t key) {
+static int due_push(dispatcher *d, due_key key) {
     if (d->due_len == d->due_cap) {
         size_t cap = d->due_cap ? 2 * d->due_cap : 64;
-        uint64_t *ring = malloc(cap * sizeof(uint64_t));
+        due_key *ring = malloc(cap * sizeof(due_key));
         if (ring == NULL)
             return -1;
         for (size_t i = 0; i < d->due_len; i++)
@@ -268,7 +288,8 @@ static int take_into(dispatcher *d) {
     pthread_mutex_lock(&d->ch->take_lock);
     take_locked(d->ch);
     while (d->ch->taken != NULL) {
-        if (due_push(d, d->ch->taken->key) < 0) {
+        due_key key = {d->ch->taken->key, d->ch->taken->fault};
+        if (due_push(d, key) < 0) {
             rc = -1; /* what is left stays taken, for the next batch */
             break;
         }
@@ -312,6 +333,27 @@ static int act(dispatcher *d, PyObject *entry) {
     return -1;
 }
 
+/* A device fault failed the entry's launch (invariant 23): on_fault(entry,
+ * code) fails its wait; without on_fault (non-blocking callbacks) it is
+ * dropped.  Counted either way.  What on_fault raises is reported, except a
+ * KeyboardInterrupt, delivered again to the main thread. */
+static int fail(dispatcher *d, PyObject *entry, unsigned code) {
+    atomic_fetch_add(&d->faulted, 1);
+    if (d->on_fault == NULL)
+        return 0;
+    PyObject *result = PyObject_CallFunction(d->on_fault, "OI", entry, code);
+    if (result == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
+            PyErr_Clear();
+            PyErr_SetInterrupt();
+        } else {
+            PyErr_WriteUnraisable(d->on_fault);
+        }
+    }
+    Py_XDECREF(result);
+    return 0;
+}
+
 /* run(block=True) -> how many entries were acted on; the due keys oldest first.
  * A call from inside the batch (an entry that drains) returns 0 at once; with
  * block false, so does a call while another thread runs the batch.  Between two
@@ -350,8 +392,8 @@ static PyObject *dispatcher_run(PyObject *self_, PyObject *const *args, Py_ssize
             failed = 1;
             break;
         }
-        uint64_t key = d->due[d->due_head];
-        PyObject *k = PyLong_FromUnsignedLongLong(key);
+        due_key key = d->due[d->due_head];
+        PyObject *k = PyLong_FromUnsignedLongLong(key.key);
         if (k == NULL) {
             failed = 1;
             break;
@@ -373,7 +415,7 @@ static PyObject *dispatcher_run(PyObject *self_, PyObject *const *args, Py_ssize
         d->due_len--;
         if (entry != NULL) { /* else its launch was refused after all: nothing to do */
             ran++;
-            int rc = act(d, entry);
+            int rc = key.fault ? fail(d, entry, key.fault) : act(d, entry);
             Py_DECREF(entry);
             if (rc < 0) {
                 failed = 1;
@@ -433,19 +475,24 @@ static PyObject *dispatcher_running_here(PyObject *self_, PyObject *unused) {
                            PyThread_get_thread_ident());
 }
 
+static PyObject *dispatcher_faulted(PyObject *self_, PyObject *unused) {
+    (void)unused;
+    return PyLong_FromLong(atomic_load(&((dispatcher *)self_)->faulted));
+}
+
 static PyObject *dispatcher_due(PyObject *self_, PyObject *unused) {
     (void)unused;
     return PyLong_FromSize_t(((dispatcher *)self_)->due_len);
 }
 
-/* Dispatcher(channel, resolve=False, invalid_state=None) */
+/* Dispatcher(channel, resolve=False, invalid_state=None, on_fault=None) */
 static int dispatcher_init(PyObject *self_, PyObject *args, PyObject *kwargs) {
     dispatcher *d = (dispatcher *)self_;
-    PyObject *address, *invalid_state = Py_None;
+    PyObject *address, *invalid_state = Py_None, *on_fault = Py_None;
     int resolve = 0;
-    static char *keywords[] = {"channel", "resolve", "invalid_state", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|pO:Dispatcher", keywords, &address,
-                                     &resolve, &invalid_state))
+    static char *keywords[] = {"channel", "resolve", "invalid_state", "on_fault", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|pOO:Dispatcher", keywords, &address,
+                                     &resolve, &invalid_state, &on_fault))
         return -1;
     if (d->waiting != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "a Dispatcher is made once");
@@ -464,6 +511,7 @@ static int dispatcher_init(PyObject *self_, PyObject *args, PyObject *kwargs) {
     d->ch = ch;
     d->mode = resolve ? DISPATCH_RESOLVE : DISPATCH_CALL;
     d->invalid_state = invalid_state == Py_None ? NULL : Py_NewRef(invalid_state);
+    d->on_fault = on_fault == Py_None ? NULL : Py_NewRef(on_fault);
     return 0;
 }
 
@@ -471,6 +519,7 @@ static int dispatcher_traverse(PyObject *self_, visitproc visit, void *arg) {
     dispatcher *d = (dispatcher *)self_;
     Py_VISIT(d->waiting);
     Py_VISIT(d->invalid_state);
+    Py_VISIT(d->on_fault);
     return 0;
 }
 
@@ -478,6 +527,7 @@ static int dispatcher_clear(PyObject *self_) {
     dispatcher *d = (dispatcher *)self_;
     Py_CLEAR(d->waiting);
     Py_CLEAR(d->invalid_state);
+    Py_CLEAR(d->on_fault);
     return 0;
 }
 
@@ -500,6 +550,8 @@ static PyMethodDef dispatcher_methods[] = {
      "launch(enqueue_fn, target, trampoline, owner, entry) -> status: register and enqueue."},
     {"outstanding", dispatcher_outstanding, METH_NOARGS, "Entries registered, not acted on."},
     {"due", dispatcher_due, METH_NOARGS, "Keys taken from the channel, not acted on yet."},
+    {"faulted", dispatcher_faulted, METH_NOARGS,
+     "Entries whose launch a device fault failed (dropped, or failed by on_fault)."},
     {"running_here", dispatcher_running_here, METH_NOARGS,
      "Whether this thread is running the batch (an entry that drains)."},
     {NULL, NULL, 0, NULL},
@@ -508,7 +560,7 @@ static PyMethodDef dispatcher_methods[] = {
 static PyTypeObject dispatcher_type = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "numba_hostfn._core.Dispatcher",
-    .tp_doc = "Dispatcher(channel, resolve=False, invalid_state=None): what a "
+    .tp_doc = "Dispatcher(channel, resolve=False, invalid_state=None, on_fault=None): what a "
               "channel's signals act on, registered and run without a Python-level window.",
     .tp_basicsize = sizeof(dispatcher),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,

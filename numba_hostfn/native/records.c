@@ -26,6 +26,14 @@ static _Atomic(nhf_record *) completed;      /* have run: for the drain */
 static atomic_int drain_scheduled;           /* a pending-call drain is scheduled */
 static atomic_long schedule_failures;        /* Py_AddPendingCall refusals */
 
+/* Every slab, for the watchdog's walk (nhf_records_each): a slab's first
+ * record is its header's link, pushed once and never removed. */
+typedef struct slab {
+    struct slab *next;
+    nhf_record records[RECORDS_PER_SLAB];
+} slab;
+static _Atomic(slab *) slabs;
+
 /* An object whose release is deferred to the drain (a replayed callable's result). */
 typedef struct deferred {
     struct deferred *next;
@@ -43,16 +51,18 @@ nhf_record *nhf_record_take(nhf_hostfn fn, void *arg, PyObject *owner) {
     if (free_records == NULL) {
         /* Slabs come from calloc and are never freed (invariant 6): a driver
          * thread may still write a record while the process exits. */
-        nhf_record *slab = calloc(RECORDS_PER_SLAB, sizeof(nhf_record));
-        if (slab == NULL) {
+        slab *fresh = calloc(1, sizeof(slab));
+        if (fresh == NULL) {
             pthread_mutex_unlock(&free_lock);
             PyErr_SetString(PyExc_MemoryError, "numba_hostfn could not allocate launch records");
             return NULL;
         }
         for (size_t i = 0; i < RECORDS_PER_SLAB; i++) {
-            slab[i].next = free_records;
-            free_records = &slab[i];
+            fresh->records[i].next = free_records;
+            free_records = &fresh->records[i];
         }
+        fresh->next = atomic_load(&slabs);
+        atomic_store(&slabs, fresh); /* under free_lock: one writer */
     }
     nhf_record *record = free_records;
     free_records = record->next;
@@ -62,22 +72,37 @@ nhf_record *nhf_record_take(nhf_hostfn fn, void *arg, PyObject *owner) {
     record->arg = arg;
     record->context = NULL;
     record->result = NULL;
+    atomic_store_explicit(&record->watch, NULL, memory_order_relaxed);
+    /* A new incarnation: a compare-and-swap on an earlier one's state fails. */
+    unsigned long state = atomic_load_explicit(&record->state, memory_order_relaxed);
+    atomic_store_explicit(&record->state, NHF_WITH_PHASE(state + 4u, NHF_TAKEN),
+                          memory_order_relaxed);
     Py_INCREF(owner);
     record->owner = owner;
     atomic_fetch_add(&held, 1);
     return record;
 }
 
+void nhf_records_each(void (*visit)(nhf_record *record, void *arg), void *arg) {
+    for (slab *s = atomic_load(&slabs); s != NULL; s = s->next)
+        for (size_t i = 0; i < RECORDS_PER_SLAB; i++)
+            visit(&s->records[i], arg);
+}
+
 /* The record is back on the free list before its references are dropped: a
- * finalizer run by the decref may take or drain records itself (invariant 11). */
+ * finalizer run by the decref may take or drain records itself (invariant 11).
+ * A record that a device fault failed is never reused (invariant 23): the driver
+ * might yet call its trampoline, which then finds it failed and returns. */
 void nhf_record_release(nhf_record *record) {
     PyObject *result = record->result, *owner = record->owner;
     record->result = NULL;
     record->owner = NULL;
-    pthread_mutex_lock(&free_lock);
-    record->next = free_records;
-    free_records = record;
-    pthread_mutex_unlock(&free_lock);
+    if (NHF_PHASE(atomic_load(&record->state)) != NHF_FAILED) {
+        pthread_mutex_lock(&free_lock);
+        record->next = free_records;
+        free_records = record;
+        pthread_mutex_unlock(&free_lock);
+    }
     atomic_fetch_sub(&held, 1);
     Py_XDECREF(result);
     Py_XDECREF(owner);

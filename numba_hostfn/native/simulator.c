@@ -19,6 +19,20 @@
 
 enum lane { LANE_DEVICE, LANE_HOST };
 
+/* A simulated context: a fault domain.  Its streams share the one host-function
+ * thread (the simulator models one thread for all contexts).  A fault (the
+ * device work Stream.fault() enqueues) is sticky, as a CUDA kernel fault is:
+ * from the moment it runs, no item of the context's streams runs any more
+ * (they are dropped), every stream answers the fault to sync() and queries,
+ * and enqueues are refused.  Streams made after sim_new_context() belong to a
+ * new, healthy context.  Contexts are never freed. */
+typedef struct nhf_sim_ctx {
+    atomic_uint fault;      /* 0, or the CUresult of the context's fault */
+    _Atomic(void *) found;  /* the stream the fault ran on */
+} nhf_sim_ctx;
+
+static _Atomic(nhf_sim_ctx *) current_ctx; /* streams made now belong to it */
+
 typedef struct item {
     struct item *next;
     nhf_hostfn fn;
@@ -38,6 +52,7 @@ struct nhf_sim_stream {
     int stopping;          /* refuse new items; the thread ends once empty */
     int has_ended;         /* the thread is past its last item: every closer may return */
     int capturing;         /* enqueues refuse: the capture path records */
+    nhf_sim_ctx *ctx;      /* its context, set at creation */
     pthread_t thread;
     /* The stream's turn on the host-function thread. */
     nhf_sim_stream *host_next; /* link in the context's queue */
@@ -101,6 +116,9 @@ static void append_locked(nhf_sim_stream *stream, item *first, item *last, long 
 static uint64_t refusal_locked(nhf_sim_stream *stream) {
     if (on_host_function_thread())
         return NHF_IN_HOST_FUNCTION;
+    unsigned fault = atomic_load(&stream->ctx->fault);
+    if (fault != 0)
+        return NHF_FAULTED | fault; /* as the driver refuses on a faulted context */
     if (stream->stopping)
         return NHF_QUEUE_STOPPED;
     if (stream->capturing)
@@ -135,6 +153,52 @@ uint64_t nhf_sim_enqueue_device(void *stream, nhf_hostfn fn, void *arg) {
 
 /* ---- the threads ---------------------------------------------------------------- */
 
+/* The stream whose thread this is (NULL on other threads): its device work
+ * finds its context here (a fault, a wait that must stop).  A pthread key, not
+ * _Thread_local: the dynamic TLS of a dlopen'ed module is allocated lazily by
+ * the loader, which ThreadSanitizer reports as a race at thread exit. */
+static pthread_key_t this_stream_key;
+static pthread_once_t this_stream_once = PTHREAD_ONCE_INIT;
+
+static void this_stream_key_make(void) { (void)pthread_key_create(&this_stream_key, NULL); }
+
+static nhf_sim_stream *this_stream(void) {
+    pthread_once(&this_stream_once, this_stream_key_make);
+    return pthread_getspecific(this_stream_key);
+}
+
+/* Any thread (a stream's): simulated device work that faults: the stream's
+ * context has the sticky error (uintptr_t)arg from now on. */
+static void sim_fault(void *arg) {
+    nhf_sim_stream *stream = this_stream();
+    unsigned expected = 0;
+    unsigned code = (unsigned)(uintptr_t)arg;
+    if (atomic_compare_exchange_strong(&stream->ctx->fault, &expected, code)) {
+        atomic_store(&stream->ctx->found, stream);
+        /* What the driver knows, for the error's message; the watchdog still
+         * has to find the fault by querying, as on a GPU. */
+        (void)nhf_fault_note(stream->ctx, code, stream);
+    }
+}
+
+/* Any thread (a stream's, inside device work): whether its context has
+ * faulted (a simulated wait stops waiting then, as a faulted GPU does). */
+bool nhf_sim_faulted_here(void) {
+    nhf_sim_stream *stream = this_stream();
+    return stream != NULL && atomic_load(&stream->ctx->fault) != 0;
+}
+
+/* On a stream's thread: an item a fault keeps from running.  Only what is the
+ * simulator's own bookkeeping still runs: the end of a graph replay, which
+ * gives the replay's hold on the graph back; an executor's operation frees
+ * its argument. */
+static void drop_item(item *it) {
+    if (it->fn == nhf_sim_graph_release)
+        it->fn(it->arg);
+    else
+        (void)nhf_exec_sim_drop(it->fn, it->arg);
+}
+
 /* On the stream's thread: hand fn(arg) to the host-function thread and wait
  * until it has run, as a CUDA stream waits for its host function. */
 static void run_on_host_thread(nhf_sim_stream *stream, nhf_hostfn fn, void *arg) {
@@ -159,6 +223,8 @@ static void run_on_host_thread(nhf_sim_stream *stream, nhf_hostfn fn, void *arg)
 /* A stream's thread: run its items in order until it is stopped and empty. */
 static void *stream_main(void *stream_) {
     nhf_sim_stream *stream = stream_;
+    pthread_once(&this_stream_once, this_stream_key_make);
+    (void)pthread_setspecific(this_stream_key, stream);
     pthread_mutex_lock(&stream->mutex);
     for (;;) {
         item *it = stream->head;
@@ -172,7 +238,9 @@ static void *stream_main(void *stream_) {
         if (stream->head == NULL)
             stream->tail = NULL;
         pthread_mutex_unlock(&stream->mutex);
-        if (it->lane == LANE_HOST)
+        if (atomic_load(&stream->ctx->fault) != 0)
+            drop_item(it); /* host work behind a fault never runs (invariant 23) */
+        else if (it->lane == LANE_HOST)
             run_on_host_thread(stream, it->fn, it->arg);
         else
             it->fn(it->arg);
@@ -205,7 +273,8 @@ static void *host_thread_main(void *unused) {
         if (context.head == NULL)
             context.tail = NULL;
         pthread_mutex_unlock(&context.mutex);
-        stream->host_fn(stream->host_arg);
+        if (atomic_load(&stream->ctx->fault) == 0) /* else it never runs */
+            stream->host_fn(stream->host_arg);
         pthread_mutex_lock(&stream->mutex);
         stream->host_done = 1;
         pthread_cond_signal(&stream->host_ran);
@@ -363,10 +432,26 @@ static PyObject *py_context_start(PyObject *self, PyObject *unused) {
 
 /* A new stream with its thread running; NULL if that failed.  Its memory is
  * never freed: a stale handle finds the stream stopped, not freed. */
+static nhf_sim_ctx *the_context(void) {
+    nhf_sim_ctx *ctx = atomic_load(&current_ctx);
+    if (ctx == NULL) {
+        nhf_sim_ctx *fresh = calloc(1, sizeof(nhf_sim_ctx));
+        if (fresh == NULL)
+            return NULL;
+        if (atomic_compare_exchange_strong(&current_ctx, &ctx, fresh))
+            ctx = fresh;
+        else
+            free(fresh); /* another thread made the first one */
+    }
+    return ctx;
+}
+
 static nhf_sim_stream *stream_new(void) {
-    nhf_sim_stream *stream = calloc(1, sizeof(nhf_sim_stream));
+    nhf_sim_ctx *ctx = the_context();
+    nhf_sim_stream *stream = ctx == NULL ? NULL : calloc(1, sizeof(nhf_sim_stream));
     if (stream == NULL)
         return NULL;
+    stream->ctx = ctx;
     pthread_condattr_t monotonic;
     if (pthread_condattr_init(&monotonic)) {
         free(stream);
@@ -502,7 +587,9 @@ static int wait_idle_for_a_slice(nhf_sim_stream *stream) {
  * at once instead of after the work, and a handler that returns lets the wait
  * go on (as time.sleep does).  A sync changes nothing on the stream, so one
  * interrupted leaves it as it was: its work still runs, and sync() may be
- * called again.  (CUDA's cuStreamSynchronize is not interrupted: docs/simulator.md.) */
+ * called again.  (CUDA's cuStreamSynchronize is not interrupted: docs/simulator.md.)
+ * Returns 0, or the context's fault (work a fault dropped counts as done),
+ * as cuStreamSynchronize answers it. */
 static PyObject *py_sync(PyObject *self, PyObject *arg) {
     (void)self;
     nhf_sim_stream *stream = stream_arg(arg);
@@ -518,7 +605,54 @@ static PyObject *py_sync(PyObject *self, PyObject *arg) {
         if (PyErr_CheckSignals() < 0)
             return NULL;
     }
-    Py_RETURN_NONE;
+    return PyLong_FromUnsignedLong(atomic_load(&stream->ctx->fault));
+}
+
+/* Any thread: the simulator's cuStreamQuery: the context's fault, else
+ * NOT_READY (600) while work is pending, else 0.  A closed stream's memory is
+ * kept, so a stale handle answers too. */
+int nhf_sim_query(void *stream_) {
+    nhf_sim_stream *stream = stream_;
+    unsigned fault = atomic_load(&stream->ctx->fault);
+    if (fault != 0)
+        return (int)fault;
+    pthread_mutex_lock(&stream->mutex);
+    long pending = stream->pending;
+    pthread_mutex_unlock(&stream->mutex);
+    return pending > 0 ? 600 : 0;
+}
+
+/* Any thread: the simulator's cuStreamGetCtx. */
+int nhf_sim_context_of(void *stream_, void **ctx) {
+    *ctx = ((nhf_sim_stream *)stream_)->ctx;
+    return 0;
+}
+
+/* sim_query(stream) -> what nhf_sim_query answers. */
+static PyObject *py_query(PyObject *self, PyObject *arg) {
+    (void)self;
+    nhf_sim_stream *stream = stream_arg(arg);
+    return stream == NULL ? NULL : PyLong_FromLong(nhf_sim_query(stream));
+}
+
+/* sim_fault_info(stream) -> (code, stream it was found on) of its context. */
+static PyObject *py_fault_info(PyObject *self, PyObject *arg) {
+    (void)self;
+    nhf_sim_stream *stream = stream_arg(arg);
+    if (stream == NULL)
+        return NULL;
+    return Py_BuildValue("(IN)", atomic_load(&stream->ctx->fault),
+                         PyLong_FromVoidPtr(atomic_load(&stream->ctx->found)));
+}
+
+/* sim_new_context(): streams made from now on belong to a new, healthy context. */
+static PyObject *py_new_context(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    nhf_sim_ctx *fresh = calloc(1, sizeof(nhf_sim_ctx));
+    if (fresh == NULL)
+        return PyErr_NoMemory();
+    atomic_store(&current_ctx, fresh); /* the old one is kept: its streams use it */
+    return PyLong_FromVoidPtr(fresh);
 }
 
 /* in_host_function() -> True on the simulated host-function thread: a host
@@ -757,6 +891,11 @@ static PyMethodDef methods[] = {
     {"sim_pending", py_pending, METH_O, "Items enqueued on the stream and not yet finished."},
     {"sim_in_host_function", py_in_host_function, METH_NOARGS,
      "True on the simulated host-function thread (a host function's call)."},
+    {"sim_query", py_query, METH_O, "sim_query(stream) -> 0, 600 (not ready) or the fault."},
+    {"sim_fault_info", py_fault_info, METH_O,
+     "sim_fault_info(stream) -> (fault, stream it ran on) of the stream's context."},
+    {"sim_new_context", py_new_context, METH_NOARGS,
+     "Streams made from now on belong to a new, healthy simulated context."},
     {"sim_close", (PyCFunction)(void (*)(void))py_close, METH_FASTCALL,
      "sim_close(stream, join): stop the stream once empty; join its thread or detach it."},
     {"sim_enqueue", (PyCFunction)(void (*)(void))py_enqueue, METH_FASTCALL,
@@ -780,6 +919,7 @@ int nhf_simulator_init(PyObject *module) {
         nhf_add_address(module, "SIM_ENQUEUE_DEVICE",
                         (void *)(uintptr_t)nhf_sim_enqueue_device) < 0 ||
         nhf_add_address(module, "SIM_DELAY", (void *)(uintptr_t)nhf_sim_delay) < 0 ||
+        nhf_add_address(module, "SIM_FAULT", (void *)(uintptr_t)sim_fault) < 0 ||
         nhf_add_address(module, "SIM_GRAPH_RELEASE",
                         (void *)(uintptr_t)nhf_sim_graph_release) < 0)
         return -1;

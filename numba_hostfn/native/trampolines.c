@@ -16,6 +16,8 @@
  * batch) and, if the body left the GIL taken, giving it back. */
 void nhf_run_compiled(void *record_) {
     nhf_record *record = record_;
+    if (!nhf_record_start(record))
+        return; /* failed by a device fault: released by the drain (invariant 23) */
     record->fn(record->arg);
     nhf_gil_give_back_leaked();
     nhf_record_complete(record);
@@ -120,6 +122,8 @@ static PyObject *call_python(nhf_record *record) {
  * the drain releases it on the main thread. */
 void nhf_run_python(void *record_) {
     nhf_record *record = record_;
+    if (!nhf_record_start(record))
+        return; /* failed by a device fault: released by the drain (invariant 23) */
     if (nhf_guard_enter()) {
         PyGILState_STATE state = nhf_gil_take();
         record->result = call_python(record);

@@ -1,0 +1,497 @@
+/* Device faults: the watchdog that finds them, and what it does then.
+ *
+ * After a device fault (a kernel that traps, an illegal address) CUDA runs no
+ * host function of that context again, and writes none of its stream memory
+ * operations: every launch still on a stream would wait for ever.  The driver
+ * tells no one; a query of a stream does (cuStreamQuery answers the sticky
+ * error).  So, only while some launch is in flight, one native thread (the
+ * watchdog) walks the launch records, queries each stream that has one in
+ * flight, through the backend's query function (the simulator's, or
+ * nhf_cuda_query below: the same code on both backends), at an interval that
+ * backs off from first_ns to max_ns, and on any answer but success, NOT_READY
+ * or one that cannot tell (a destroyed stream or context) it *fails* the
+ * stream's launches (LIFETIME.md, invariant 23):
+ *
+ *   - each record in flight on that stream is claimed, by compare-and-swap, from
+ *     in flight to failed (a trampoline that comes later finds it failed and
+ *     returns at once; one that came first runs it), and completed: the drain
+ *     releases its owners on the main thread, and never reuses the record;
+ *   - a signal's record also pushes its signal as failed, so the Python side
+ *     fails the wait (done_future, async_done) or drops and counts the callback;
+ *   - the executor's lanes on that stream fail their tasks that the stream has
+ *     not reached, so their pool's threads answer them and close() returns;
+ *   - the context is noted as faulted: enqueues on its streams are refused.
+ *
+ * With nothing in flight the watchdog parks on a condition variable, and after
+ * idle_ms (10 s) parked its thread ends; the enqueue that puts a record in flight
+ * wakes it (one load of `active` when it is awake), or starts it.  Healthy
+ * streams cost a query each per interval, and nothing on the launch path.
+ *
+ * Threads: the watchdog is native and never touches CPython but through
+ * nhf_record_complete and nhf_signal_fail (a pending call, inside the guard).
+ */
+#include "nhf.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <time.h>
+
+enum {
+    CUDA_SUCCESS = 0,
+    CUDA_ERROR_NOT_INITIALIZED = 3,
+    CUDA_ERROR_DEINITIALIZED = 4,
+    CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_CONTEXT_ALREADY_IN_USE = 216,
+    CUDA_ERROR_INVALID_HANDLE = 400,
+    CUDA_ERROR_NOT_READY = 600,
+    CUDA_ERROR_CONTEXT_IS_DESTROYED = 709,
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+    CU_STREAM_CAPTURE_MODE_RELAXED = 2,
+};
+
+/* An answer that says nothing about a fault: the stream is busy or idle, or the
+ * handle or its context is gone (a stream destroyed with work pending still
+ * runs it; a reset context ran or dropped it: tests/test_faults.py). */
+static bool not_a_fault(int rc) {
+    switch (rc) {
+    case CUDA_SUCCESS:
+    case CUDA_ERROR_NOT_READY:
+    case CUDA_ERROR_NOT_INITIALIZED:
+    case CUDA_ERROR_DEINITIALIZED:
+    case CUDA_ERROR_INVALID_CONTEXT:
+    case CUDA_ERROR_CONTEXT_ALREADY_IN_USE:
+    case CUDA_ERROR_INVALID_HANDLE:
+    case CUDA_ERROR_CONTEXT_IS_DESTROYED:
+    case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* ---- the faulted contexts ------------------------------------------------------ */
+
+#define MAX_FAULTS 64 /* contexts noted; later ones are failed, not refused, by us */
+
+static struct {
+    void *ctx;
+    unsigned code;
+    void *stream; /* the stream the fault was found on */
+} faults[MAX_FAULTS];
+static atomic_int nfaults; /* entries published (written under fault_lock) */
+static pthread_mutex_t fault_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static struct {
+    pthread_mutex_t mutex;
+    pthread_cond_t wake;   /* a record went in flight while parked */
+    atomic_int active;     /* polling: an enqueue need not wake it */
+    int started;           /* under mutex */
+    pthread_t thread;
+    _Atomic(nhf_query_fn) query;
+    _Atomic(nhf_context_fn) context_of;
+    atomic_long first_ns, max_ns; /* the backoff */
+    atomic_long idle_ms;   /* parked this long, the thread ends */
+    atomic_long failed;    /* records failed */
+    atomic_long polls;     /* polls done (tests: the watchdog parks) */
+    atomic_long wakes;     /* times an enqueue woke it */
+} dog = {.mutex = PTHREAD_MUTEX_INITIALIZER,
+         .wake = PTHREAD_COND_INITIALIZER,
+         .first_ns = 1000000,
+         .max_ns = 20000000,
+         .idle_ms = 10000};
+
+bool nhf_fault_note(void *ctx, unsigned code, void *stream) {
+    bool added = false;
+    pthread_mutex_lock(&fault_lock);
+    int n = atomic_load(&nfaults);
+    bool known = false;
+    for (int i = 0; i < n && !known; i++)
+        known = faults[i].ctx == ctx;
+    if (!known && n < MAX_FAULTS) {
+        faults[n].ctx = ctx;
+        faults[n].code = code;
+        faults[n].stream = stream;
+        atomic_store(&nfaults, n + 1);
+        added = true;
+    }
+    pthread_mutex_unlock(&fault_lock);
+    return added;
+}
+
+static unsigned fault_of_context(void *ctx) {
+    int n = atomic_load(&nfaults);
+    for (int i = 0; i < n; i++)
+        if (faults[i].ctx == ctx)
+            return faults[i].code;
+    return 0;
+}
+
+uint64_t nhf_fault_of_stream(void *stream) {
+    if (atomic_load_explicit(&nfaults, memory_order_relaxed) == 0)
+        return 0; /* the healthy path: one load */
+    nhf_context_fn context_of = atomic_load(&dog.context_of);
+    void *ctx = NULL;
+    if (context_of == NULL || context_of(stream, &ctx) != 0)
+        return 0;
+    unsigned code = fault_of_context(ctx);
+    return code == 0 ? 0 : NHF_FAULTED | code;
+}
+
+/* ---- failing what will never run --------------------------------------------------- */
+
+bool nhf_fault_fail_record(nhf_record *record, unsigned code) {
+    unsigned long state = atomic_load(&record->state);
+    if (NHF_PHASE(state) != NHF_IN_FLIGHT ||
+        !atomic_compare_exchange_strong(&record->state, &state,
+                                        NHF_WITH_PHASE(state, NHF_FAILED)))
+        return false;
+    if (nhf_is_signal(record->fn))
+        nhf_signal_fail(record->arg, code);
+    atomic_fetch_add(&dog.failed, 1);
+    nhf_record_complete(record); /* released on the main thread (invariant 2) */
+    return true;
+}
+
+typedef struct {
+    void *stream;
+    unsigned code;
+} fail_job;
+
+static void fail_on_stream(nhf_record *record, void *job_) {
+    fail_job *job = job_;
+    unsigned long state = atomic_load(&record->state);
+    if (NHF_PHASE(state) == NHF_IN_FLIGHT &&
+        atomic_load_explicit(&record->watch, memory_order_relaxed) == job->stream)
+        (void)nhf_fault_fail_record(record, job->code);
+}
+
+/* The watchdog's thread: stream answered code, a fault.  Note its context,
+ * answer its executor tasks, fail its records. */
+static void fail_stream(void *stream, unsigned code) {
+    nhf_context_fn context_of = atomic_load(&dog.context_of);
+    void *ctx = NULL;
+    if (context_of != NULL && context_of(stream, &ctx) == 0 && ctx != NULL)
+        (void)nhf_fault_note(ctx, code, stream);
+    fail_job job = {stream, code};
+    nhf_records_each(fail_on_stream, &job);
+    nhf_exec_fault_stream(stream, code);
+}
+
+/* ---- the watchdog's thread ---------------------------------------------------------- */
+
+typedef struct {
+    void **streams; /* distinct streams with a record in flight */
+    size_t count, capacity;
+    long in_flight;
+} survey;
+
+static void survey_record(nhf_record *record, void *survey_) {
+    survey *s = survey_;
+    if (NHF_PHASE(atomic_load(&record->state)) != NHF_IN_FLIGHT)
+        return;
+    s->in_flight++;
+    void *stream = atomic_load_explicit(&record->watch, memory_order_relaxed);
+    for (size_t i = 0; i < s->count; i++)
+        if (s->streams[i] == stream)
+            return;
+    if (s->count == s->capacity) {
+        size_t capacity = s->capacity ? 2 * s->capacity : 16;
+        void **streams = realloc(s->streams, capacity * sizeof(void *));
+        if (streams == NULL)
+            return; /* this stream at the next poll */
+        s->streams = streams;
+        s->capacity = capacity;
+    }
+    s->streams[s->count++] = stream;
+}
+
+/* One poll: query every stream with a record in flight; fail the faulted ones.
+ * Returns how many records were in flight. */
+static long poll_once(survey *s) {
+    s->count = 0;
+    s->in_flight = 0;
+    nhf_records_each(survey_record, s);
+    nhf_query_fn query = atomic_load(&dog.query);
+    for (size_t i = 0; i < s->count && query != NULL; i++) {
+        int rc = query(s->streams[i]);
+        if (!not_a_fault(rc))
+            fail_stream(s->streams[i], (unsigned)rc);
+    }
+    atomic_fetch_add(&dog.polls, 1);
+    return s->in_flight;
+}
+
+static void sleep_ns(long ns) {
+    struct timespec ts = {ns / 1000000000L, ns % 1000000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Under dog.mutex: wait until woken; false if idle_ms passed first (the
+ * thread then ends, and the next wake starts another). */
+static bool park_locked(void) {
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    long ns = deadline.tv_nsec + (atomic_load(&dog.idle_ms) % 1000) * 1000000L;
+    deadline.tv_sec += atomic_load(&dog.idle_ms) / 1000 + ns / 1000000000L;
+    deadline.tv_nsec = ns % 1000000000L;
+    while (!atomic_load(&dog.active)) {
+        if (pthread_cond_timedwait(&dog.wake, &dog.mutex, &deadline) == ETIMEDOUT &&
+            !atomic_load(&dog.active)) {
+            dog.started = 0;
+            return false;
+        }
+    }
+    return true;
+}
+
+/* The watchdog's thread (native, named nhf-watchdog): it touches CPython only
+ * through nhf_record_complete and nhf_signal_fail, inside the guard. */
+static void *dog_main(void *unused) {
+    (void)unused;
+    (void)prctl(PR_SET_NAME, "nhf-watchdog", 0UL, 0UL, 0UL);
+    survey s = {NULL, 0, 0, 0};
+    long interval = atomic_load(&dog.first_ns);
+    pthread_mutex_lock(&dog.mutex);
+    for (;;) {
+        if (!atomic_load(&dog.active)) {
+            if (!park_locked())
+                break;
+            interval = atomic_load(&dog.first_ns);
+        }
+        pthread_mutex_unlock(&dog.mutex);
+        sleep_ns(interval);
+        long max = atomic_load(&dog.max_ns);
+        interval = 2 * interval < max ? 2 * interval : max;
+        /* At exit (the guard closed) nothing is failed any more: leak rather
+         * than touch a finalizing interpreter or a driver being torn down. */
+        long in_flight = nhf_guard_open() ? poll_once(&s) : 0;
+        pthread_mutex_lock(&dog.mutex);
+        if (in_flight == 0) {
+            /* Park, unless a record went in flight meanwhile: an enqueue marks
+             * its record, then reads active; this writes active, then looks
+             * again (both sequentially consistent), so one of the two sees
+             * the other. */
+            atomic_store(&dog.active, 0);
+            pthread_mutex_unlock(&dog.mutex);
+            s.count = 0;
+            s.in_flight = 0;
+            if (nhf_guard_open())
+                nhf_records_each(survey_record, &s);
+            pthread_mutex_lock(&dog.mutex);
+            if (s.in_flight > 0)
+                atomic_store(&dog.active, 1);
+        }
+    }
+    pthread_mutex_unlock(&dog.mutex);
+    free(s.streams);
+    return NULL;
+}
+
+/* Under dog.mutex: wake the watchdog, starting it the first time. */
+static void wake_locked(void) {
+    if (atomic_load(&dog.active) || atomic_load(&dog.query) == NULL)
+        return;
+    if (!dog.started) {
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        dog.started = pthread_create(&dog.thread, &attr, dog_main, NULL) == 0;
+        pthread_attr_destroy(&attr);
+        if (dog.started) /* named at once, not when it first runs (tests count it) */
+            (void)pthread_setname_np(dog.thread, "nhf-watchdog");
+        if (!dog.started)
+            return; /* tried again at the next enqueue */
+    }
+    atomic_store(&dog.active, 1);
+    atomic_fetch_add(&dog.wakes, 1);
+    pthread_cond_signal(&dog.wake);
+}
+
+void nhf_watch_enqueued(nhf_record *record, unsigned long taken) {
+    unsigned long expected = taken;
+    if (!atomic_compare_exchange_strong(&record->state, &expected,
+                                        NHF_WITH_PHASE(taken, NHF_IN_FLIGHT)))
+        return; /* it ran already (or was released and taken again) */
+    if (atomic_load(&dog.active))
+        return;
+    pthread_mutex_lock(&dog.mutex);
+    wake_locked();
+    pthread_mutex_unlock(&dog.mutex);
+}
+
+/* ---- the CUDA backend's query ------------------------------------------------------- */
+
+typedef int (*cu_stream_query)(void *stream);
+/* cuStreamGetCtx(stream, &ctx); a driver whose cuStreamGetCtx is the _v2 form
+ * (CUDA 12.5+: a third out, the green context) writes it to the third pointer,
+ * which the older form ignores (one argument too many is harmless in the C
+ * calling conventions of x86-64 and AArch64, as for cuStreamGetCaptureInfo). */
+typedef int (*cu_stream_get_ctx)(void *stream, void **ctx, void **green_ctx);
+typedef int (*cu_exchange_capture_mode)(int *mode);
+
+static struct {
+    _Atomic(cu_stream_query) query;
+    _Atomic(cu_stream_get_ctx) get_ctx;
+    _Atomic(cu_exchange_capture_mode) exchange_mode;
+} cuda_watch;
+
+/* The watchdog's thread: a CUDA stream's state, as cuStreamQuery answers it.
+ * The thread's capture mode is relaxed (set once), so its queries never
+ * invalidate another thread's capture in global mode (torch's default); a
+ * stream that is capturing is not queried (that would invalidate its capture):
+ * its launches are graph nodes, and it has none in flight until it ends. */
+static int nhf_cuda_query(void *stream) {
+    static int relaxed; /* only the watchdog's one thread queries */
+    if ((uintptr_t)stream <= 2)
+        return CUDA_ERROR_NOT_READY; /* a default stream needs a current context: not queried */
+    if (!relaxed) {
+        int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+        cu_exchange_capture_mode exchange = atomic_load(&cuda_watch.exchange_mode);
+        if (exchange != NULL && exchange(&mode) == 0)
+            relaxed = 1;
+    }
+    int capturing = 0;
+    int rc = atomic_load(&nhf_cuda.is_capturing)(stream, &capturing);
+    if (rc != 0)
+        return rc;
+    if (capturing)
+        return CUDA_ERROR_NOT_READY;
+    return atomic_load(&cuda_watch.query)(stream);
+}
+
+/* Any thread: a CUDA stream's context (cuStreamGetCtx), or its green context. */
+static int nhf_cuda_context_of(void *stream, void **ctx) {
+    cu_stream_get_ctx get_ctx = atomic_load(&cuda_watch.get_ctx);
+    if (get_ctx == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    void *green = NULL;
+    *ctx = NULL;
+    int rc = get_ctx(stream, ctx, &green);
+    if (rc == 0 && *ctx == NULL)
+        *ctx = green;
+    return rc;
+}
+
+/* ---- from Python ------------------------------------------------------------------------ */
+
+/* set_cuda_watch(cuStreamQuery, cuStreamGetCtx, cuThreadExchangeStreamCaptureMode). */
+static PyObject *py_set_cuda_watch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    void *a[3];
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "set_cuda_watch(query, get_ctx, exchange_capture_mode)");
+        return NULL;
+    }
+    for (int i = 0; i < 3; i++)
+        if (nhf_address_arg(args[i], &a[i]) < 0)
+            return NULL;
+    atomic_store(&cuda_watch.query, (cu_stream_query)(uintptr_t)a[0]);
+    atomic_store(&cuda_watch.get_ctx, (cu_stream_get_ctx)(uintptr_t)a[1]);
+    atomic_store(&cuda_watch.exchange_mode, (cu_exchange_capture_mode)(uintptr_t)a[2]);
+    Py_RETURN_NONE;
+}
+
+/* watchdog_configure(query, context_of[, first_us, max_us[, idle_ms]]): the
+ * backend's query functions (addresses), the backoff, and how long a parked
+ * watchdog keeps its thread (tests change them). */
+static PyObject *py_watchdog_configure(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    void *query, *context_of;
+    if (nargs != 2 && nargs != 4 && nargs != 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "watchdog_configure(query, context_of[, first_us, max_us[, idle_ms]])");
+        return NULL;
+    }
+    if (nhf_address_arg(args[0], &query) < 0 || nhf_address_arg(args[1], &context_of) < 0)
+        return NULL;
+    if (nargs == 4) {
+        long first = PyLong_AsLong(args[2]), max = PyLong_AsLong(args[3]);
+        if (PyErr_Occurred())
+            return NULL;
+        if (first < 1 || max < first) {
+            PyErr_SetString(PyExc_ValueError, "expected 1 <= first_us <= max_us");
+            return NULL;
+        }
+        atomic_store(&dog.first_ns, first * 1000);
+        atomic_store(&dog.max_ns, max * 1000);
+    }
+    if (nargs == 5) {
+        long idle = PyLong_AsLong(args[4]);
+        if (idle < 1) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "expected idle_ms >= 1");
+            return NULL;
+        }
+        atomic_store(&dog.idle_ms, idle);
+    }
+    atomic_store(&dog.context_of, (nhf_context_fn)(uintptr_t)context_of);
+    atomic_store(&dog.query, (nhf_query_fn)(uintptr_t)query);
+    Py_RETURN_NONE;
+}
+
+/* fault_info() -> [(context, code, stream), ...]: the faulted contexts. */
+static PyObject *py_fault_info(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    PyObject *list = PyList_New(0);
+    if (list == NULL)
+        return NULL;
+    pthread_mutex_lock(&fault_lock);
+    int n = atomic_load(&nfaults);
+    for (int i = 0; i < n; i++) {
+        PyObject *item = Py_BuildValue("(NIN)", PyLong_FromVoidPtr(faults[i].ctx), faults[i].code,
+                                       PyLong_FromVoidPtr(faults[i].stream));
+        if (item == NULL || PyList_Append(list, item) < 0) {
+            Py_XDECREF(item);
+            pthread_mutex_unlock(&fault_lock);
+            Py_DECREF(list);
+            return NULL;
+        }
+        Py_DECREF(item);
+    }
+    pthread_mutex_unlock(&fault_lock);
+    return list;
+}
+
+/* watchdog_stats() -> dict: failed (records), polls, wakes, active, running
+ * (its thread exists). */
+static PyObject *py_watchdog_stats(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    pthread_mutex_lock(&dog.mutex);
+    int running = dog.started;
+    pthread_mutex_unlock(&dog.mutex);
+    return Py_BuildValue("{slslslsisi}", "failed", atomic_load(&dog.failed), "polls",
+                         atomic_load(&dog.polls), "wakes", atomic_load(&dog.wakes), "active",
+                         atomic_load(&dog.active), "running", running);
+}
+
+/* stream_fault(stream) -> 0 or the code of its context's noted fault. */
+static PyObject *py_stream_fault(PyObject *self, PyObject *arg) {
+    (void)self;
+    void *stream;
+    if (nhf_address_arg(arg, &stream) < 0)
+        return NULL;
+    return PyLong_FromUnsignedLong((unsigned long)(nhf_fault_of_stream(stream) & NHF_CURESULT_MASK));
+}
+
+static PyMethodDef methods[] = {
+    {"set_cuda_watch", (PyCFunction)(void (*)(void))py_set_cuda_watch, METH_FASTCALL,
+     "set_cuda_watch(cuStreamQuery, cuStreamGetCtx, cuThreadExchangeStreamCaptureMode)"},
+    {"watchdog_configure", (PyCFunction)(void (*)(void))py_watchdog_configure, METH_FASTCALL,
+     "watchdog_configure(query, context_of[, first_us, max_us[, idle_ms]])"},
+    {"fault_info", py_fault_info, METH_NOARGS, "The faulted contexts: (context, code, stream)."},
+    {"watchdog_stats", py_watchdog_stats, METH_NOARGS, "The watchdog's counters."},
+    {"stream_fault", py_stream_fault, METH_O, "The noted fault of a stream's context, or 0."},
+    {NULL, NULL, 0, NULL},
+};
+
+int nhf_watchdog_init(PyObject *module) {
+    if (PyModule_AddFunctions(module, methods) < 0)
+        return -1;
+    if (nhf_add_address(module, "CUDA_QUERY", (void *)(uintptr_t)nhf_cuda_query) < 0 ||
+        nhf_add_address(module, "CUDA_CONTEXT_OF", (void *)(uintptr_t)nhf_cuda_context_of) < 0 ||
+        nhf_add_address(module, "SIM_QUERY", (void *)(uintptr_t)nhf_sim_query) < 0 ||
+        nhf_add_address(module, "SIM_CONTEXT_OF", (void *)(uintptr_t)nhf_sim_context_of) < 0)
+        return -1;
+    return 0;
+}
