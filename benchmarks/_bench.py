@@ -132,8 +132,8 @@ def write_json(path: str, targets: Iterable[Target]) -> None:
         ],
         "targets": [t._asdict() for t in targets],
     }
-    with open(path, "w") as f:
-        json.dump(data, f)
+    with open(path, "w") as f:  # numpy scalars (a numpy bool: a met target) as Python's
+        json.dump(data, f, default=lambda o: o.item() if hasattr(o, "item") else str(o))
 
 
 # ---- shared setup ----------------------------------------------------------------------

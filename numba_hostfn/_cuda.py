@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import ctypes
+import os
 from typing import Any
 
 from . import _core
 from ._backend import Backend
 from ._errors import FAULT_NAMES, SIMULATOR_ENV, BackendUnavailableError, CudaDriverError
+
+#: Turns the device-fault watchdog on for the CUDA backend (off until an H200 run
+#: has validated it; docs/errors.md).
+WATCHDOG_ENV = "NUMBA_HOSTFN_CUDA_WATCHDOG"
 
 __all__ = ["CudaBackend", "cuda_driver_usable"]
 
@@ -100,7 +105,12 @@ class CudaBackend(Backend):
         )
         self._enqueue_entry_points = (proc["cuStreamIsCapturing"], proc["cuLaunchHostFunc"])
         self.set_memops(*self._memops)
-        if proc["cuStreamQuery"] and proc["cuStreamGetCtx"]:
+        # The watchdog on CUDA waits for its first H200 run (issue 33): until then it
+        # is off unless NUMBA_HOSTFN_CUDA_WATCHDOG=1 (the GPU suite sets it).  Its
+        # queries touch the user's stream handles, a stream destroyed with launches
+        # pending included, which no GPU has run yet.
+        watch = os.environ.get(WATCHDOG_ENV, "").strip().lower() in ("1", "true", "yes")
+        if watch and proc["cuStreamQuery"] and proc["cuStreamGetCtx"]:
             _core.set_cuda_watch(
                 proc["cuStreamQuery"],
                 proc["cuStreamGetCtx"],

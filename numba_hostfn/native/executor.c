@@ -173,8 +173,12 @@ static void wake(nhf_pool *pool) {
 static uint32_t reached_word(const lane *l) { return atomic_load(&l->words[0]); }
 
 /* The first task of a lane whose stream has reached it (or that a device fault
- * failed), claimed; NULL if none. */
-static task *claim(nhf_pool *pool, lane **lane_out) {
+ * failed), claimed; NULL if none.  A task on a faulted lane that the stream has
+ * not reached is claimed only with the lane's enqueue mutex (*failing set): its
+ * producer may still be inside its enqueue, holding that mutex, and take the task
+ * back itself (unlink_task) if the driver refuses the write; trylock, as this
+ * thread holds fifo_mutex, which producers take after enqueue_mutex. */
+static task *claim(nhf_pool *pool, lane **lane_out, bool *failing) {
     for (lane *l = atomic_load(&pool->lanes); l != NULL; l = l->next) {
         /* Without a lock: reached == done means nothing is waiting here. */
         uint32_t reached = reached_word(l);
@@ -192,7 +196,10 @@ static task *claim(nhf_pool *pool, lane **lane_out) {
             continue;
         pthread_mutex_lock(&l->fifo_mutex);
         task *head = l->head;
-        if (head != NULL && (faulted || (int32_t)(reached - head->seq) >= 0)) {
+        bool reached_it = head != NULL && (int32_t)(reached - head->seq) >= 0;
+        *failing = head != NULL && !reached_it && faulted &&
+                   pthread_mutex_trylock(&l->enqueue_mutex) == 0;
+        if (reached_it || *failing) {
             pthread_mutex_unlock(&l->fifo_mutex);
             *lane_out = l;
             return head;
@@ -203,15 +210,17 @@ static task *claim(nhf_pool *pool, lane **lane_out) {
     return NULL;
 }
 
-/* Run a claimed task, write its "done", and retire it.  A task that the stream
- * has not reached on a faulted lane never runs: its record is failed (the
- * watchdog may have failed it first), and the drain releases it. */
-static void run(nhf_pool *pool, lane *l, task *t) {
-    unsigned fault = atomic_load(&l->fault);
-    if (fault != 0 && (int32_t)(reached_word(l) - t->seq) < 0)
-        (void)nhf_fault_fail_record(t->record, fault);
-    else
+/* Run a claimed task, write its "done", and retire it.  A task claimed failing
+ * (the stream has not reached it on a faulted lane, claim holds the lane's
+ * enqueue mutex) never runs: its record is failed (the watchdog may have failed
+ * it first), and the drain releases it. */
+static void run(nhf_pool *pool, lane *l, task *t, bool failing) {
+    if (failing) {
+        nhf_record *record = t->record;
+        (void)nhf_fault_fail_record(record, atomic_load(&l->fault), atomic_load(&record->state));
+    } else {
         t->trampoline(t->record);
+    }
     atomic_thread_fence(memory_order_seq_cst); /* the task's writes before "done" */
     atomic_store(&l->words[1], t->seq);
     pthread_mutex_lock(&l->fifo_mutex);
@@ -220,6 +229,8 @@ static void run(nhf_pool *pool, lane *l, task *t) {
         l->tail = NULL;
     atomic_store_explicit(&l->claimed, 0, memory_order_release);
     pthread_mutex_unlock(&l->fifo_mutex);
+    if (failing)
+        pthread_mutex_unlock(&l->enqueue_mutex);
     free(t);
     atomic_fetch_sub(&pool->outstanding, 1);
 }
@@ -400,10 +411,11 @@ static void *thread_main(void *pool_) {
             continue;
         }
         lane *l;
-        task *t = claim(pool, &l);
+        bool failing;
+        task *t = claim(pool, &l, &failing);
         if (t != NULL) {
             hand_on(pool, &me_poller);
-            run(pool, l, t);
+            run(pool, l, t, failing);
             last_work = now_ns();
             continue;
         }

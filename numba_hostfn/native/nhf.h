@@ -201,9 +201,10 @@ uint64_t nhf_fault_of_stream(void *stream);
 /* Any thread: note that context ctx has the device fault code, found on stream
  * (the first note of a context wins).  Returns true if it was new. */
 bool nhf_fault_note(void *ctx, unsigned code, void *stream);
-/* Any thread (a pool's): fail one record that will never run; false if a
- * trampoline or the watchdog claimed it first. */
-bool nhf_fault_fail_record(nhf_record *record, unsigned code);
+/* Any thread (a pool's): fail one record that will never run, from the state
+ * the caller loaded (in flight); false if a trampoline or the watchdog claimed
+ * it first, or it is no longer that incarnation. */
+bool nhf_fault_fail_record(nhf_record *record, unsigned code, unsigned long state);
 /* The backend's query of a stream, shaped like cuStreamQuery, and of its
  * context, like cuStreamGetCtx. */
 typedef int (*nhf_query_fn)(void *stream);

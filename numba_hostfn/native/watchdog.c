@@ -140,8 +140,10 @@ uint64_t nhf_fault_of_stream(void *stream) {
 
 /* ---- failing what will never run --------------------------------------------------- */
 
-bool nhf_fault_fail_record(nhf_record *record, unsigned code) {
-    unsigned long state = atomic_load(&record->state);
+bool nhf_fault_fail_record(nhf_record *record, unsigned code, unsigned long state) {
+    /* From exactly the state the caller saw: a record run, released and taken
+     * again for a later launch meanwhile (a new incarnation, maybe in flight on a
+     * healthy stream) is not this one, and the compare-and-swap fails. */
     if (NHF_PHASE(state) != NHF_IN_FLIGHT ||
         !atomic_compare_exchange_strong(&record->state, &state,
                                         NHF_WITH_PHASE(state, NHF_FAILED)))
@@ -163,7 +165,7 @@ static void fail_on_stream(nhf_record *record, void *job_) {
     unsigned long state = atomic_load(&record->state);
     if (NHF_PHASE(state) == NHF_IN_FLIGHT &&
         atomic_load_explicit(&record->watch, memory_order_relaxed) == job->stream)
-        (void)nhf_fault_fail_record(record, job->code);
+        (void)nhf_fault_fail_record(record, job->code, state);
 }
 
 /* The watchdog's thread: stream answered code, a fault.  Note its context,
@@ -342,14 +344,18 @@ static struct {
  * stream that is capturing is not queried (that would invalidate its capture):
  * its launches are graph nodes, and it has none in flight until it ends. */
 static int nhf_cuda_query(void *stream) {
-    static int relaxed; /* only the watchdog's one thread queries */
+    /* The thread whose mode was relaxed: the mode is the thread's, and a watchdog
+     * thread that ended (idle) is followed by a new one.  Only the watchdog's one
+     * thread at a time queries, so these two need no lock. */
+    static pthread_t relaxed_thread;
+    static bool relaxed;
     if ((uintptr_t)stream <= 2)
         return CUDA_ERROR_NOT_READY; /* a default stream needs a current context: not queried */
-    if (!relaxed) {
+    if (!relaxed || !pthread_equal(relaxed_thread, pthread_self())) {
         int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
         cu_exchange_capture_mode exchange = atomic_load(&cuda_watch.exchange_mode);
-        if (exchange != NULL && exchange(&mode) == 0)
-            relaxed = 1;
+        relaxed = exchange != NULL && exchange(&mode) == 0;
+        relaxed_thread = pthread_self();
     }
     int capturing = 0;
     int rc = atomic_load(&nhf_cuda.is_capturing)(stream, &capturing);
@@ -405,9 +411,12 @@ static PyObject *py_watchdog_configure(PyObject *self, PyObject *const *args, Py
     }
     if (nhf_address_arg(args[0], &query) < 0 || nhf_address_arg(args[1], &context_of) < 0)
         return NULL;
-    if (nargs == 4) {
-        long first = PyLong_AsLong(args[2]), max = PyLong_AsLong(args[3]);
-        if (PyErr_Occurred())
+    if (nargs >= 4) {
+        long first = PyLong_AsLong(args[2]);
+        if (first == -1 && PyErr_Occurred())
+            return NULL;
+        long max = PyLong_AsLong(args[3]);
+        if (max == -1 && PyErr_Occurred())
             return NULL;
         if (first < 1 || max < first) {
             PyErr_SetString(PyExc_ValueError, "expected 1 <= first_us <= max_us");
