@@ -24,8 +24,9 @@
  *
  * With nothing in flight the watchdog parks on a condition variable, and after
  * idle_ms (10 s) parked its thread ends; the enqueue that puts a record in flight
- * wakes it (one load of `active` when it is awake), or starts it.  Healthy
- * streams cost a query each per interval, and nothing on the launch path.
+ * wakes it (one load of `active` when it is awake; its mutex and a condition
+ * signal when it is parked), or starts it.  Healthy streams cost a query each per
+ * interval; the launch path, a compare-and-swap and a few loads while it is awake.
  *
  * Threads: the watchdog is native and never touches CPython but through
  * nhf_record_complete and nhf_signal_fail (a pending call, inside the guard).
