@@ -69,6 +69,23 @@ def resizable(buf) -> bool:
     return True
 
 
+def wait_or_kill(pid: int, seconds: float = 30) -> int | None:
+    """In a child script that forked: wait at most ``seconds`` for child ``pid`` to
+    exit and return its wait status; kill it and return None if it is still running
+    (a child that hung)."""
+    import os
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    return None
+
+
 def assert_no_ignored_errors(stderr: str, what: str) -> None:
     """Fail if ``stderr`` of a child that succeeded holds an error it reported and went
     on from (issue 31: "Exception ignored in Stream.__del__" at every exit, unseen)."""

@@ -213,6 +213,7 @@ def test_stream_closed_with_launches_pending_runs_them(device):
 
 FORK_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     import atexit, gc, os, sys, time, warnings
+    from _device import wait_or_kill
 
     warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads: the point
     executor = nh.HostExecutor(threads=2)
@@ -240,14 +241,8 @@ FORK_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
         atexit._run_exitfuncs()
         print("child: exited cleanly", flush=True)
         os._exit(0)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        time.sleep(0.05)
-    else:
-        os.kill(pid, 9)
+    status = wait_or_kill(pid)
+    if status is None:
         print("parent: the child hung", flush=True)
         sys.exit(1)
     stream.sync()
@@ -328,7 +323,7 @@ def test_every_simulated_entry_point_of_a_forked_child_is_refused(request):
 
 FORK_IN_A_BATCH_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     import os, sys, threading, time, warnings
-    from _device import Hold
+    from _device import Hold, wait_or_kill
 
     warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads: the point
     release = threading.Event()
@@ -359,14 +354,7 @@ FORK_IN_A_BATCH_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
         except RuntimeError as exc:
             print("child: drain refused", "'spawn'" in str(exc), flush=True)
         os._exit(0)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        time.sleep(0.05)
-    else:
-        os.kill(pid, 9)
+    if wait_or_kill(pid) is None:
         print("parent: the child hung", flush=True)
     release.set()
     stream.sync()
