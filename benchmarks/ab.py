@@ -42,8 +42,26 @@ def _git(*args: str) -> bytes:
     return subprocess.run(["git", "-C", ROOT, *args], check=True, capture_output=True).stdout
 
 
+# What a copy of a tree without git leaves out: built and installed files, other sides.
+_NOT_SOURCE = shutil.ignore_patterns(
+    ".git", "build", "*.egg-info", "__pycache__", "*.so", ".ab-ref", ".ci-*", ".whl", ".out"
+)
+
+
 def _tree_at(ref: str, dest: str) -> str:
-    """The files committed at ``ref`` into ``dest``; returns the full commit id."""
+    """The files committed at ``ref`` into ``dest``; returns the full commit id.
+
+    ``ref`` may also be a folder holding such a tree (``git archive REF | tar -x -C
+    DIR``, with the commit id in ``DIR/.ab-commit``): on a machine that has the files
+    but not the repository (a copy of the working tree), the tree travels that way.
+    """
+    if os.path.isdir(ref):
+        shutil.copytree(ref, dest, ignore=_NOT_SOURCE, dirs_exist_ok=True)
+        marker = os.path.join(ref, ".ab-commit")
+        if not os.path.exists(marker):
+            raise SystemExit(f"{ref} is a folder without .ab-commit: say which commit it holds")
+        with open(marker) as f:
+            return f.read().strip()
     commit = _git("rev-parse", "--verify", f"{ref}^{{commit}}").decode().strip()
     with tarfile.open(fileobj=io.BytesIO(_git("archive", commit)), mode="r:") as tar:
         # The "data" filter exists from 3.12 and in the security releases of 3.10-3.11.
@@ -53,7 +71,15 @@ def _tree_at(ref: str, dest: str) -> str:
 
 
 def _working_tree(dest: str) -> None:
-    """The working tree's tracked and untracked, not ignored, files into ``dest``."""
+    """The working tree's tracked and untracked, not ignored, files into ``dest``.
+
+    Without a repository (a copy of the working tree), every file but built ones.
+    """
+    try:
+        _git("rev-parse", "--git-dir")
+    except (OSError, subprocess.CalledProcessError):
+        shutil.copytree(ROOT, dest, ignore=_NOT_SOURCE, dirs_exist_ok=True)
+        return
     names = _git("ls-files", "-z", "--cached", "--others", "--exclude-standard").split(b"\0")
     for name in filter(None, (n.decode() for n in names)):
         src = os.path.join(ROOT, name)
@@ -192,7 +218,10 @@ def main(argv: list[str] | None = None) -> int:
     from run import SECTIONS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("ref", help="the git commit (or branch, tag) to compare against: side A")
+    parser.add_argument(
+        "ref",
+        help="the git commit (branch, tag), or a folder of its files, to compare against: side A",
+    )
     parser.add_argument(
         "--only", choices=tuple(SECTIONS), action="append", help="sections (repeatable)"
     )
