@@ -93,6 +93,8 @@ class CudaBackend(Backend):
             "cuStreamQuery",
             "cuStreamGetCtx",
             "cuThreadExchangeStreamCaptureMode",
+            "cuCtxPushCurrent",
+            "cuCtxPopCurrent",
         ):
             try:
                 proc[name] = self._proc(name)
@@ -105,17 +107,21 @@ class CudaBackend(Backend):
         )
         self._enqueue_entry_points = (proc["cuStreamIsCapturing"], proc["cuLaunchHostFunc"])
         self.set_memops(*self._memops)
-        # The watchdog on CUDA waits for its first H200 run (issue 33): until then it
-        # is off unless NUMBA_HOSTFN_CUDA_WATCHDOG=1 (the GPU suite sets it).  Its
-        # queries touch the user's stream handles, a stream destroyed with launches
-        # pending included, which no GPU has run yet.
-        watch = os.environ.get(WATCHDOG_ENV, "").strip().lower() in ("1", "true", "yes")
-        if watch and proc["cuStreamQuery"] and proc["cuStreamGetCtx"]:
-            _core.set_cuda_watch(
-                proc["cuStreamQuery"],
-                proc["cuStreamGetCtx"],
-                proc["cuThreadExchangeStreamCaptureMode"],
+        # The watchdog (device faults): on unless NUMBA_HOSTFN_CUDA_WATCHDOG=0.  It
+        # queries contexts, through its own per-thread stream, never a user's handle.
+        watch = os.environ.get(WATCHDOG_ENV, "").strip().lower() not in ("0", "false", "no")
+        watch_entry_points = [
+            proc[name]
+            for name in (
+                "cuStreamQuery",
+                "cuStreamGetCtx",
+                "cuThreadExchangeStreamCaptureMode",
+                "cuCtxPushCurrent",
+                "cuCtxPopCurrent",
             )
+        ]
+        if watch and all(watch_entry_points):
+            _core.set_cuda_watch(*watch_entry_points)
             _core.watchdog_configure(_core.CUDA_QUERY, _core.CUDA_CONTEXT_OF)
         self.enqueue_fn = _core.CUDA_ENQUEUE
         self.device_enqueue_fn = _core.CUDA_ENQUEUE

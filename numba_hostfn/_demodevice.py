@@ -54,6 +54,13 @@ extern "C" __global__ void spin_then_trap(unsigned long long ns)
     } while (now - start < ns);
     __trap();
 }
+
+extern "C" __global__ void trap_when_set(const volatile int *flag)
+{
+    while (*flag == 0) {
+    }
+    __trap();
+}
 """
 
 
@@ -77,6 +84,7 @@ class Device:
         module = program.compile("cubin")
         self._kernel = module.get_kernel("spin_then_store")
         self._trap = module.get_kernel("spin_then_trap")
+        self._trap_when_set = module.get_kernel("trap_when_set")
         self._config = LaunchConfig(grid=1, block=1)
 
     def create_stream(self) -> Any:
@@ -150,6 +158,25 @@ class Device:
         from cuda.core import launch
 
         launch(stream, self._config, self._trap, np.uint64(int(delay * 1e9)))
+
+    def armed_fault(self, stream: Any) -> Any:
+        """Device work that faults when the returned function is called (CUDA only).
+
+        The kernel spins on a flag in host memory and traps once the host sets it,
+        so the host knows when the fault happened on its own clock (the
+        ``%globaltimer`` a timed ``fault()`` spins on need not run at the host's rate).
+        """
+        if self.simulator:
+            raise RuntimeError("armed_fault() needs a CUDA device; use fault(stream, delay)")
+        from cuda.core import launch
+
+        flag = self.host_array(1, np.int32)
+        launch(stream, self._config, self._trap_when_set, np.uint64(flag.ctypes.data))
+
+        def fire() -> None:
+            flag[0] = 1
+
+        return fire
 
     def close(self) -> None:
         for buf in self._buffers:

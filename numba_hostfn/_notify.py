@@ -316,10 +316,15 @@ def _fault_error(code: int, stream: Any) -> Exception:
     """The DeviceFaultError of a wait on ``stream`` that a device fault ``code`` ended.
 
     The stream object is not asked for its handle here (its ``__cuda_stream__``
-    could be anyone's code, and failing a wait runs none): the fault is named by
-    its code, with the stream the watchdog found it on."""
+    could be anyone's code, and failing a wait runs none), nor for its repr (a
+    cuda.core Stream's asks the driver, which after a fault, on this thread,
+    raises): the fault is named by its code, with the stream the watchdog found
+    it on, and the wait's stream by its type, and its handle where it is the
+    backend's own stream type (a stored field)."""
     backend = get_backend()
-    what = repr(stream) if type(stream) is backend.stream_type else type(stream).__name__
+    what = type(stream).__name__
+    if type(stream) is backend.stream_type:
+        what = f"{what} {int(stream.handle):#x}"
     return backend.fault_error(code, f"this wait's stream ({what}) will never get here")
 
 

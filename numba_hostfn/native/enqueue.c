@@ -36,13 +36,12 @@ uint64_t nhf_enqueue_record(nhf_enqueue_fn enqueue_fn, void *target, nhf_hostfn 
     if (record == NULL)
         return NHF_NO_RECORD;
     record->context = context;
-    /* The stream a device fault would be found on (invariant 23). */
     bool executor = enqueue_fn == nhf_exec_cuda_enqueue || enqueue_fn == nhf_exec_sim_enqueue;
-    atomic_store_explicit(&record->watch, executor ? nhf_exec_lane_stream(target) : target,
-                          memory_order_relaxed);
     unsigned long taken = atomic_load_explicit(&record->state, memory_order_relaxed);
     uint64_t status;
     Py_BEGIN_ALLOW_THREADS
+    /* The stream a device fault would be found on, and its context (invariant 23). */
+    nhf_watch_prepare(record, executor ? nhf_exec_lane_stream(target) : target);
     status = enqueue_fn(target, trampoline, record);
     Py_END_ALLOW_THREADS
     if (status == 0 || (status & NHF_KEPT))

@@ -59,10 +59,13 @@ typedef struct nhf_record {
     PyObject *result;        /* what a Python callable returned (released by the drain) */
     PyObject *owner;         /* strong reference to what the launch keeps alive */
     /* A device fault (watchdog.c, LIFETIME.md invariant 23): the stream the
-     * launch was enqueued on (an executor's: its lane's), and its state: an
+     * launch was enqueued on (an executor's: its lane's) and that stream's
+     * context, both found at the enqueue (the watchdog never touches a user's
+     * stream handle: it may be destroyed by then); and the record's state: an
      * incarnation number (raised at every take) and a phase, changed by
      * compare-and-swap only. */
     _Atomic(void *) watch;
+    _Atomic(void *) watch_ctx; /* NULL: not watched (no watchdog, or no context) */
     atomic_ulong state;
 } nhf_record;
 
@@ -191,6 +194,10 @@ int nhf_enqueue_init(PyObject *module);
 
 /* ---- device faults: the watchdog (watchdog.c) ---------------------------------- */
 
+/* Without the GIL, before the enqueue: the stream (a value, never
+ * dereferenced by the watchdog) and its context, asked of the backend now,
+ * while the caller's stream is valid, and only while a watchdog is set up. */
+void nhf_watch_prepare(nhf_record *record, void *stream);
 /* GIL held: the record (whose state was `taken` before its enqueue) was
  * enqueued (status 0 or NHF_KEPT): mark it in flight, unless it ran already,
  * and wake the watchdog if it is parked (one load when it is not). */
@@ -205,10 +212,13 @@ bool nhf_fault_note(void *ctx, unsigned code, void *stream);
  * the caller loaded (in flight); false if a trampoline or the watchdog claimed
  * it first, or it is no longer that incarnation. */
 bool nhf_fault_fail_record(nhf_record *record, unsigned code, unsigned long state);
-/* The backend's query of a stream, shaped like cuStreamQuery, and of its
- * context, like cuStreamGetCtx. */
-typedef int (*nhf_query_fn)(void *stream);
+/* The backend's query of a context, shaped like cuStreamQuery (0 or NOT_READY:
+ * healthy; else its error), and the context of a stream, like cuStreamGetCtx. */
+typedef int (*nhf_query_fn)(void *ctx);
 typedef int (*nhf_context_fn)(void *stream, void **ctx);
+/* Any thread: whether it is the watchdog's (the simulator counts the stream
+ * handles the watchdog touches: none, by design). */
+bool nhf_on_watchdog_thread(void);
 int nhf_watchdog_init(PyObject *module);
 
 /* ---- host_launch (host_launch.c) ----------------------------------------------- */
@@ -245,8 +255,10 @@ int nhf_host_launch_init(PyObject *module);
 
 typedef struct nhf_sim_stream nhf_sim_stream;
 uint64_t nhf_sim_enqueue(void *stream, nhf_hostfn fn, void *arg);
-/* The simulator's cuStreamQuery and cuStreamGetCtx (the watchdog's query). */
+/* The simulator's query of a stream (cuStreamQuery), of a context (the
+ * watchdog's), and its cuStreamGetCtx. */
 int nhf_sim_query(void *stream);
+int nhf_sim_query_context(void *ctx);
 int nhf_sim_context_of(void *stream, void **ctx);
 /* Any thread: on a simulated stream's thread, whether its context has faulted. */
 bool nhf_sim_faulted_here(void);

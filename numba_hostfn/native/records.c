@@ -73,6 +73,7 @@ nhf_record *nhf_record_take(nhf_hostfn fn, void *arg, PyObject *owner) {
     record->context = NULL;
     record->result = NULL;
     atomic_store_explicit(&record->watch, NULL, memory_order_relaxed);
+    atomic_store_explicit(&record->watch_ctx, NULL, memory_order_relaxed);
     /* A new incarnation: a compare-and-swap on an earlier one's state fails. */
     unsigned long state = atomic_load_explicit(&record->state, memory_order_relaxed);
     atomic_store_explicit(&record->state, NHF_WITH_PHASE(state + 4u, NHF_TAKEN),

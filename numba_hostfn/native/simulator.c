@@ -611,8 +611,14 @@ static PyObject *py_sync(PyObject *self, PyObject *arg) {
 /* Any thread: the simulator's cuStreamQuery: the context's fault, else
  * NOT_READY (600) while work is pending, else 0.  A closed stream's memory is
  * kept, so a stale handle answers too. */
+/* Stream handles the watchdog's thread gave the simulator: none, by design
+ * (a user's stream may be destroyed by then; LIFETIME.md, invariant 23). */
+static atomic_long watchdog_stream_uses;
+
 int nhf_sim_query(void *stream_) {
     nhf_sim_stream *stream = stream_;
+    if (nhf_on_watchdog_thread())
+        atomic_fetch_add(&watchdog_stream_uses, 1);
     unsigned fault = atomic_load(&stream->ctx->fault);
     if (fault != 0)
         return (int)fault;
@@ -622,10 +628,22 @@ int nhf_sim_query(void *stream_) {
     return pending > 0 ? 600 : 0;
 }
 
+/* Any thread (the watchdog's): the simulator's query of a context: its fault, or 0. */
+int nhf_sim_query_context(void *ctx) { return (int)atomic_load(&((nhf_sim_ctx *)ctx)->fault); }
+
 /* Any thread: the simulator's cuStreamGetCtx. */
 int nhf_sim_context_of(void *stream_, void **ctx) {
+    if (nhf_on_watchdog_thread())
+        atomic_fetch_add(&watchdog_stream_uses, 1);
     *ctx = ((nhf_sim_stream *)stream_)->ctx;
     return 0;
+}
+
+/* sim_watchdog_stream_uses() -> how many stream handles the watchdog's thread
+ * gave the simulator's query or cuStreamGetCtx (tests: 0). */
+static PyObject *py_watchdog_stream_uses(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyLong_FromLong(atomic_load(&watchdog_stream_uses));
 }
 
 /* sim_query(stream) -> what nhf_sim_query answers. */
@@ -885,6 +903,8 @@ static PyTypeObject sim_graph_type = {
 
 static PyMethodDef methods[] = {
     {"sim_context_start", py_context_start, METH_NOARGS, "Start the host-function thread."},
+    {"sim_watchdog_stream_uses", py_watchdog_stream_uses, METH_NOARGS,
+     "Stream handles the watchdog's thread touched (0 by design)."},
     {"sim_set_capturing", (PyCFunction)(void (*)(void))py_set_capturing, METH_FASTCALL,
      "sim_set_capturing(stream, capturing)"},
     {"sim_sync", py_sync, METH_O, "Wait (GIL released) until the stream's work has run."},

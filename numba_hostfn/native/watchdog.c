@@ -3,30 +3,42 @@
  * After a device fault (a kernel that traps, an illegal address) CUDA runs no
  * host function of that context again, and writes none of its stream memory
  * operations: every launch still on a stream would wait for ever.  The driver
- * tells no one; a query of a stream does (cuStreamQuery answers the sticky
- * error).  So, only while some launch is in flight, one native thread (the
- * watchdog) walks the launch records, queries each stream that has one in
+ * tells no one; a query does (after a fault every stream of the context,
+ * one with no work too, answers the sticky error to cuStreamQuery: seen on the
+ * H200).  So, only while some launch is in flight, one native thread (the
+ * watchdog) walks the launch records, queries each *context* that has one in
  * flight, through the backend's query function (the simulator's, or
- * nhf_cuda_query below: the same code on both backends), at an interval that
+ * nhf_cuda_query_context below, which queries the watchdog's own per-thread
+ * stream in that context: the same code on both backends), at an interval that
  * backs off from first_ns to max_ns, and on any answer but success, NOT_READY
- * or one that cannot tell (a destroyed stream or context) it *fails* the
- * stream's launches (LIFETIME.md, invariant 23):
+ * or one that cannot tell (a destroyed context) it *fails* the context's
+ * launches (LIFETIME.md, invariant 23).
  *
- *   - each record in flight on that stream is claimed, by compare-and-swap, from
+ * The watchdog never touches a user's stream handle: a stream may be destroyed
+ * with launches pending (they still run), and a destroyed handle given to the
+ * driver is undefined behaviour (on the H200 it crashed the process).  So the
+ * enqueue, on the caller's thread while the caller's stream is valid, notes in
+ * the record the stream (a value, compared, never dereferenced) and its
+ * context (cuStreamGetCtx, 24 ns on the H200).  Then, for a faulted context:
+ *
+ *   - each record in flight on it is claimed, by compare-and-swap, from
  *     in flight to failed (a trampoline that comes later finds it failed and
  *     returns at once; one that came first runs it), and completed: the drain
  *     releases its owners on the main thread, and never reuses the record;
  *   - a signal's record also pushes its signal as failed, so the Python side
  *     fails the wait (done_future, async_done) or drops and counts the callback;
- *   - the executor's lanes on that stream fail their tasks that the stream has
- *     not reached, so their pool's threads answer them and close() returns;
+ *   - the executor's lanes on the streams of those records fail their tasks
+ *     that the stream has not reached, so their pool's threads answer them and
+ *     close() returns;
  *   - the context is noted as faulted: enqueues on its streams are refused.
  *
  * With nothing in flight the watchdog parks on a condition variable, and after
  * idle_ms (10 s) parked its thread ends; the enqueue that puts a record in flight
  * wakes it (one load of `active` when it is awake; its mutex and a condition
- * signal when it is parked), or starts it.  Healthy streams cost a query each per
- * interval; the launch path, a compare-and-swap and a few loads while it is awake.
+ * signal when it is parked), or starts it.  Healthy contexts cost a query each
+ * per interval; the launch path, cuStreamGetCtx, a compare-and-swap and a few
+ * loads while it is awake; with no watchdog set up (NUMBA_HOSTFN_CUDA_WATCHDOG=0),
+ * two loads.
  *
  * Threads: the watchdog is native and never touches CPython but through
  * nhf_record_complete and nhf_signal_fail (a pending call, inside the guard).
@@ -51,9 +63,8 @@ enum {
     CU_STREAM_CAPTURE_MODE_RELAXED = 2,
 };
 
-/* An answer that says nothing about a fault: the stream is busy or idle, or the
- * handle or its context is gone (a stream destroyed with work pending still
- * runs it; a reset context ran or dropped it: tests/test_faults.py). */
+/* An answer that says nothing about a fault: the context is busy or idle, or
+ * it is gone (a reset context ran or dropped its work: tests/test_faults.py). */
 static bool not_a_fault(int rc) {
     switch (rc) {
     case CUDA_SUCCESS:
@@ -157,34 +168,25 @@ bool nhf_fault_fail_record(nhf_record *record, unsigned code, unsigned long stat
 }
 
 typedef struct {
-    void *stream;
+    void *ctx;
     unsigned code;
 } fail_job;
 
-static void fail_on_stream(nhf_record *record, void *job_) {
+static void fail_on_context(nhf_record *record, void *job_) {
     fail_job *job = job_;
     unsigned long state = atomic_load(&record->state);
     if (NHF_PHASE(state) == NHF_IN_FLIGHT &&
-        atomic_load_explicit(&record->watch, memory_order_relaxed) == job->stream)
+        atomic_load_explicit(&record->watch_ctx, memory_order_relaxed) == job->ctx)
         (void)nhf_fault_fail_record(record, job->code, state);
-}
-
-/* The watchdog's thread: stream answered code, a fault.  Note its context,
- * answer its executor tasks, fail its records. */
-static void fail_stream(void *stream, unsigned code) {
-    nhf_context_fn context_of = atomic_load(&dog.context_of);
-    void *ctx = NULL;
-    if (context_of != NULL && context_of(stream, &ctx) == 0 && ctx != NULL)
-        (void)nhf_fault_note(ctx, code, stream);
-    fail_job job = {stream, code};
-    nhf_records_each(fail_on_stream, &job);
-    nhf_exec_fault_stream(stream, code);
 }
 
 /* ---- the watchdog's thread ---------------------------------------------------------- */
 
+/* The distinct (context, stream) pairs of the records in flight. */
 typedef struct {
-    void **streams; /* distinct streams with a record in flight */
+    struct watched {
+        void *ctx, *stream;
+    } *pairs;
     size_t count, capacity;
     long in_flight;
 } survey;
@@ -193,33 +195,60 @@ static void survey_record(nhf_record *record, void *survey_) {
     survey *s = survey_;
     if (NHF_PHASE(atomic_load(&record->state)) != NHF_IN_FLIGHT)
         return;
+    void *ctx = atomic_load_explicit(&record->watch_ctx, memory_order_relaxed);
+    if (ctx == NULL)
+        return; /* not watched: nothing to query for it */
     s->in_flight++;
     void *stream = atomic_load_explicit(&record->watch, memory_order_relaxed);
     for (size_t i = 0; i < s->count; i++)
-        if (s->streams[i] == stream)
+        if (s->pairs[i].ctx == ctx && s->pairs[i].stream == stream)
             return;
     if (s->count == s->capacity) {
         size_t capacity = s->capacity ? 2 * s->capacity : 16;
-        void **streams = realloc(s->streams, capacity * sizeof(void *));
-        if (streams == NULL)
-            return; /* this stream at the next poll */
-        s->streams = streams;
+        struct watched *pairs = realloc(s->pairs, capacity * sizeof(*pairs));
+        if (pairs == NULL)
+            return; /* this pair at the next poll */
+        s->pairs = pairs;
         s->capacity = capacity;
     }
-    s->streams[s->count++] = stream;
+    s->pairs[s->count++] = (struct watched){ctx, stream};
 }
 
-/* One poll: query every stream with a record in flight; fail the faulted ones.
- * Returns how many records were in flight. */
+/* The watchdog's thread: context ctx answered code, a fault.  Note it (found on
+ * the first of its streams with a launch in flight), fail its records, and
+ * answer the executor tasks on each of its streams. */
+static void fail_context(const survey *s, void *ctx, unsigned code) {
+    void *found = NULL;
+    for (size_t i = 0; i < s->count && found == NULL; i++)
+        if (s->pairs[i].ctx == ctx)
+            found = s->pairs[i].stream;
+    (void)nhf_fault_note(ctx, code, found);
+    fail_job job = {ctx, code};
+    nhf_records_each(fail_on_context, &job);
+    for (size_t i = 0; i < s->count; i++)
+        if (s->pairs[i].ctx == ctx)
+            nhf_exec_fault_stream(s->pairs[i].stream, code);
+}
+
+/* One poll: query every context with a record in flight, once; fail the
+ * faulted ones.  Returns how many watched records were in flight. */
 static long poll_once(survey *s) {
     s->count = 0;
     s->in_flight = 0;
     nhf_records_each(survey_record, s);
     nhf_query_fn query = atomic_load(&dog.query);
     for (size_t i = 0; i < s->count && query != NULL; i++) {
-        int rc = query(s->streams[i]);
+        bool first = true; /* the first pair of its context: query it */
+        for (size_t j = 0; j < i && first; j++)
+            first = s->pairs[j].ctx != s->pairs[i].ctx;
+        if (!first)
+            continue; /* asked already */
+        /* A context noted faulted is not asked again: what went in flight on it
+         * since (an enqueue that passed its fault check first) is failed too. */
+        unsigned known = fault_of_context(s->pairs[i].ctx);
+        int rc = known != 0 ? (int)known : query(s->pairs[i].ctx);
         if (!not_a_fault(rc))
-            fail_stream(s->streams[i], (unsigned)rc);
+            fail_context(s, s->pairs[i].ctx, (unsigned)rc);
     }
     atomic_fetch_add(&dog.polls, 1);
     return s->in_flight;
@@ -250,8 +279,13 @@ static bool park_locked(void) {
 
 /* The watchdog's thread (native, named nhf-watchdog): it touches CPython only
  * through nhf_record_complete and nhf_signal_fail, inside the guard. */
+static _Thread_local bool on_watchdog; /* this thread is a watchdog's */
+
+bool nhf_on_watchdog_thread(void) { return on_watchdog; }
+
 static void *dog_main(void *unused) {
     (void)unused;
+    on_watchdog = true;
     (void)prctl(PR_SET_NAME, "nhf-watchdog", 0UL, 0UL, 0UL);
     survey s = {NULL, 0, 0, 0};
     long interval = atomic_load(&dog.first_ns);
@@ -287,7 +321,7 @@ static void *dog_main(void *unused) {
         }
     }
     pthread_mutex_unlock(&dog.mutex);
-    free(s.streams);
+    free(s.pairs);
     return NULL;
 }
 
@@ -311,7 +345,20 @@ static void wake_locked(void) {
     pthread_cond_signal(&dog.wake);
 }
 
+void nhf_watch_prepare(nhf_record *record, void *stream) {
+    nhf_context_fn context_of = atomic_load_explicit(&dog.context_of, memory_order_acquire);
+    if (context_of == NULL || atomic_load_explicit(&dog.query, memory_order_relaxed) == NULL)
+        return; /* no watchdog: the record is not watched */
+    void *ctx = NULL;
+    if (context_of(stream, &ctx) != 0)
+        ctx = NULL; /* the enqueue will fail too, or the stream is not the driver's */
+    atomic_store_explicit(&record->watch, stream, memory_order_relaxed);
+    atomic_store_explicit(&record->watch_ctx, ctx, memory_order_relaxed);
+}
+
 void nhf_watch_enqueued(nhf_record *record, unsigned long taken) {
+    if (atomic_load_explicit(&record->watch_ctx, memory_order_relaxed) == NULL)
+        return; /* not watched (no watchdog): its phase stays taken until it runs */
     unsigned long expected = taken;
     if (!atomic_compare_exchange_strong(&record->state, &expected,
                                         NHF_WITH_PHASE(taken, NHF_IN_FLIGHT)))
@@ -332,39 +379,44 @@ typedef int (*cu_stream_query)(void *stream);
  * calling conventions of x86-64 and AArch64, as for cuStreamGetCaptureInfo). */
 typedef int (*cu_stream_get_ctx)(void *stream, void **ctx, void **green_ctx);
 typedef int (*cu_exchange_capture_mode)(int *mode);
+typedef int (*cu_ctx_push)(void *ctx);
+typedef int (*cu_ctx_pop)(void **ctx);
 
 static struct {
     _Atomic(cu_stream_query) query;
     _Atomic(cu_stream_get_ctx) get_ctx;
     _Atomic(cu_exchange_capture_mode) exchange_mode;
+    _Atomic(cu_ctx_push) push;
+    _Atomic(cu_ctx_pop) pop;
 } cuda_watch;
 
-/* The watchdog's thread: a CUDA stream's state, as cuStreamQuery answers it.
- * The thread's capture mode is relaxed (set once), so its queries never
- * invalidate another thread's capture in global mode (torch's default); a
- * stream that is capturing is not queried (that would invalidate its capture):
- * its launches are graph nodes, and it has none in flight until it ends. */
-static int nhf_cuda_query(void *stream) {
-    /* The thread whose mode was relaxed: the mode is the thread's, and a watchdog
-     * thread that ended (idle) is followed by a new one.  Only the watchdog's one
-     * thread at a time queries, so these two need no lock. */
-    static pthread_t relaxed_thread;
-    static bool relaxed;
-    if ((uintptr_t)stream <= 2)
-        return CUDA_ERROR_NOT_READY; /* a default stream needs a current context: not queried */
-    if (!relaxed || !pthread_equal(relaxed_thread, pthread_self())) {
+#define CU_STREAM_PER_THREAD ((void *)0x2)
+
+/* The watchdog's thread: a CUDA context's state, as cuStreamQuery of the
+ * watchdog thread's own per-thread default stream in it answers (after a fault,
+ * every stream of the context answers the sticky error, an idle one too: seen
+ * on the H200).  No user handle is touched, and that stream never captures.
+ * The thread's capture mode is relaxed, so the query never invalidates another
+ * thread's capture in global mode (torch's default): without it, it does (seen
+ * on the H200).  The mode is the thread's, and a watchdog thread that ended
+ * (idle) is followed by a new one, which may have the same pthread_t: so the
+ * flag is thread-local. */
+static int nhf_cuda_query_context(void *ctx) {
+    static _Thread_local bool relaxed;
+    if (!relaxed) {
         int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
         cu_exchange_capture_mode exchange = atomic_load(&cuda_watch.exchange_mode);
-        relaxed = exchange != NULL && exchange(&mode) == 0;
-        relaxed_thread = pthread_self();
+        if (exchange == NULL || exchange(&mode) != 0)
+            return CUDA_ERROR_NOT_READY; /* not queried: that could invalidate a capture */
+        relaxed = true;
     }
-    int capturing = 0;
-    int rc = atomic_load(&nhf_cuda.is_capturing)(stream, &capturing);
+    int rc = atomic_load(&cuda_watch.push)(ctx);
     if (rc != 0)
-        return rc;
-    if (capturing)
-        return CUDA_ERROR_NOT_READY;
-    return atomic_load(&cuda_watch.query)(stream);
+        return rc; /* a destroyed context: not a fault (not_a_fault) */
+    rc = atomic_load(&cuda_watch.query)(CU_STREAM_PER_THREAD);
+    void *popped = NULL;
+    (void)atomic_load(&cuda_watch.pop)(&popped);
+    return rc;
 }
 
 /* Any thread: a CUDA stream's context (cuStreamGetCtx), or its green context. */
@@ -382,20 +434,29 @@ static int nhf_cuda_context_of(void *stream, void **ctx) {
 
 /* ---- from Python ------------------------------------------------------------------------ */
 
-/* set_cuda_watch(cuStreamQuery, cuStreamGetCtx, cuThreadExchangeStreamCaptureMode). */
+/* set_cuda_watch(cuStreamQuery, cuStreamGetCtx, cuThreadExchangeStreamCaptureMode,
+ * cuCtxPushCurrent, cuCtxPopCurrent). */
 static PyObject *py_set_cuda_watch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    void *a[3];
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "set_cuda_watch(query, get_ctx, exchange_capture_mode)");
+    void *a[5];
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "set_cuda_watch(query, get_ctx, exchange_capture_mode, push, pop)");
         return NULL;
     }
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 5; i++) {
         if (nhf_address_arg(args[i], &a[i]) < 0)
             return NULL;
+        if (a[i] == NULL) {
+            PyErr_Format(PyExc_ValueError, "set_cuda_watch: entry point %d is NULL", i);
+            return NULL;
+        }
+    }
     atomic_store(&cuda_watch.query, (cu_stream_query)(uintptr_t)a[0]);
     atomic_store(&cuda_watch.get_ctx, (cu_stream_get_ctx)(uintptr_t)a[1]);
     atomic_store(&cuda_watch.exchange_mode, (cu_exchange_capture_mode)(uintptr_t)a[2]);
+    atomic_store(&cuda_watch.push, (cu_ctx_push)(uintptr_t)a[3]);
+    atomic_store(&cuda_watch.pop, (cu_ctx_pop)(uintptr_t)a[4]);
     Py_RETURN_NONE;
 }
 
@@ -486,7 +547,8 @@ static PyObject *py_stream_fault(PyObject *self, PyObject *arg) {
 
 static PyMethodDef methods[] = {
     {"set_cuda_watch", (PyCFunction)(void (*)(void))py_set_cuda_watch, METH_FASTCALL,
-     "set_cuda_watch(cuStreamQuery, cuStreamGetCtx, cuThreadExchangeStreamCaptureMode)"},
+     "set_cuda_watch(cuStreamQuery, cuStreamGetCtx, cuThreadExchangeStreamCaptureMode, "
+     "cuCtxPushCurrent, cuCtxPopCurrent)"},
     {"watchdog_configure", (PyCFunction)(void (*)(void))py_watchdog_configure, METH_FASTCALL,
      "watchdog_configure(query, context_of[, first_us, max_us[, idle_ms]])"},
     {"fault_info", py_fault_info, METH_NOARGS, "The faulted contexts: (context, code, stream)."},
@@ -498,9 +560,9 @@ static PyMethodDef methods[] = {
 int nhf_watchdog_init(PyObject *module) {
     if (PyModule_AddFunctions(module, methods) < 0)
         return -1;
-    if (nhf_add_address(module, "CUDA_QUERY", (void *)(uintptr_t)nhf_cuda_query) < 0 ||
+    if (nhf_add_address(module, "CUDA_QUERY", (void *)(uintptr_t)nhf_cuda_query_context) < 0 ||
         nhf_add_address(module, "CUDA_CONTEXT_OF", (void *)(uintptr_t)nhf_cuda_context_of) < 0 ||
-        nhf_add_address(module, "SIM_QUERY", (void *)(uintptr_t)nhf_sim_query) < 0 ||
+        nhf_add_address(module, "SIM_QUERY", (void *)(uintptr_t)nhf_sim_query_context) < 0 ||
         nhf_add_address(module, "SIM_CONTEXT_OF", (void *)(uintptr_t)nhf_sim_context_of) < 0)
         return -1;
     return 0;

@@ -1,0 +1,155 @@
+"""The watchdog's design (native/watchdog.c, LIFETIME.md invariant 23): it queries
+contexts, through its own per-thread stream, and never a user's stream handle.
+
+What a fault does to the waits is tests/test_device_faults.py's; here: that a stream
+destroyed with launches in flight is never touched by it, that the default streams
+are watched too, and that a watchdog thread that replaced an idle one is still in
+relaxed capture mode."""
+
+from __future__ import annotations
+
+import textwrap
+import time
+
+import pytest
+from _device import CHILD_PREAMBLE, rerun_on_simulator, run_child
+
+import numba_hostfn as nh
+from numba_hostfn import _core
+
+
+def _polls(more: int = 3, rounds: int = 5000) -> bool:
+    start = _core.watchdog_stats()["polls"]
+    for _ in range(rounds):
+        if _core.watchdog_stats()["polls"] >= start + more:
+            return True
+        time.sleep(0.001)
+    return False
+
+
+def test_the_watchdog_touches_no_stream_handle(request):
+    """While launches are in flight on a stream, and after that stream is closed with
+    them still pending, the watchdog polls without giving any stream handle to the
+    backend: on CUDA a destroyed handle crashed the process (H200:
+    test_faults.py::test_stream_closed_with_launches_pending_runs_them).  The simulator
+    counts the handles its query and cuStreamGetCtx got on the watchdog's thread
+    (before: one query a stream a poll)."""
+    if rerun_on_simulator(request):
+        return
+    from numba_hostfn import simulator
+
+    stream = simulator.Stream()
+    counter = []
+    stream.sleep(0.3)
+    for _ in range(10):
+        nh.host_launch(stream, lambda: counter.append(1))
+    assert _polls(), "the watchdog did not poll while launches were in flight"
+    stream.close()  # the simulator runs the queue first
+    nh.drain()
+    assert len(counter) == 10 and nh.pending() == 0
+    assert _core.sim_watchdog_stream_uses() == 0
+
+
+DEFAULT_STREAM_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import time
+    which = WHICH
+    target = device.cuda.default_stream if which == "default" else stream
+    device.fault(target, 0.3)
+    nh.host_launch(target, lambda: None)
+    future = nh.done_future(target)
+    try:
+        future.result(timeout=60)
+        print("resolved")
+    except nh.DeviceFaultError as e:
+        print("raised", e.error_name)
+    except TimeoutError:
+        print("timed out")
+    for _ in range(2000):
+        nh.drain()
+        if nh.pending() == 0:
+            break
+        time.sleep(0.005)
+    print("pending", nh.pending())
+""")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("which", ["default", "created"])
+def test_a_fault_on_the_default_stream_fails_its_waits(which):
+    """A fault behind launches on cuda.core's default stream (handle 0, 1 or 2, which
+    the watchdog asked nothing about before: it hung till the timeout) fails them too,
+    as it does on a created stream."""
+    out = run_child(DEFAULT_STREAM_SCRIPT.replace("WHICH", repr(which)), timeout=180)
+    assert out.splitlines() == ["raised CUDA_ERROR_LAUNCH_FAILED", "pending 0"], out
+
+
+RESTART_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import os, time
+    from numba_hostfn import _core
+    from _device import Capture
+
+    def polled(more=3):
+        start = _core.watchdog_stats()["polls"]
+        for _ in range(5000):
+            if _core.watchdog_stats()["polls"] >= start + more:
+                return True
+            time.sleep(0.001)
+        return False
+
+    def watchdogs():
+        names = []
+        for t in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{t}/comm") as f:
+                    names.append(f.read().strip())
+            except OSError:
+                pass
+        return names.count("nhf-watchdog")
+
+    _core.watchdog_configure(_core.CUDA_QUERY, _core.CUDA_CONTEXT_OF, 1000, 20000, 50)
+    other = device.create_stream()
+    counter = np.zeros(1, np.int64)
+    for round in range(3):  # each round's watchdog thread replaces the last's
+        device.delay(stream, 0.5)
+        nh.host_launch(stream, increment, user_data=nh.by_ref(counter))  # in flight
+        capture = Capture(other, "global")
+        nh.host_launch(other, increment, user_data=nh.by_ref(counter))  # a graph node
+        assert polled(), "the watchdog did not poll"
+        capture.end()  # asserts that cuStreamEndCapture succeeded: not invalidated
+        capture.launch(other)
+        other.sync()
+        stream.sync()
+        capture.close()
+        nh.drain()
+        for _ in range(1000):  # the watchdog parks, then its thread ends (50 ms)
+            if watchdogs() == 0:
+                break
+            time.sleep(0.01)
+        print("round", round, "ended", watchdogs() == 0)
+    print("count", int(counter[0]))
+""")
+
+
+@pytest.mark.gpu
+def test_a_new_watchdog_thread_never_invalidates_a_capture_in_global_mode():
+    """A watchdog thread that replaced an idle one (often with the same pthread_t) is
+    in relaxed capture mode too: a capture in global mode on another stream while it
+    queries stays valid.  Before, the mode was remembered by pthread_t, and a new thread
+    with the old one's id queried in global mode: cuStreamEndCapture answered
+    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (H200)."""
+    out = run_child(RESTART_SCRIPT, timeout=240)
+    assert out.splitlines() == [
+        "round 0 ended True",
+        "round 1 ended True",
+        "round 2 ended True",
+        "count 6",
+    ], out
+
+
+def test_set_cuda_watch_refuses_a_null_entry_point():
+    """The CUDA watchdog's entry points must all be there: a NULL one is refused, with
+    nothing set (it would be called on the watchdog's thread)."""
+    with pytest.raises(ValueError, match="entry point 3 is NULL"):
+        _core.set_cuda_watch(1, 2, 3, 0, 5)
+    with pytest.raises(TypeError, match="set_cuda_watch"):
+        _core.set_cuda_watch(1, 2, 3)
