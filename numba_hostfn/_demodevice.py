@@ -55,10 +55,15 @@ extern "C" __global__ void spin_then_trap(unsigned long long ns)
     __trap();
 }
 
-extern "C" __global__ void trap_when_set(const volatile int *flag)
+extern "C" __global__ void trap_when_set(const volatile int *flag, unsigned long long ns)
 {
+    unsigned long long start, now;
     while (*flag == 0) {
     }
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < ns);
     __trap();
 }
 """
@@ -159,19 +164,28 @@ class Device:
 
         launch(stream, self._config, self._trap, np.uint64(int(delay * 1e9)))
 
-    def armed_fault(self, stream: Any) -> Any:
-        """Device work that faults when the returned function is called (CUDA only).
+    def armed_fault(self, stream: Any, delay: float = 0.0) -> Any:
+        """Device work that faults ``delay`` seconds after the returned function is
+        called (CUDA only; tests/_device.py's ``armed_fault`` does it on either backend).
 
-        The kernel spins on a flag in host memory and traps once the host sets it,
-        so the host knows when the fault happened on its own clock (the
-        ``%globaltimer`` a timed ``fault()`` spins on need not run at the host's rate).
+        The kernel spins on a flag in host memory, then for ``delay`` seconds, then
+        traps: whatever is enqueued before the call comes behind the fault, and the
+        host knows when the fault was set off on its own clock.  (A host function
+        in front of a kernel cannot be used to hold it: on the H200 the kernel's
+        launch blocks until that host function returns.)
         """
         if self.simulator:
             raise RuntimeError("armed_fault() needs a CUDA device; use fault(stream, delay)")
         from cuda.core import launch
 
         flag = self.host_array(1, np.int32)
-        launch(stream, self._config, self._trap_when_set, np.uint64(flag.ctypes.data))
+        launch(
+            stream,
+            self._config,
+            self._trap_when_set,
+            np.uint64(flag.ctypes.data),
+            np.uint64(int(delay * 1e9)),
+        )
 
         def fire() -> None:
             flag[0] = 1

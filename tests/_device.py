@@ -11,6 +11,8 @@ __all__ = [
     "CHILD_PREAMBLE",
     "Capture",
     "Hold",
+    "armed_fault",
+    "held_records",
     "assert_no_ignored_errors",
     "run_child",
     "Device",
@@ -286,6 +288,10 @@ class Hold:
     exit, even when the test fails).  Use it where a test must look at the state
     *before* the stream goes on: a delay races with whatever the test does in
     between (a ``gc.collect()`` with large libraries loaded can take longer).
+    Only host work may come behind it: on CUDA a kernel launched behind a held
+    host function blocks in its launch until the host function returns (seen on
+    the H200: a deadlock, since the test cannot release it); hold device work
+    with :func:`armed_fault` or the device's own wait.
     """
 
     def __init__(self, stream) -> None:
@@ -304,6 +310,26 @@ class Hold:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def armed_fault(device, stream, delay: float = 0.0):
+    """Device work that faults ``delay`` seconds after the returned ``fire()``: what is
+    enqueued before ``fire()`` comes behind the fault, on either backend.
+
+    The simulator: a :class:`Hold` in front of its ``fault(stream, delay)``.  CUDA: a
+    kernel that spins on a host flag, then for ``delay`` seconds, then traps
+    (``Device.armed_fault``), since a kernel cannot be held behind a host function.
+    """
+    if device.simulator:
+        hold = Hold(stream)
+        device.fault(stream, delay)
+        return hold.release
+    return device.armed_fault(stream, delay)
+
+
+def held_records(device) -> int:
+    """How many of ``pending()`` an :func:`armed_fault` adds: the simulator's hold."""
+    return 1 if device.simulator else 0
 
 
 _WAIT_FOR_FLAG = []

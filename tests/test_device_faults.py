@@ -9,8 +9,10 @@ The child-process tests run on both backends: on the simulator ``Device.fault`` 
 a child, because a fault poisons the context for good (on a GPU the whole process's
 primary context).  The in-process tests are the simulator's model itself.
 
-A script that enqueues work behind the fault holds the stream before it (``Hold``):
-the trap kernel starts, and its delay runs, only once everything is enqueued.  A
+A script that enqueues work behind the fault arms it first (``_device.armed_fault``:
+on the simulator a ``Hold`` in front of the fault, on CUDA a kernel that waits for a
+host flag, since a kernel launched behind a held host function blocks in its launch
+there): the fault's delay runs only once everything is enqueued and it is fired.  A
 delay alone raced with the enqueues (on the H200 the exit script's launches came
 after the trap and were refused): a first use's setup or a busy machine can take
 longer than any delay.
@@ -34,7 +36,7 @@ from numba_hostfn import _core
 WAITS_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     import asyncio, gc, sys, time, weakref
     from numba_hostfn import _core
-    from _device import Hold
+    from _device import armed_fault, held_records
 
     T = 60  # a hang guard only
     reports = []
@@ -62,8 +64,7 @@ WAITS_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     async def main():
         blocking, nonblocking, on_ex = Callable("blocking"), Callable("nonblocking"), Callable("ex")
         refs = [weakref.ref(o) for o in (blocking, nonblocking, on_ex)]
-        hold = Hold(stream)  # the fault's delay starts once all of this is enqueued
-        device.fault(stream, 0.3)
+        fire = armed_fault(device, stream, 0.3)  # its delay starts once all of this is enqueued
         nh.host_launch(stream, blocking)
         nh.host_launch(stream, increment, user_data=nh.by_ref(counter))
         nh.host_launch(stream, nonblocking, blocking=False)
@@ -73,8 +74,8 @@ WAITS_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
         future = nh.done_future(stream)
         awaited = nh.async_done(stream)
         del blocking, nonblocking, on_ex
-        print("pending behind the fault", nh.pending() - 1)  # less the hold's
-        hold.release()
+        print("pending behind the fault", nh.pending() - held_records(device))
+        fire()
         try:
             await asyncio.wait_for(awaited, T)
             print("async_done resolved")
@@ -164,20 +165,19 @@ def test_a_fault_fails_every_wait_releases_every_launch_and_refuses_new_work():
 
 
 EXIT_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
-    from _device import Hold
+    from _device import armed_fault, held_records
 
     ex = nh.HostExecutor(threads=2)
     counter = np.zeros(1, np.int64)
-    hold = Hold(stream)  # the fault's delay starts once all of this is enqueued
-    device.fault(stream, 0.2)
+    fire = armed_fault(device, stream, 0.2)  # its delay starts once all of this is enqueued
     for _ in range(100):
         nh.host_launch(stream, lambda: None)
         nh.host_launch(stream, increment, user_data=nh.by_ref(counter))
         nh.host_launch(stream, lambda: None, blocking=False)
         nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=ex)
     f = nh.done_future(stream)
-    print("pending", nh.pending() - 1, flush=True)  # less the hold's
-    hold.release()
+    print("pending", nh.pending() - held_records(device), flush=True)
+    fire()
     if sys.argv[1:] == ["after"]:
         try:
             f.result(timeout=60)
@@ -198,7 +198,7 @@ def test_the_process_exits_with_faulted_work_pending(when):
 
 GRAPH_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     import gc, time, weakref
-    from _device import Capture, Hold
+    from _device import Capture, armed_fault
 
     class Callable:
         def __call__(self):
@@ -213,11 +213,10 @@ GRAPH_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     nh.host_launch(stream, increment, user_data=nh.by_ref(counter))
     capture.end()
     del fn
-    hold = Hold(stream)  # the fault's delay starts once the replay is enqueued
-    device.fault(stream, 0.3)
+    fire = armed_fault(device, stream, 0.3)  # its delay starts once the replay is enqueued
     capture.launch()  # queued behind the fault: its nodes never run
     f = nh.done_future(stream)
-    hold.release()
+    fire()
     try:
         f.result(timeout=60)
     except nh.DeviceFaultError as e:
@@ -491,7 +490,7 @@ def test_the_watchdog_never_invalidates_a_capture_in_global_mode(device, stream,
 RESOLUTION_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     import statistics, threading, time
     from numba_hostfn import _core
-    from _device import Hold
+    from _device import armed_fault
     trials, found, raised = [], [], []
     for trial in range(TRIALS):
         if device.simulator and trial:
@@ -506,17 +505,15 @@ RESOLUTION_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
                 if _core.watchdog_stats()["failed"] > failed:
                     seen.append(time.perf_counter())
                 time.sleep(0.0002)
-        if device.simulator:  # its clock is the host's: a fault delay s after the release
-            hold = Hold(stream)
-            device.fault(stream, delay)
-        else:  # a kernel that traps when the host sets its flag: the fault on this clock
-            fire = device.armed_fault(stream)
+        # The simulator's clock is the host's: it faults delay s after fire().  On CUDA
+        # the kernel traps when fire() sets its flag: the fault's time on this clock.
+        fire = armed_fault(device, stream, delay if device.simulator else 0.0)
         nh.host_launch(stream, increment, user_data=nh.by_ref(counter))
         nh.host_launch(stream, lambda: None)
         future = nh.done_future(stream)
         if device.simulator:
             start = time.perf_counter() + delay
-            hold.release()
+            fire()
         else:
             time.sleep(delay)  # the launches are in flight, the watchdog polls at its slowest
             start = time.perf_counter()

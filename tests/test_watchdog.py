@@ -52,11 +52,13 @@ def test_the_watchdog_touches_no_stream_handle(request):
 
 DEFAULT_STREAM_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     import time
+    from _device import armed_fault
     which = WHICH
     target = device.cuda.default_stream if which == "default" else stream
-    device.fault(target, 0.3)
+    fire = armed_fault(device, target, 0.1)
     nh.host_launch(target, lambda: None)
     future = nh.done_future(target)
+    fire()
     try:
         future.result(timeout=60)
         print("resolved")
