@@ -22,9 +22,6 @@ from numba_hostfn._process import cuda_driver_usable, simulator_unless_driver
 if os.environ.get("NUMBA_HOSTFN_REQUIRE_GPU") and not cuda_driver_usable():
     raise pytest.UsageError("NUMBA_HOSTFN_REQUIRE_GPU=1 but no usable CUDA driver was found")
 SIMULATOR = simulator_unless_driver()
-# The device-fault watchdog is off on CUDA by default until a GPU run has validated
-# it (issue 33): the suite, and the children it starts, run with it on.
-os.environ.setdefault("NUMBA_HOSTFN_CUDA_WATCHDOG", "1")
 # A suite started as a background job (`python -m pytest &` in a script) inherits
 # SIGINT ignored, and Python then installs no KeyboardInterrupt handler: a Ctrl-C is
 # dropped, and one a callback raises is reported as unraisable, not delivered again
