@@ -2,9 +2,9 @@
 
 Checks: the build prints no warning about the package layout (setuptools' "Package
 would be ignored"); the wheel is a platform wheel with the license
-(``*.dist-info/licenses/LICENSE``), the native core (``numba_hostfn/_core*.so``) and
-``LIFETIME.md``, no C source, and no package file that is missing from the source tree
-(a stale ``build/lib`` copy); the sdist has ``LICENSE``, the
+(``*.dist-info/licenses/LICENSE``), the native core (``numba_hostfn/_core*.so``),
+``LIFETIME.md``, ``py.typed`` and ``_core.pyi``, no C source, and no package file that is
+missing from the source tree (a stale ``build/lib`` copy); the sdist has ``LICENSE``, the
 C sources and header of the native core, and no tests (their helpers and conftest are not
 shipped, so it ships none); ``twine check --strict`` passes (metadata and the README as long
 description).  In a fresh venv, ``pip install`` of the wheel (with its dependencies, from
@@ -93,6 +93,10 @@ def check_wheel(wheel: Path) -> str:
     if not core or f"{PACKAGE}/LIFETIME.md" not in names:
         fail(f"{wheel.name} lacks the native core ({core}) or {PACKAGE}/LIFETIME.md")
     ok(f"platform wheel carries {core[0]} and {PACKAGE}/LIFETIME.md")
+    typing = [f"{PACKAGE}/py.typed", f"{PACKAGE}/_core.pyi"]  # PEP 561: the core's types
+    if not set(typing) <= names:
+        fail(f"{wheel.name} lacks {sorted(set(typing) - names)}")
+    ok(f"wheel carries {' and '.join(typing)}")
 
     sources = sorted(n for n in names if n.endswith((".c", ".h")))
     if sources:

@@ -132,9 +132,11 @@ static PyObject *py_cuda_graph_record(PyObject *self, PyObject *const *args, Py_
 
 static PyMethodDef graph_methods[] = {
     {"set_cuda_user_objects", (PyCFunction)(void (*)(void))nhf_py_set_cuda_user_objects,
-     METH_FASTCALL, "set_cuda_user_objects(create, release, retain)"},
+     METH_FASTCALL,
+     "set_cuda_user_objects($module, create, release, retain, /)\n--\n\n"},
     {"cuda_graph_record", (PyCFunction)(void (*)(void))py_cuda_graph_record, METH_FASTCALL,
-     "cuda_graph_record(graph, fn, arg, owner) -> (record, CUresult, call)"},
+     "cuda_graph_record($module, graph, fn, arg, owner, /)\n--\n\n"
+     "Returns (record, CUresult, call)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -955,16 +955,26 @@ static void executor_dealloc(PyObject *self) {
 
 static PyMethodDef executor_methods[] = {
     {"_start", (PyCFunction)(void (*)(void))executor_start, METH_FASTCALL,
-     "_start(threads, spin_ns, poll_ns): start the pool."},
+     "_start($self, threads, spin_ns, poll_ns, /)\n--\n\n"
+     "Start the pool."},
     {"_close", executor_close, METH_NOARGS,
+     "_close($self, /)\n--\n\n"
      "Finish what is enqueued, then stop the threads (GIL released); idempotent."},
-    {"_outstanding", executor_outstanding, METH_NOARGS, "Tasks enqueued and not yet run."},
-    {"_live_slots", executor_live_slots, METH_NOARGS, "Graph slots armed."},
+    {"_outstanding", executor_outstanding, METH_NOARGS,
+     "_outstanding($self, /)\n--\n\n"
+     "Tasks enqueued and not yet run."},
+    {"_live_slots", executor_live_slots, METH_NOARGS,
+     "_live_slots($self, /)\n--\n\n"
+     "Graph slots armed."},
     {"_lane_new", (PyCFunction)(void (*)(void))executor_lane_new, METH_FASTCALL,
-     "_lane_new(stream, words) -> lane address"},
-    {"_slot_new", executor_slot_new, METH_O, "_slot_new(words) -> a new, disarmed GraphSlot"},
+     "_lane_new($self, stream, words, /)\n--\n\n"
+     "Returns lane address"},
+    {"_slot_new", executor_slot_new, METH_O,
+     "_slot_new($self, words, /)\n--\n\n"
+     "Returns a new, disarmed GraphSlot"},
     {"_slot_take", executor_slot_take, METH_NOARGS,
-     "_slot_take() -> a disarmed GraphSlot to reuse, or None"},
+     "_slot_take($self, /)\n--\n\n"
+     "Returns a disarmed GraphSlot to reuse, or None"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1129,7 +1139,8 @@ static PyObject *graph_slot_executor(PyObject *self_, void *closure) {
 
 static PyMethodDef graph_slot_methods[] = {
     {"arm", (PyCFunction)(void (*)(void))graph_slot_arm, METH_FASTCALL,
-     "arm(fn, arg, copy): a replay that reaches the slot runs fn(arg) (or the copy)."},
+     "arm($self, fn, arg, copy, /)\n--\n\n"
+     "A replay that reaches the slot runs fn(arg) (or the copy)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1167,9 +1178,11 @@ static PyObject *py_test_pause(PyObject *self, PyObject *arg) {
 
 static PyMethodDef methods[] = {
     {"exec_test_pause", py_test_pause, METH_O,
-     "exec_test_pause(ns): tests only, pause each executor enqueue after its open check"},
+     "exec_test_pause($module, ns, /)\n--\n\n"
+     "Tests only, pause each executor enqueue after its open check"},
     {"exec_slot_op", (PyCFunction)(void (*)(void))py_slot_op, METH_FASTCALL,
-     "exec_slot_op(slot, i) -> the simulator's argument of the slot's node i"},
+     "exec_slot_op($module, slot, i, /)\n--\n\n"
+     "Returns the simulator's argument of the slot's node i"},
     {NULL, NULL, 0, NULL},
 };
 

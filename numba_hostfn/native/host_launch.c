@@ -108,7 +108,8 @@ static void compiled_dealloc(PyObject *self) {
 
 static PyMethodDef compiled_methods[] = {
     {"_bind", (PyCFunction)(void (*)(void))compiled_bind, METH_FASTCALL,
-     "_bind(address, dtype, layout_bytes, reads_user_data): set once, at compile time."},
+     "_bind($self, address, dtype, layout_bytes, reads_user_data, /)\n--\n\n"
+     "Set once, at compile time."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -251,7 +252,8 @@ static PyGetSetDef byref_getset[] = {
 PyTypeObject nhf_byref_type = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "numba_hostfn._core.BufferRef",
-    .tp_doc = "BufferRef(obj, dtype=None, *, pin_only=False): obj's writable, C-contiguous "
+    .tp_doc = "BufferRef(obj, dtype=None, *, pin_only=False)\n--\n\n"
+              "obj's writable, C-contiguous "
               "buffer, exported; with pin_only, any buffer, exported only to keep its memory "
               "in place.",
     .tp_basicsize = sizeof(nhf_byref_object),
@@ -709,13 +711,22 @@ static PyObject *py_make_host_launch(PyObject *module, PyObject *doc) {
 
 static PyMethodDef methods[] = {
     {"configure_launch", (PyCFunction)(void (*)(void))nhf_py_configure_launch,
-     METH_FASTCALL | METH_KEYWORDS, "configure_launch(**settings): what host_launch uses."},
+     METH_FASTCALL | METH_KEYWORDS,
+     "configure_launch($module, /, *, fallback=<unrepresentable>, "
+     "raise_status=<unrepresentable>, enqueue_fn=<unrepresentable>, "
+     "executor_enqueue_fn=<unrepresentable>, sim_stream_type=<unrepresentable>, "
+     "cuda_stream_type=<unrepresentable>, cuhostfn_type=<unrepresentable>, "
+     "c_void_p=<unrepresentable>, wanted=<unrepresentable>)\n--\n\n"
+     "Each keyword given sets what host_launch uses; an omitted one is left as it is."},
     {"format_holds_objects", py_format_holds_objects, METH_O,
-     "format_holds_objects(format) -> whether a buffer format has an 'O' item (names skipped)."},
+     "format_holds_objects($module, format, /)\n--\n\n"
+     "Returns whether a buffer format has an 'O' item (names skipped)."},
     {"launch_counts", nhf_py_launch_counts, METH_NOARGS,
+     "launch_counts($module, /)\n--\n\n"
      "Launches that fell through to Python, and fast launches by kind (for tests)."},
     {"make_host_launch", py_make_host_launch, METH_O,
-     "make_host_launch(doc) -> the host_launch builtin, documented by doc."},
+     "make_host_launch($module, doc, /)\n--\n\n"
+     "Returns the host_launch builtin, documented by doc."},
     {NULL, NULL, 0, NULL},
 };
 

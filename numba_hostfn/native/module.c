@@ -120,17 +120,28 @@ static PyObject *py_host_words(PyObject *self, PyObject *arg) {
 }
 
 static PyMethodDef methods[] = {
-    {"host_words", py_host_words, METH_O, "host_words(nbytes) -> zeroed memory, never freed"},
+    {"host_words", py_host_words, METH_O,
+     "host_words($module, nbytes, /)\n--\n\n"
+     "Returns zeroed memory, never freed"},
     {"enqueue", (PyCFunction)(void (*)(void))py_enqueue, METH_FASTCALL,
-     "enqueue(enqueue_fn, handle, trampoline, fn, arg, owner) -> status"},
-    {"drain", py_drain, METH_NOARGS, "Release the records that have run; return how many."},
-    {"held", py_held, METH_NOARGS, "Records taken and not released."},
+     "enqueue($module, enqueue_fn, target, trampoline, fn, arg, owner, context=0, /)\n--\n\n"
+     "Returns status"},
+    {"drain", py_drain, METH_NOARGS,
+     "drain($module, /)\n--\n\n"
+     "Release the records that have run; return how many."},
+    {"held", py_held, METH_NOARGS,
+     "held($module, /)\n--\n\n"
+     "Records taken and not released."},
     {"schedule_failures", py_schedule_failures, METH_NOARGS,
+     "schedule_failures($module, /)\n--\n\n"
      "How many times Py_AddPendingCall refused a drain."},
     {"close_guard", py_close_guard, METH_O,
-     "close_guard(ms): no thread of ours enters CPython from now on; wait for those inside."},
+     "close_guard($module, ms, /)\n--\n\n"
+     "No thread of ours enters CPython from now on; wait for those inside."},
     {"set_cuda", (PyCFunction)(void (*)(void))py_set_cuda, METH_FASTCALL,
-     "set_cuda(is_capturing, launch_host_func, write_value32, wait_value32, batch_mem_op)"},
+     "set_cuda($module, is_capturing, launch_host_func, write_value32, wait_value32, "
+     "batch_mem_op, /)\n--\n\n"
+     "The driver's entry points (cuGetProcAddress); batch_mem_op 0 where the driver lacks it."},
     {NULL, NULL, 0, NULL},
 };
 

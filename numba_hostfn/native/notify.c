@@ -545,14 +545,22 @@ static void dispatcher_dealloc(PyObject *self_) {
 
 static PyMethodDef dispatcher_methods[] = {
     {"run", (PyCFunction)(void (*)(void))dispatcher_run, METH_FASTCALL,
-     "run(block=True) -> how many entries the batch acted on, oldest first."},
+     "run($self, block=True, /)\n--\n\n"
+     "Returns how many entries the batch acted on, oldest first."},
     {"launch", (PyCFunction)(void (*)(void))dispatcher_launch, METH_FASTCALL,
-     "launch(enqueue_fn, target, trampoline, owner, entry) -> status: register and enqueue."},
-    {"outstanding", dispatcher_outstanding, METH_NOARGS, "Entries registered, not acted on."},
-    {"due", dispatcher_due, METH_NOARGS, "Keys taken from the channel, not acted on yet."},
+     "launch($self, enqueue_fn, target, trampoline, owner, entry, /)\n--\n\n"
+     "Returns status: register and enqueue."},
+    {"outstanding", dispatcher_outstanding, METH_NOARGS,
+     "outstanding($self, /)\n--\n\n"
+     "Entries registered, not acted on."},
+    {"due", dispatcher_due, METH_NOARGS,
+     "due($self, /)\n--\n\n"
+     "Keys taken from the channel, not acted on yet."},
     {"faulted", dispatcher_faulted, METH_NOARGS,
+     "faulted($self, /)\n--\n\n"
      "Entries whose launch a device fault failed (dropped, or failed by on_fault)."},
     {"running_here", dispatcher_running_here, METH_NOARGS,
+     "running_here($self, /)\n--\n\n"
      "Whether this thread is running the batch (an entry that drains)."},
     {NULL, NULL, 0, NULL},
 };
@@ -560,7 +568,8 @@ static PyMethodDef dispatcher_methods[] = {
 static PyTypeObject dispatcher_type = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "numba_hostfn._core.Dispatcher",
-    .tp_doc = "Dispatcher(channel, resolve=False, invalid_state=None, on_fault=None): what a "
+    .tp_doc = "Dispatcher(channel, resolve=False, invalid_state=None, on_fault=None)\n--\n\n"
+              "What a "
               "channel's signals act on, registered and run without a Python-level window.",
     .tp_basicsize = sizeof(dispatcher),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
@@ -600,12 +609,18 @@ static PyObject *py_set_any_thread_pending(PyObject *self, PyObject *const *args
 
 static PyMethodDef methods[] = {
     {"channel_new", (PyCFunction)(void (*)(void))py_channel_new, METH_FASTCALL,
-     "channel_new(fd, wake_main) -> channel address"},
-    {"channel_release", py_channel_release, METH_O, "Drop one reference to the channel."},
+     "channel_new($module, fd, wake_main, /)\n--\n\n"
+     "Returns channel address"},
+    {"channel_release", py_channel_release, METH_O,
+     "channel_release($module, channel, /)\n--\n\n"
+     "Drop one reference to the channel."},
     {"set_notify_callable", py_set_notify_callable, METH_O,
+     "set_notify_callable($module, callable, /)\n--\n\n"
      "The callable the notification pending call calls."},
     {"set_any_thread_pending", (PyCFunction)(void (*)(void))py_set_any_thread_pending,
-     METH_FASTCALL, "set_any_thread_pending(add, interpreter): Python 3.12's pending call."},
+     METH_FASTCALL,
+     "set_any_thread_pending($module, add, interpreter, /)\n--\n\n"
+     "Python 3.12's pending call."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -505,7 +505,9 @@ static PyObject *sim_stream_handle(PyObject *self, void *closure) {
 }
 
 static PyMethodDef sim_stream_methods[] = {
-    {"_open", sim_stream_open, METH_NOARGS, "Open the native stream (once)."},
+    {"_open", sim_stream_open, METH_NOARGS,
+     "_open($self, /)\n--\n\n"
+     "Open the native stream (once)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -878,8 +880,12 @@ static void sim_graph_ref_dealloc(PyObject *self) {
 }
 
 static PyMethodDef sim_graph_ref_methods[] = {
-    {"release", sim_graph_ref_release, METH_NOARGS, "Give the reference back (once)."},
-    {"share", sim_graph_ref_share, METH_NOARGS, "Another reference to the same graph."},
+    {"release", sim_graph_ref_release, METH_NOARGS,
+     "release($self, /)\n--\n\n"
+     "Give the reference back (once)."},
+    {"share", sim_graph_ref_share, METH_NOARGS,
+     "share($self, /)\n--\n\n"
+     "Another reference to the same graph."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -891,7 +897,8 @@ static PyGetSetDef sim_graph_ref_getset[] = {
 static PyTypeObject sim_graph_type = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "numba_hostfn._core.SimGraph",
-    .tp_doc = "SimGraph(): a new simulated graph's graph, and one reference to it.",
+    .tp_doc = "SimGraph()\n--\n\n"
+              "A new simulated graph's graph, and one reference to it.",
     .tp_basicsize = sizeof(sim_graph_ref),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_new = PyType_GenericNew,
@@ -902,30 +909,46 @@ static PyTypeObject sim_graph_type = {
 };
 
 static PyMethodDef methods[] = {
-    {"sim_context_start", py_context_start, METH_NOARGS, "Start the host-function thread."},
+    {"sim_context_start", py_context_start, METH_NOARGS,
+     "sim_context_start($module, /)\n--\n\n"
+     "Start the host-function thread."},
     {"sim_watchdog_stream_uses", py_watchdog_stream_uses, METH_NOARGS,
+     "sim_watchdog_stream_uses($module, /)\n--\n\n"
      "Stream handles the watchdog's thread touched (0 by design)."},
     {"sim_set_capturing", (PyCFunction)(void (*)(void))py_set_capturing, METH_FASTCALL,
-     "sim_set_capturing(stream, capturing)"},
-    {"sim_sync", py_sync, METH_O, "Wait (GIL released) until the stream's work has run."},
-    {"sim_pending", py_pending, METH_O, "Items enqueued on the stream and not yet finished."},
+     "sim_set_capturing($module, stream, capturing, /)\n--\n\n"},
+    {"sim_sync", py_sync, METH_O,
+     "sim_sync($module, stream, /)\n--\n\n"
+     "Wait (GIL released) until the stream's work has run."},
+    {"sim_pending", py_pending, METH_O,
+     "sim_pending($module, stream, /)\n--\n\n"
+     "Items enqueued on the stream and not yet finished."},
     {"sim_in_host_function", py_in_host_function, METH_NOARGS,
+     "sim_in_host_function($module, /)\n--\n\n"
      "True on the simulated host-function thread (a host function's call)."},
-    {"sim_query", py_query, METH_O, "sim_query(stream) -> 0, 600 (not ready) or the fault."},
+    {"sim_query", py_query, METH_O,
+     "sim_query($module, stream, /)\n--\n\n"
+     "Returns 0, 600 (not ready) or the fault."},
     {"sim_fault_info", py_fault_info, METH_O,
-     "sim_fault_info(stream) -> (fault, stream it ran on) of the stream's context."},
+     "sim_fault_info($module, stream, /)\n--\n\n"
+     "Returns (fault, stream it ran on) of the stream's context."},
     {"sim_new_context", py_new_context, METH_NOARGS,
+     "sim_new_context($module, /)\n--\n\n"
      "Streams made from now on belong to a new, healthy simulated context."},
     {"sim_close", (PyCFunction)(void (*)(void))py_close, METH_FASTCALL,
-     "sim_close(stream, join): stop the stream once empty; join its thread or detach it."},
+     "sim_close($module, stream, join, /)\n--\n\n"
+     "Stop the stream once empty; join its thread or detach it."},
     {"sim_enqueue", (PyCFunction)(void (*)(void))py_enqueue, METH_FASTCALL,
-     "sim_enqueue(stream, fn, arg, device) -> status"},
+     "sim_enqueue($module, stream, fn, arg, device, /)\n--\n\n"
+     "Returns status"},
     {"sim_graph_record", (PyCFunction)(void (*)(void))py_graph_record, METH_FASTCALL,
-     "sim_graph_record(graph, fn, arg, owner) -> a record the graph owns"},
+     "sim_graph_record($module, graph, fn, arg, owner, /)\n--\n\n"
+     "Returns a record the graph owns"},
     {"sim_graph_add_node", (PyCFunction)(void (*)(void))py_graph_add_node, METH_FASTCALL,
-     "sim_graph_add_node(graph, device, fn, arg)"},
+     "sim_graph_add_node($module, graph, device, fn, arg, /)\n--\n\n"},
     {"sim_replay", (PyCFunction)(void (*)(void))py_replay, METH_FASTCALL,
-     "sim_replay(stream, graph) -> status: one replay, all of it or nothing."},
+     "sim_replay($module, stream, graph, /)\n--\n\n"
+     "Returns status: one replay, all of it or nothing."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -547,13 +547,22 @@ static PyObject *py_stream_fault(PyObject *self, PyObject *arg) {
 
 static PyMethodDef methods[] = {
     {"set_cuda_watch", (PyCFunction)(void (*)(void))py_set_cuda_watch, METH_FASTCALL,
+     "set_cuda_watch($module, query, get_ctx, exchange_capture_mode, push, pop, /)\n--\n\n"
      "set_cuda_watch(cuStreamQuery, cuStreamGetCtx, cuThreadExchangeStreamCaptureMode, "
      "cuCtxPushCurrent, cuCtxPopCurrent)"},
     {"watchdog_configure", (PyCFunction)(void (*)(void))py_watchdog_configure, METH_FASTCALL,
+     "watchdog_configure($module, query, context_of, first_us=<unrepresentable>, "
+     "max_us=<unrepresentable>, idle_ms=<unrepresentable>, /)\n--\n\n"
      "watchdog_configure(query, context_of[, first_us, max_us[, idle_ms]])"},
-    {"fault_info", py_fault_info, METH_NOARGS, "The faulted contexts: (context, code, stream)."},
-    {"watchdog_stats", py_watchdog_stats, METH_NOARGS, "The watchdog's counters."},
-    {"stream_fault", py_stream_fault, METH_O, "The noted fault of a stream's context, or 0."},
+    {"fault_info", py_fault_info, METH_NOARGS,
+     "fault_info($module, /)\n--\n\n"
+     "The faulted contexts: (context, code, stream)."},
+    {"watchdog_stats", py_watchdog_stats, METH_NOARGS,
+     "watchdog_stats($module, /)\n--\n\n"
+     "The watchdog's counters."},
+    {"stream_fault", py_stream_fault, METH_O,
+     "stream_fault($module, stream, /)\n--\n\n"
+     "The noted fault of a stream's context, or 0."},
     {NULL, NULL, 0, NULL},
 };
 
