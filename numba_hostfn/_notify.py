@@ -75,12 +75,21 @@ class _Channel:
         # on_fault(entry, code): a device fault failed the entry's launch (invariant 23).
         self.dispatcher = _core.Dispatcher(self.address, resolve, invalid, on_fault)
 
-    def launch(self, target: Any, executor: Any, refusal: str, entry: Any) -> None:
+    def launch(
+        self, target: Any, executor: Any, refusal: str, entry: Any, default_lane: bool = True
+    ) -> None:
         """Register ``entry`` and enqueue its signal on ``target``, as one native step:
         an exception after it (a Ctrl-C) leaves the launch enqueued, and its entry
-        acted on when the signal comes; a refused launch keeps nothing."""
-        route = signal_route(target, executor, refusal)
+        acted on when the signal comes; a refused launch keeps nothing.  With no
+        executor, on the default lane where it can serve (``default_lane``), else,
+        or if the lane refuses, on the driver's thread (``_enqueue.signal_route``)."""
+        route, fallback = signal_route(target, executor, refusal, default_lane)
         status = self.dispatcher.launch(*route, entry)
+        if status and fallback is not None:
+            if status & _core.KEPT:  # the lane's write is on the stream: it will signal
+                return
+            # The default lane refused (capturing, closed, faulted): enqueued nothing.
+            status = self.dispatcher.launch(*fallback, entry)
         if status:
             refuse_signal(status, executor, refusal)
 
@@ -106,8 +115,10 @@ class _Callbacks:
         self._helper = threading.Thread(target=self._serve, name=name, daemon=True)
         self._helper.start()
 
-    def launch(self, target: Any, fn: Any, executor: Any, refusal: str) -> None:
-        self._channel.launch(target, executor, refusal, fn)
+    def launch(
+        self, target: Any, fn: Any, executor: Any, refusal: str, default_lane: bool = True
+    ) -> None:
+        self._channel.launch(target, executor, refusal, fn, default_lane)
 
     def run(self, block: bool = True) -> int:
         """Run the callables whose signals have run, oldest first; return how many.
@@ -253,7 +264,9 @@ _ASYNC_IN_GRAPH = _IN_GRAPH.format(what="async_done()")
 
 def launch_nonblocking(stream: Any, fn: Any, executor: Any = None) -> None:
     """``host_launch(stream, fn, blocking=False)`` for a classified Python callable."""
-    _the_callbacks().launch(stream, fn, executor, _NONBLOCKING_IN_GRAPH)
+    # On the driver's thread unless executor= is given: the default lane serves
+    # async_done and done_future only.
+    _the_callbacks().launch(stream, fn, executor, _NONBLOCKING_IN_GRAPH, default_lane=False)
 
 
 def done_future(stream: Any, *, executor: Any = None) -> concurrent.futures.Future:
