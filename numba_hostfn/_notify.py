@@ -1,14 +1,15 @@
 """Signal Python from a stream without the GIL: awaitables, futures, non-blocking callbacks.
 
 Each of these enqueues a *signal* (``native/notify.c``): a CUhostFn that
-runs on the driver's thread (or an executor's), pushes a key on a *channel*
-and writes the channel's eventfd.  It never takes the GIL, so it never waits
+runs on the driver's thread or an executor's (for async_done and done_future
+given no executor, the default lane's: ``_executor.default_lane``), pushes a
+key on a *channel* and writes the channel's eventfd.  It never takes the GIL, so it never waits
 for the main thread and never holds up another stream's host functions.
 Python reacts to the descriptor:
 
 - :func:`async_done`: one channel per asyncio loop, watched with
   ``loop.add_reader``; the loop resolves the futures whose keys it reads, in
-  the order their streams got there.  One descriptor per loop, no thread.
+  the order their streams got there.  One descriptor per loop, no thread per wait.
 - ``host_launch(stream, callable, blocking=False)`` and :func:`done_future`:
   one channel for the process.  The signal also asks the main thread, with
   ``Py_AddPendingCall``, to run the callables; a helper thread blocked on the
@@ -284,7 +285,10 @@ def done_future(stream: Any, *, executor: Any = None) -> concurrent.futures.Futu
         the simulator, a ``numba_hostfn.simulator.Stream``.  Not a capturing
         stream or a graph.
     executor : HostExecutor, optional
-        Signal from the executor's threads instead of the driver's.
+        Signal from the executor's threads.  Without it the signal comes from
+        the package's default lane, a one-thread executor started at the first
+        wait, or from the driver's thread where that lane cannot serve
+        (docs/asyncio.md, "The default lane").
 
     Returns
     -------
@@ -405,7 +409,7 @@ def async_done(stream: Any, *, executor: Any = None) -> asyncio.Future:
     driver's thread (or the executor's) writes the loop's eventfd without
     taking the GIL; the loop wakes as for a socket and resolves the futures
     whose streams got there, in that order.  One descriptor per loop, however
-    many waits; no thread per wait.
+    many waits; no thread per wait (the default lane's one thread serves them all).
 
     Parameters
     ----------
@@ -414,7 +418,10 @@ def async_done(stream: Any, *, executor: Any = None) -> asyncio.Future:
         PyTorch, numba-cuda); with the simulator, a
         ``numba_hostfn.simulator.Stream``.  Not a capturing stream or a graph.
     executor : HostExecutor, optional
-        Signal from the executor's threads instead of the driver's.
+        Signal from the executor's threads.  Without it the signal comes from
+        the package's default lane, a one-thread executor started at the first
+        wait, or from the driver's thread where that lane cannot serve
+        (docs/asyncio.md, "The default lane").
 
     Returns
     -------
