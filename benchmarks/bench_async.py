@@ -3,11 +3,19 @@
 - await latency: device work ends (the Gate is opened at a host clock time) ->
   the awaiting coroutine runs again, with the loop idle and with the loop busy
   (100 coroutines doing CPU work in 20 µs or 200 µs slices), for ``nh.async_done``
-  (a GIL-free eventfd write), ``asyncio.to_thread(stream.sync)`` (a thread per
-  wait), the same with ``executor=`` (the signal on a HostExecutor's thread,
-  not the driver's), a Python host callback that calls ``loop.call_soon_threadsafe`` (the
-  GIL on the driver's thread) and numba-cuda's ``Stream.async_done`` (its
-  error, where it fails).  Conditions interleaved, one sample each per round.
+  with no argument (a GIL-free eventfd write from the package's default lane, a
+  parked HostExecutor thread), the same on the driver's thread (the lane's
+  fallback), ``asyncio.to_thread(stream.sync)`` (a thread per wait), the same
+  with ``executor=`` (an executor of the program's own), a Python host callback
+  that calls ``loop.call_soon_threadsafe`` (the GIL on the driver's thread) and
+  numba-cuda's ``Stream.async_done`` (its error, where it fails).  Conditions
+  interleaved, one sample each per round.
+- done_future resolve: device work ends -> ``done_future(stream).result()``
+  returns on the waiting thread, with no argument, with ``executor=``, and on the
+  driver's thread, against a thread that calls ``stream.sync()`` then sets a
+  ``concurrent.futures.Future`` (what a program writes without this package).
+- the default lane's CPU time: process CPU seconds per wall second over 1 s once
+  its waits have resolved (its thread parked).
 - 10k waits: 10,000 ``async_done`` on one stream, all resolved; per wait, and
   the descriptors and threads the process gained.
 - non-blocking callback delay: device work ends -> the callable runs, with the
@@ -16,13 +24,15 @@
   CuPy's ``launch_host_func``.
 - other streams while the main thread holds the GIL: a HostFunction's dispatch
   delay on a second stream, with 3,000 non-blocking callbacks queued on the first.
-Ratios are to ``async_done`` (await groups), and to the blocking Python callable
-(callback groups).
+Ratios are to ``async_done`` (await groups), ``done_future`` (its group), and to
+the blocking Python callable (callback groups).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import ctypes
 import os
 import sys
@@ -40,6 +50,7 @@ from _bench import (
     find,
     interleaved,
     ratio,
+    record,
     target,
 )
 
@@ -62,6 +73,8 @@ def run(nh, device, repeats: int, waits: int) -> None:
     stream = device.create_stream()
     gate = Gate(device)
     _await_latency(nh, device, stream, gate, repeats)
+    _future_latency(nh, stream, gate, repeats)
+    _lane_cpu_time(nh, stream)
     _many_waits(nh, stream, gate, waits)
     _callback_delay(nh, device, stream, gate, repeats)
     _other_streams(nh, device, stream, gate, repeats)
@@ -78,9 +91,26 @@ def _interleaved(rows: list[Row], sample, repeats: int) -> None:
     interleaved(GROUP, rows, sample, repeats)
 
 
+DRIVER = "driver's thread (no default lane)"
+
+
+@contextlib.contextmanager
+def _driver_thread(nh):
+    """Signals enqueued inside take the driver's thread, as before the default lane
+    (its fallback): the lane off for the call, as at exit."""
+    lanes = nh._executor
+    was = lanes._default_off
+    lanes._default_off = True
+    try:
+        yield
+    finally:
+        lanes._default_off = was
+
+
 def _await_latency(nh, device, stream, gate, repeats: int) -> None:
     kinds = [
         "async_done",
+        f"async_done, {DRIVER}",
         "async_done(executor=)",
         "to_thread(stream.sync)",
         "Python callback + call_soon_threadsafe",
@@ -114,6 +144,9 @@ def _await_latency(nh, device, stream, gate, repeats: int) -> None:
         try:
             if kind == "async_done":
                 waiter = nh.async_done(stream)
+            elif kind.endswith(DRIVER):
+                with _driver_thread(nh):
+                    waiter = nh.async_done(stream)
             elif kind == "async_done(executor=)":
                 waiter = nh.async_done(stream, executor=executor)
             elif kind.startswith("to_thread"):
@@ -151,6 +184,69 @@ def _await_latency(nh, device, stream, gate, repeats: int) -> None:
         n = starved.get((row.name, row.group))
         if n:
             row.note = f"{n} of {len(row.samples)} starved past {TIMEOUT_S:g} s, counted as that"
+
+
+FUTURE_GROUP = "done_future resolve (waiting thread idle)"
+SYNC_THREAD = "a thread: stream.sync(), then Future.set_result"
+
+
+def _future_latency(nh, stream, gate, repeats: int) -> None:
+    kinds = ["done_future", f"done_future, {DRIVER}", "done_future(executor=)", SYNC_THREAD]
+    rows = [Row(FUTURE_GROUP, k, "µs") for k in kinds]
+    executor = nh.HostExecutor(threads=1)
+
+    def sync_then_set(future: concurrent.futures.Future) -> None:
+        stream.sync()
+        future.set_result(stream)
+
+    def sample(row: Row) -> float:
+        gate.close_on(stream)
+        t0 = None
+        thread = None
+        try:
+            if row.name == "done_future":
+                future = nh.done_future(stream)
+            elif row.name.endswith(DRIVER):
+                with _driver_thread(nh):
+                    future = nh.done_future(stream)
+            elif row.name.endswith("(executor=)"):
+                future = nh.done_future(stream, executor=executor)
+            else:
+                future = concurrent.futures.Future()
+                thread = threading.Thread(target=sync_then_set, args=(future,))
+                thread.start()
+            time.sleep(0.002)  # the waiters park
+            t0 = gate.open()
+            future.result(timeout=TIMEOUT_S * 10)
+            t1 = time.monotonic_ns()
+        finally:
+            if t0 is None:
+                gate.open()
+            if thread is not None:
+                thread.join()
+            stream.sync()
+            nh.drain()
+        return (t1 - t0) / 1e3
+
+    with executor:
+        _interleaved(rows, sample, repeats)
+
+
+def _lane_cpu_time(nh, stream) -> None:
+    def cpu_over(seconds: float) -> float:
+        nh.done_future(stream).result(timeout=TIMEOUT_S * 10)  # the lane exists, idle
+        time.sleep(0.05)  # past the spin budget of its last task
+        c0, w0 = time.process_time(), time.perf_counter()
+        time.sleep(seconds)
+        return (time.process_time() - c0) / (time.perf_counter() - w0)
+
+    record(
+        "default lane: process CPU time",
+        "idle (its waits resolved): parked",
+        "CPU s/s",
+        lambda: cpu_over(1.0),
+        1,
+    )
 
 
 def _many_waits(nh, stream, gate, waits: int) -> None:
@@ -269,6 +365,8 @@ def _other_streams(nh, device, stream, gate, repeats: int) -> None:
 def baseline(group: str) -> Row | None:
     if group.startswith("await ("):
         return find(group, "async_done")
+    if group == FUTURE_GROUP:
+        return find(group, "done_future")
     if group.startswith("callback ("):
         return find(group, "Python callable (blocking)")
     return None
@@ -280,7 +378,22 @@ def _worst(group: str, name: str) -> float | None:
 
 
 def targets() -> list[Target]:
-    lines = []
+    lines = [
+        target(
+            "async_done, no argument, loop idle <= 0.5x to_thread(stream.sync): median",
+            ratio(
+                find("await (loop idle)", "async_done"),
+                find("await (loop idle)", "to_thread(stream.sync)"),
+            ),
+            0.5,
+        ),
+        target(
+            "done_future resolve, no argument, idle <= 0.5x a thread calling stream.sync() "
+            "then setting a future: median",
+            ratio(find(FUTURE_GROUP, "done_future"), find(FUTURE_GROUP, SYNC_THREAD)),
+            0.5,
+        ),
+    ]
     busy = [g for g in dict.fromkeys(r.group for r in ROWS) if g.startswith("await (loop busy")]
     for group in busy:
         ours, theirs = "async_done", "to_thread(stream.sync)"

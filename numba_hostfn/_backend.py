@@ -9,6 +9,7 @@ means the same thing on both.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from . import _core
@@ -132,6 +133,12 @@ class Backend:
     def executor_memory(self, nbytes: int) -> int:
         """``nbytes`` zeroed bytes that the streams can write and wait on."""
         raise NotImplementedError  # pragma: no cover
+
+    def relaxed_capture_mode(self) -> contextlib.AbstractContextManager:
+        """Around a call that a capture in global mode on any thread would refuse
+        (and be invalidated by): this thread in relaxed capture mode (the default
+        lane's first pinned words).  Nothing to do on the simulator."""
+        return contextlib.nullcontext()
 
     def add_slot_nodes(self, graph: Any, handle: int, slot: Any) -> None:
         """Capture a graph slot's three operations on stream ``handle`` (``_graphs``)."""

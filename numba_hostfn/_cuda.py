@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from . import _core
@@ -25,6 +27,7 @@ _USE_SIMULATOR = (
     "is chosen at first use, not at import, and this error chose none"
 )
 _CAPTURE_ACTIVE, _CAPTURE_INVALIDATED = 1, 2  # CUstreamCaptureStatus
+_CAPTURE_MODE_RELAXED = 2  # CUstreamCaptureMode
 _HOSTALLOC_PORTABLE_DEVICEMAP = 0x01 | 0x02  # CU_MEMHOSTALLOC_PORTABLE | _DEVICEMAP
 
 
@@ -158,6 +161,10 @@ class CudaBackend(Backend):
         self._stream_destroy = ctypes.CFUNCTYPE(c_int, vp)(proc["cuStreamDestroy"])
         self._end_capture = ctypes.CFUNCTYPE(c_int, vp, ctypes.POINTER(vp))(
             proc["cuStreamEndCapture"]
+        )
+        exchange = proc["cuThreadExchangeStreamCaptureMode"]
+        self._exchange_capture_mode = (
+            ctypes.CFUNCTYPE(c_int, ctypes.POINTER(c_int))(exchange) if exchange else None
         )
         self._begin_capture_to_graph = (
             ctypes.CFUNCTYPE(c_int, vp, vp, vp, vp, ctypes.c_size_t, c_int)(
@@ -310,6 +317,19 @@ class CudaBackend(Backend):
             )
         ctypes.memset(pointer.value, 0, nbytes)
         return pointer.value
+
+    @contextlib.contextmanager
+    def relaxed_capture_mode(self) -> Iterator[None]:
+        exchange = self._exchange_capture_mode
+        if exchange is None:  # an old driver: as a HostExecutor made there
+            yield
+            return
+        mode = ctypes.c_int(_CAPTURE_MODE_RELAXED)
+        self._check(exchange(ctypes.byref(mode)), "cuThreadExchangeStreamCaptureMode")
+        try:
+            yield
+        finally:
+            exchange(ctypes.byref(mode))  # the thread's mode as it was
 
     def add_slot_nodes(self, graph: Any, handle: int, slot: Any) -> None:
         reached, done = slot.words, slot.words + 4

@@ -12,7 +12,7 @@ from typing import Any
 
 from . import _core
 from ._classify import classify_function
-from ._executor import check_executor
+from ._executor import check_executor, default_lane_of
 from ._graphs import (
     add_captured_executor_node,
     add_captured_node,
@@ -33,13 +33,21 @@ __all__ = [
 ]
 
 
-def signal_route(target: Any, executor: Any, refusal: str) -> tuple[int, int, int, Any]:
-    """Where a signal of ``target`` goes: ``(enqueue_fn, target, trampoline, owner)``
-    for the native dispatcher's launch (``native/notify.c``).
+def signal_route(
+    target: Any, executor: Any, refusal: str, default_lane: bool = True
+) -> tuple[tuple[int, int, int, Any], tuple[int, int, int, Any] | None]:
+    """Where a signal of ``target`` goes: ``(route, fallback)``, each route
+    ``(enqueue_fn, target, trampoline, owner)`` for the native dispatcher's launch
+    (``native/notify.c``).
 
     A signal says "the stream got here" once, so it is only for streams: a graph
     target raises ``RuntimeError(refusal)``, having enqueued nothing (a capturing
-    stream is refused by the enqueue: :func:`refuse_signal`).
+    stream is refused by the enqueue: :func:`refuse_signal`).  Given no executor
+    (and ``default_lane``: async_done and done_future, not a non-blocking
+    callback), the route is the default lane's where it can serve (``_executor.default_lane``)
+    and the fallback the driver's thread, taken if the lane's enqueue refuses (a
+    capturing stream, a closed or faulted lane): the driver's path then refuses or
+    accepts as it would without the lane.  Else the fallback is None.
     """
     if target_kind(target) != "stream":
         raise RuntimeError(refusal)
@@ -48,9 +56,15 @@ def signal_route(target: Any, executor: Any, refusal: str) -> tuple[int, int, in
     backend = get_backend()
     handle = backend.stream_handle(target, stream_handle(target))
     if executor is None:
-        return backend.enqueue_fn, handle, _core.RUN_COMPILED, None
+        driver = (backend.enqueue_fn, handle, _core.RUN_COMPILED, None)
+        found = default_lane_of(handle) if default_lane else None
+        if found is None:
+            return driver, None
+        lane, address = found
+        return (backend.executor_enqueue_fn, address, _core.RUN_COMPILED, lane), driver
     # An executor's task owns the executor: it is collected only with nothing outstanding.
-    return backend.executor_enqueue_fn, executor._lane(handle), _core.RUN_COMPILED, executor
+    route = (backend.executor_enqueue_fn, executor._lane(handle), _core.RUN_COMPILED, executor)
+    return route, None
 
 
 def refuse_signal(status: int, executor: Any, refusal: str) -> None:

@@ -19,6 +19,7 @@ import threading
 from typing import Any
 
 from . import _core
+from ._compat import register_first_atexit
 from ._errors import SIMULATOR_ENV, CudaDriverError
 from ._process import forked, get_backend
 
@@ -219,3 +220,95 @@ def check_executor(executor: Any) -> HostExecutor:
             f"the HostExecutor belongs to another backend; {SIMULATOR_ENV} changed in between"
         )
     return executor
+
+
+# ---- the default lane: async_done and done_future without executor= ----
+
+#: Streams the default lane serves at most: its thread walks every lane at each
+#: turn (lanes are never removed), so a program that makes a stream per request
+#: would make that walk grow for ever; waits on more streams take the driver's
+#: thread, as without the lane.  Also half a block of words: it never allocates
+#: pinned memory after its first block.
+DEFAULT_LANE_STREAMS = 256
+
+
+class _DefaultLane(HostExecutor):
+    """The package's own executor of one thread, for the signals of ``async_done``
+    and ``done_future`` given no executor (docs/asyncio.md, "The default lane").
+
+    Its pinned words are allocated with this thread in relaxed capture mode, so
+    that a first use while some thread captures in global mode (torch's default)
+    invalidates no capture: the program did not ask for an executor, so it cannot
+    make one outside its captures either.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(threads=1)
+
+    def _reserve(self) -> None:
+        with self._backend.relaxed_capture_mode():
+            super()._reserve()
+
+    def __repr__(self) -> str:
+        return "<numba_hostfn default lane " + super().__repr__()[1:]
+
+
+_default: _DefaultLane | None = None
+#: True once the default lane cannot serve: this backend or a device has no stream
+#: memory operations (HostExecutor refuses), or the interpreter is exiting.
+_default_off = False
+_default_lock = threading.Lock()
+
+
+def default_lane() -> _DefaultLane | None:
+    """The default lane, started on first use; None where it cannot serve.
+
+    The caller has asked for the backend first (a forked child is refused there,
+    before this: its lane, if the parent had one, has no thread).
+    """
+    global _default, _default_off
+    lane = _default
+    if lane is not None or _default_off:
+        return None if _default_off else lane
+    with _default_lock:
+        if _default is None and not _default_off:
+            try:
+                lane = _DefaultLane()
+            except Exception:  # HostExecutor refuses here (no memory operations), or failed
+                _default_off = True
+                return None
+            # LIFETIME.md, invariant 24: closed to new waits at exit, once the
+            # non-daemon threads have ended; its thread is never joined.
+            register_first_atexit(_close_default_lane)
+            _default = lane
+    return None if _default_off else _default
+
+
+def default_lane_of(handle: int) -> tuple[_DefaultLane, int] | None:
+    """``(the default lane, its lane for stream handle)``, or None: then the
+    signal takes the driver's thread, exactly as without the lane."""
+    lane = default_lane()
+    if lane is None:
+        return None
+    found = lane._lanes.get(handle)
+    if found is not None:
+        return lane, found
+    if len(lane._lanes) >= DEFAULT_LANE_STREAMS:
+        return None
+    try:
+        return lane, lane._lane(handle)
+    except Exception:  # closed at exit meanwhile, or no pinned memory here: the driver's path
+        return None
+
+
+def _close_default_lane() -> None:
+    """At exit (the first atexit handler, after the non-daemon threads have ended):
+    later waits take the driver's thread.  The pool is not closed natively: that
+    would wait for the streams to reach the waits still outstanding (exit would
+    hang behind a stream that never gets there); its thread answers them, then
+    parks, and ends with the process (leak rather than wait, invariant 6)."""
+    global _default_off
+    _default_off = True
+    lane = _default
+    if lane is not None:
+        lane._closed = True  # its __del__ at teardown closes nothing either

@@ -1,14 +1,15 @@
 """Signal Python from a stream without the GIL: awaitables, futures, non-blocking callbacks.
 
 Each of these enqueues a *signal* (``native/notify.c``): a CUhostFn that
-runs on the driver's thread (or an executor's), pushes a key on a *channel*
-and writes the channel's eventfd.  It never takes the GIL, so it never waits
+runs on the driver's thread or an executor's (for async_done and done_future
+given no executor, the default lane's: ``_executor.default_lane``), pushes a
+key on a *channel* and writes the channel's eventfd.  It never takes the GIL, so it never waits
 for the main thread and never holds up another stream's host functions.
 Python reacts to the descriptor:
 
 - :func:`async_done`: one channel per asyncio loop, watched with
   ``loop.add_reader``; the loop resolves the futures whose keys it reads, in
-  the order their streams got there.  One descriptor per loop, no thread.
+  the order their streams got there.  One descriptor per loop, no thread per wait.
 - ``host_launch(stream, callable, blocking=False)`` and :func:`done_future`:
   one channel for the process.  The signal also asks the main thread, with
   ``Py_AddPendingCall``, to run the callables; a helper thread blocked on the
@@ -75,12 +76,21 @@ class _Channel:
         # on_fault(entry, code): a device fault failed the entry's launch (invariant 23).
         self.dispatcher = _core.Dispatcher(self.address, resolve, invalid, on_fault)
 
-    def launch(self, target: Any, executor: Any, refusal: str, entry: Any) -> None:
+    def launch(
+        self, target: Any, executor: Any, refusal: str, entry: Any, default_lane: bool = True
+    ) -> None:
         """Register ``entry`` and enqueue its signal on ``target``, as one native step:
         an exception after it (a Ctrl-C) leaves the launch enqueued, and its entry
-        acted on when the signal comes; a refused launch keeps nothing."""
-        route = signal_route(target, executor, refusal)
+        acted on when the signal comes; a refused launch keeps nothing.  With no
+        executor, on the default lane where it can serve (``default_lane``), else,
+        or if the lane refuses, on the driver's thread (``_enqueue.signal_route``)."""
+        route, fallback = signal_route(target, executor, refusal, default_lane)
         status = self.dispatcher.launch(*route, entry)
+        if status and fallback is not None:
+            if status & _core.KEPT:  # the lane's write is on the stream: it will signal
+                return
+            # The default lane refused (capturing, closed, faulted): enqueued nothing.
+            status = self.dispatcher.launch(*fallback, entry)
         if status:
             refuse_signal(status, executor, refusal)
 
@@ -106,8 +116,10 @@ class _Callbacks:
         self._helper = threading.Thread(target=self._serve, name=name, daemon=True)
         self._helper.start()
 
-    def launch(self, target: Any, fn: Any, executor: Any, refusal: str) -> None:
-        self._channel.launch(target, executor, refusal, fn)
+    def launch(
+        self, target: Any, fn: Any, executor: Any, refusal: str, default_lane: bool = True
+    ) -> None:
+        self._channel.launch(target, executor, refusal, fn, default_lane)
 
     def run(self, block: bool = True) -> int:
         """Run the callables whose signals have run, oldest first; return how many.
@@ -253,7 +265,9 @@ _ASYNC_IN_GRAPH = _IN_GRAPH.format(what="async_done()")
 
 def launch_nonblocking(stream: Any, fn: Any, executor: Any = None) -> None:
     """``host_launch(stream, fn, blocking=False)`` for a classified Python callable."""
-    _the_callbacks().launch(stream, fn, executor, _NONBLOCKING_IN_GRAPH)
+    # On the driver's thread unless executor= is given: the default lane serves
+    # async_done and done_future only.
+    _the_callbacks().launch(stream, fn, executor, _NONBLOCKING_IN_GRAPH, default_lane=False)
 
 
 def done_future(stream: Any, *, executor: Any = None) -> concurrent.futures.Future:
@@ -271,7 +285,10 @@ def done_future(stream: Any, *, executor: Any = None) -> concurrent.futures.Futu
         the simulator, a ``numba_hostfn.simulator.Stream``.  Not a capturing
         stream or a graph.
     executor : HostExecutor, optional
-        Signal from the executor's threads instead of the driver's.
+        Signal from the executor's threads.  Without it the signal comes from
+        the package's default lane, a one-thread executor started at the first
+        wait, or from the driver's thread where that lane cannot serve
+        (docs/asyncio.md, "The default lane").
 
     Returns
     -------
@@ -392,7 +409,7 @@ def async_done(stream: Any, *, executor: Any = None) -> asyncio.Future:
     driver's thread (or the executor's) writes the loop's eventfd without
     taking the GIL; the loop wakes as for a socket and resolves the futures
     whose streams got there, in that order.  One descriptor per loop, however
-    many waits; no thread per wait.
+    many waits; no thread per wait (the default lane's one thread serves them all).
 
     Parameters
     ----------
@@ -401,7 +418,10 @@ def async_done(stream: Any, *, executor: Any = None) -> asyncio.Future:
         PyTorch, numba-cuda); with the simulator, a
         ``numba_hostfn.simulator.Stream``.  Not a capturing stream or a graph.
     executor : HostExecutor, optional
-        Signal from the executor's threads instead of the driver's.
+        Signal from the executor's threads.  Without it the signal comes from
+        the package's default lane, a one-thread executor started at the first
+        wait, or from the driver's thread where that lane cannot serve
+        (docs/asyncio.md, "The default lane").
 
     Returns
     -------

@@ -35,7 +35,7 @@ from numba_hostfn import _core
 #: Every kind of wait and launch behind a fault, then every kind of new work.
 WAITS_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     import asyncio, gc, sys, time, weakref
-    from numba_hostfn import _core
+    from numba_hostfn import _core, _executor
     from _device import armed_fault, held_records
 
     T = 60  # a hang guard only
@@ -73,6 +73,9 @@ WAITS_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
         nh.host_copy(stream, dst, src)
         future = nh.done_future(stream)
         awaited = nh.async_done(stream)
+        # Both waits are tasks of the default lane (invariant 24): it answers them.
+        lane = _executor.default_lane()
+        print("waits on the default lane", lane is not None and lane.outstanding() == 2)
         del blocking, nonblocking, on_ex
         print("pending behind the fault", nh.pending() - held_records(device))
         fire()
@@ -151,6 +154,7 @@ def test_a_fault_fails_every_wait_releases_every_launch_and_refuses_new_work():
     every kind of new work is refused at once with the same error, keeping nothing."""
     out = run_child(WAITS_SCRIPT, timeout=240)
     lines = out.splitlines()
+    assert "waits on the default lane True" in lines, out
     assert "async_done raised CUDA_ERROR_LAUNCH_FAILED 719 True" in lines, out
     assert "done_future raised CUDA_ERROR_LAUNCH_FAILED" in lines, out
     assert "executor outstanding 0" in lines, out

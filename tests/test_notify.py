@@ -875,3 +875,177 @@ def test_interpreter_exit_with_waits_outstanding():
     """Waits, futures and non-blocking callbacks outstanding at exit: rc 0, no hang."""
     out = run_child(EXIT_SCRIPT)
     assert "exiting with 201 pending" in out, out
+
+
+# ---- the default lane: async_done and done_future without executor= ----------------------
+
+DEFAULT_LANE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import asyncio, os, threading, time
+    from numba_hostfn import _executor
+    from _device import Capture, Hold
+
+    def settle():  # the pool counts a task done just after its signal ran
+        for _ in range(6000):
+            if _executor._default.outstanding() == 0:
+                return
+            time.sleep(0.01)
+
+    # Nothing of the lane exists before the first async_done or done_future.
+    counter = np.zeros(1, np.int64)
+    nh.host_launch(stream, increment, user_data=nh.by_ref(counter))
+    nh.host_launch(stream, lambda: None, blocking=False)
+    stream.sync()
+    nh.drain()
+    print("before first wait", _executor._default)
+    # A capturing stream, as the first wait of the process: refused as on the
+    # driver's path, nothing enqueued, the capture still valid (in global mode, a
+    # pinned allocation of the lane's would have invalidated it on a GPU).
+    capture = Capture(stream, "global")
+    try:
+        nh.done_future(stream)
+    except RuntimeError as e:
+        print("capturing refused", "capturing stream" in str(e))
+    nh.host_launch(stream, increment, user_data=nh.by_ref(counter))
+    capture.end()
+    capture.launch()
+    stream.sync()
+    capture.close()
+    lane = _executor._default
+    print("under capture", counter[0] == 2, lane is not None and lane.outstanding() == 0)
+    with Hold(stream):
+        future = nh.done_future(stream)
+        print("done_future on the lane", _executor._default.outstanding())
+    print("done_future resolved", future.result(timeout=60) is stream)
+    settle()
+
+    async def main():
+        with Hold(stream):
+            waits = [nh.async_done(stream) for _ in range(3)]
+            print("async_done on the lane", _executor._default.outstanding())
+        return await asyncio.gather(*waits)
+
+    print("async_done resolved", all(r is stream for r in asyncio.run(main())))
+    settle()
+    print("one lane", _executor._default is lane, lane.threads, lane.outstanding())
+    # A forked child refuses as before: the parent's lane has no thread there.
+    pid = os.fork()
+    if pid == 0:
+        for name, call in [("done_future", lambda: nh.done_future(stream)),
+                           ("async_done", lambda: asyncio.run(main()))]:
+            try:
+                call()
+                print("child", name, "ACCEPTED", flush=True)
+            except RuntimeError as e:
+                print("child", name, "refused" if "'spawn'" in str(e) else e, flush=True)
+        os._exit(0)
+    print("child exit", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+    print("after fork", nh.done_future(stream).result(timeout=60) is stream)
+""")
+
+
+def test_async_done_and_done_future_take_the_default_lane_with_no_argument():
+    """With no executor= the signal is a task of the package's one-thread lane, made
+    at the first wait (before: every wait was a driver host function, and no lane
+    existed); a capturing stream is refused as before and left valid; a forked
+    child refuses as before."""
+    lines = run_child(DEFAULT_LANE_SCRIPT).splitlines()
+    assert "before first wait None" in lines, lines
+    assert "capturing refused True" in lines, lines
+    assert "under capture True True" in lines, lines
+    assert "done_future on the lane 1" in lines, lines
+    assert "done_future resolved True" in lines, lines
+    assert "async_done on the lane 3" in lines, lines
+    assert "async_done resolved True" in lines, lines
+    assert "one lane True 1 0" in lines, lines
+    assert "child done_future refused" in lines and "child async_done refused" in lines, lines
+    assert "child exit 0" in lines and "after fork True" in lines, lines
+
+
+def test_the_default_lane_falls_back_where_it_cannot_serve(stream, device, monkeypatch):
+    """Streams past the lane's limit, and a lane closed (at exit), take the driver's
+    thread: the waits still resolve, with nothing left outstanding on the lane."""
+    from numba_hostfn import _executor
+
+    assert nh.done_future(stream).result(timeout=30) is stream
+    lane = _executor.default_lane()
+    assert lane is not None and _wait_for(lambda: lane.outstanding() == 0)
+    other = device.create_stream()
+    try:
+        monkeypatch.setattr(_executor, "DEFAULT_LANE_STREAMS", len(lane._lanes))
+        with Hold(other):
+            future = nh.done_future(other)
+            assert lane.outstanding() == 0  # past the limit: the driver's thread
+        assert future.result(timeout=30) is other
+        monkeypatch.setattr(lane, "_closed", True)  # as _close_default_lane leaves it
+        monkeypatch.setattr(_executor, "DEFAULT_LANE_STREAMS", 10**6)
+        with Hold(other):
+            future = nh.done_future(other)
+            assert lane.outstanding() == 0
+        assert future.result(timeout=30) is other
+    finally:
+        device.close_stream(other)
+
+
+def _voluntary_switches() -> int:
+    total = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/status") as f:
+                for line in f:
+                    if line.startswith("voluntary_ctxt_switches"):
+                        total += int(line.split()[1])
+        except FileNotFoundError:  # a thread that ended meanwhile
+            pass
+    return total
+
+
+def test_the_default_lane_parks_when_nothing_waits(stream):
+    """Once its waits have resolved, the lane's thread parks: it wakes no more (a
+    polling thread wakes every 100 µs, thousands of times in the window below)."""
+    from numba_hostfn import _executor
+
+    for _ in range(3):
+        assert nh.done_future(stream).result(timeout=30) is stream
+    lane = _executor.default_lane()
+    # The pool counts a task done just after its signal ran (which resolved the future).
+    assert lane is not None and _wait_for(lambda: lane.outstanding() == 0)
+    time.sleep(0.05)  # past the spin budget of the last task
+    before = _voluntary_switches()
+    time.sleep(0.3)
+    woken = _voluntary_switches() - before
+    assert woken < 300, f"{woken} wake-ups in 0.3 s with nothing outstanding"
+
+
+LANE_EXIT_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import asyncio, threading, time
+    from numba_hostfn import _executor
+
+    def worker():  # a non-daemon thread: it waits after the main thread returned
+        time.sleep(0.3)
+        device.delay(stream, 0.2)
+        future = nh.done_future(stream)
+        print("worker on the lane", _executor._default.outstanding() >= 1, flush=True)
+        print("worker resolved", future.result(timeout=60) is stream, flush=True)
+        device.delay(stream, 1.0)
+        nh.done_future(stream)  # still outstanding at exit
+
+    device.delay(stream, 1.0)
+    future = nh.done_future(stream)
+
+    async def main():
+        return [nh.async_done(stream) for _ in range(50)]
+
+    loop = asyncio.new_event_loop()
+    waits = loop.run_until_complete(main())
+    print("exiting with", _executor._default.outstanding(), "on the lane", flush=True)
+    threading.Thread(target=worker).start()
+""")
+
+
+def test_exit_with_default_lane_waits_outstanding():
+    """At exit the lane is closed to new waits only once the non-daemon threads have
+    ended (a worker's wait after the main thread returned still takes it), and is
+    never joined: exit with its waits outstanding returns 0 and reports nothing."""
+    lines = run_child(LANE_EXIT_SCRIPT).splitlines()
+    assert "exiting with 51 on the lane" in lines, lines
+    assert "worker on the lane True" in lines and "worker resolved True" in lines, lines
