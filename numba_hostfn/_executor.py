@@ -5,10 +5,10 @@ the stream instead of a driver host function: a write of a task number to a
 "reached" word in pinned, device-mapped host memory, then a wait until a "done"
 word holds it (one ``cuStreamBatchMemOp``).  One of the pool's threads, which
 never hold the GIL, sees the stream reach the task, runs it and writes "done"
-(``native/executor.c``, whose ``ExecutorBase`` this class extends).  The
-driver's single host-function thread is not involved: tasks of different
-streams run in parallel, and the start latency is a spinning thread's, not the
-driver thread's wake-up.  Launch records and lifetimes are those of
+(``native/executor.c``, whose ``ExecutorBase`` this class extends; its pool in
+``native/pool.c``).  The driver's single host-function thread is not involved:
+tasks of different streams run in parallel, and the start latency is a spinning
+thread's, not the driver thread's wake-up.  Launch records and lifetimes are those of
 ``host_launch`` (LIFETIME.md, invariant 15 for the words).
 """
 

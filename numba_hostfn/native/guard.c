@@ -129,11 +129,29 @@ void nhf_mark_used(void) { atomic_store(&used, 1); }
 /* Any thread. */
 bool nhf_forked(void) { return atomic_load(&forked); }
 
+/* ---- from Python ---------------------------------------------------------------- */
+
+/* close_guard(ms) -> how many threads were still inside CPython after ms. */
+static PyObject *py_close_guard(PyObject *self, PyObject *arg) {
+    (void)self;
+    long ms = PyLong_AsLong(arg);
+    if (ms == -1 && PyErr_Occurred())
+        return NULL;
+    return PyLong_FromLong(nhf_guard_close(ms));
+}
+
+static PyMethodDef methods[] = {
+    {"close_guard", py_close_guard, METH_O,
+     "close_guard($module, ms, /)\n--\n\n"
+     "No thread of ours enters CPython from now on; wait for those inside."},
+    {NULL, NULL, 0, NULL},
+};
+
 /* GIL held, at module load. */
-int nhf_fork_init(void) {
+int nhf_guard_init(PyObject *module) {
     if (pthread_atfork(NULL, NULL, at_fork_in_child) != 0) {
         PyErr_SetString(PyExc_RuntimeError, "numba_hostfn could not register its fork handler");
         return -1;
     }
-    return 0;
+    return PyModule_AddFunctions(module, methods);
 }

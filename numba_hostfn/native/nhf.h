@@ -11,6 +11,30 @@
  * between nhf_guard_enter() and nhf_guard_leave(), and only after taking the GIL
  * with nhf_gil_take().  A function marked "GIL held" is called from Python.
  *
+ * Layers.  The files call only down (or sideways, without a cycle), as
+ * docs/design.md's C map numbers them and tests/test_native_layers.py checks;
+ * where a lower file must reach a higher one, the higher one registers a hook
+ * at module load (the watchdog's nhf_fault_on_record_failed and
+ * nhf_fault_on_stream_faulted, the enqueue's nhf_enqueue_add_lanes).  Bottom up:
+ *
+ *    0  util.c          argument helpers, nhf_add_address
+ *    1  guard.c         the interpreter guard, the GIL on foreign threads, fork
+ *    2  records.c       launch records
+ *    3  trampolines.c   what the driver calls
+ *    4  watchdog.c      device faults
+ *    5  enqueue.c       the enqueue every launch goes through
+ *    6  cuda.c          the CUDA backend: driver entry points, its enqueue, graphs
+ *    6  simulator.c     the simulator: streams, graphs, its word operations
+ *    6  notify.c        signals to Python, the dispatcher
+ *    7  parallel_copy.c the executor's shared copies      (executor.h: 7 to 11)
+ *    8  graph_slots.c   the executor's graph slots, GraphSlot
+ *    9  pool.c          the executor's pool: threads, lanes, tasks, life
+ *   10  executor_cuda.c the executor's enqueue on a CUDA stream
+ *   10  executor_sim.c  the executor's enqueue on a simulated stream
+ *   11  executor.c      ExecutorBase
+ *   12  host_launch.c   host_launch's common cases, CompiledBase, BufferRef
+ *   13  module.c        the module root: calls every *_init, called by none
+ *
  * Locks.  Native data has its own locks or atomics, never the GIL alone: the
  * free list of launch records has a mutex, the completed stack is lock-free,
  * counters are atomics.  No thread waits for the GIL while it holds a native
@@ -28,6 +52,29 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+
+/* ---- shared helpers (util.c) ------------------------------------------------- */
+
+/* An int argument as an address; -1 and a TypeError set if it is not one. */
+int nhf_address_arg(PyObject *value, void **out);
+/* An int argument as a pointer that must not be NULL; NULL with an error set
+ * (a ValueError "a NULL <what>" for 0). */
+void *nhf_pointer_arg(PyObject *value, const char *what);
+/* 0 if nargs == expected, else -1 with a TypeError naming usage. */
+int nhf_check_nargs(const char *usage, Py_ssize_t nargs, Py_ssize_t expected);
+/* Exactly `expected` address arguments, into out. */
+int nhf_address_args(const char *usage, PyObject *const *args, Py_ssize_t nargs,
+                     Py_ssize_t expected, void **out);
+/* Add name = address (an int) to the module. */
+int nhf_add_address(PyObject *module, const char *name, void *address);
+/* Relax the CPU in a spin-wait. */
+static inline void nhf_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
 
 /* ---- status words of the enqueue functions ---------------------------------
  * 0, a CUresult in the low 32 bits where a driver call failed, and these flags. */
@@ -114,6 +161,8 @@ Py_ssize_t nhf_schedule_failures(void);
 /* Any thread: call visit(record, arg) for every record ever allocated (slabs
  * are never freed); the records may change under it (read their state). */
 void nhf_records_each(void (*visit)(nhf_record *record, void *arg), void *arg);
+/* drain(), held(), schedule_failures(). */
+int nhf_records_init(PyObject *module);
 
 /* ---- the interpreter guard, and the GIL on foreign threads (guard.c) --------- */
 
@@ -130,8 +179,8 @@ long nhf_guard_close(long ms);
 bool nhf_forked(void);
 /* Any thread: this process has used numba_hostfn (its backend is made). */
 void nhf_mark_used(void);
-/* GIL held, at module load: register the fork handler. */
-int nhf_fork_init(void);
+/* GIL held, at module load: close_guard(), and the fork handler. */
+int nhf_guard_init(PyObject *module);
 
 /* Any thread, inside the guard: take the GIL (a foreign thread gets a thread
  * state that it keeps); returns what nhf_gil_give gives back. */
@@ -157,6 +206,8 @@ PyObject *nhf_call_reporting(PyObject *callable);
  * (the driver's, the simulator's, or a HostExecutor's task or graph node): a
  * wait for stream work from there may wait for itself, and is refused. */
 int nhf_in_host_function(void);
+/* The trampolines' addresses (RUN_COMPILED, ...). */
+int nhf_trampolines_init(PyObject *module);
 
 /* ---- the enqueue (enqueue.c) --------------------------------------------------- */
 
@@ -170,6 +221,15 @@ uint64_t nhf_enqueue_record(nhf_enqueue_fn enqueue_fn, void *target, nhf_hostfn 
 /* A flag of its own, sharing no bit with the others (not NHF_KEPT's: a failed
  * record allocation is a refusal, and what the caller made for it is freed). */
 #define NHF_NO_RECORD (UINT64_C(1) << 39)
+
+/* GIL held, at module load: enqueue_fn's target is not a stream but holds one
+ * (an executor's lane): stream_of(target) is the stream a device fault would be
+ * found on.  Registered by the layer that owns the target (executor.c). */
+int nhf_enqueue_add_lanes(nhf_enqueue_fn enqueue_fn, void *(*stream_of)(void *target));
+/* enqueue(...), for the Python paths. */
+int nhf_enqueue_init(PyObject *module);
+
+/* ---- the CUDA backend (cuda.c) ------------------------------------------------- */
 
 /* The CUDA driver's entry points, set once by the backend (cuGetProcAddress). */
 typedef int (*nhf_cu_is_capturing)(void *stream, int *status);
@@ -190,7 +250,7 @@ struct nhf_cuda {
 extern struct nhf_cuda nhf_cuda;
 
 uint64_t nhf_cuda_enqueue(void *stream, nhf_hostfn trampoline, void *record);
-int nhf_enqueue_init(PyObject *module);
+int nhf_cuda_init(PyObject *module);
 
 /* ---- device faults: the watchdog (watchdog.c) ---------------------------------- */
 
@@ -219,6 +279,14 @@ typedef int (*nhf_context_fn)(void *stream, void **ctx);
 /* Any thread: whether it is the watchdog's (the simulator counts the stream
  * handles the watchdog touches: none, by design). */
 bool nhf_on_watchdog_thread(void);
+/* Hooks, set once at module load by the layers above, that the watchdog calls
+ * when it fails a record (notify.c: a signal's record pushes its signal as
+ * failed) and for each stream of a faulted context with a launch in flight
+ * (executor.c: the lanes on it fail their tasks).  Any thread (the watchdog's). */
+typedef void (*nhf_record_failed_fn)(nhf_record *record, unsigned code);
+typedef void (*nhf_stream_faulted_fn)(void *stream, unsigned code);
+void nhf_fault_on_record_failed(nhf_record_failed_fn hook);
+void nhf_fault_on_stream_faulted(nhf_stream_faulted_fn hook);
 int nhf_watchdog_init(PyObject *module);
 
 /* ---- host_launch (host_launch.c) ----------------------------------------------- */
@@ -264,12 +332,25 @@ int nhf_sim_context_of(void *stream, void **ctx);
 bool nhf_sim_faulted_here(void);
 uint64_t nhf_sim_enqueue_device(void *stream, nhf_hostfn fn, void *arg);
 void nhf_sim_delay(void *arg);
+/* A simulated stream memory operation: its word and value (the argument of the
+ * device work below; a graph slot keeps three, as its nodes' arguments). */
+typedef struct {
+    _Atomic uint32_t *word;
+    uint32_t value;
+} nhf_sim_word_op;
+/* Any thread (a simulated stream's): device work that writes op.word :=
+ * op.value, or waits until op.word >= op.value (cyclic); the _once forms free
+ * op after (a fault that drops them frees it too). */
+void nhf_sim_set(void *op);
+void nhf_sim_await(void *op);
+void nhf_sim_write_once(void *op);
+void nhf_sim_wait_once(void *op);
 /* GIL held: the native stream of a simulated Stream (NULL for anything else). */
 void *nhf_sim_stream_of(PyObject *object);
 void nhf_sim_graph_release(void *graph);
 int nhf_simulator_init(PyObject *module);
 
-/* ---- the HostExecutor (executor.c) --------------------------------------------- */
+/* ---- the HostExecutor (executor.h, executor.c) --------------------------------------------- */
 
 typedef struct nhf_pool nhf_pool;
 typedef struct {
@@ -277,42 +358,26 @@ typedef struct {
     nhf_pool *pool; /* NULL until started; never freed */
 } nhf_executor_object;
 extern PyTypeObject nhf_executor_type;
+/* GIL held: the lane of the pool for stream, or NULL (pool.c). */
 void *nhf_exec_find_lane(nhf_pool *pool, void *stream);
+/* The enqueue functions of a lane (executor_cuda.c, executor_sim.c). */
 uint64_t nhf_exec_cuda_enqueue(void *lane, nhf_hostfn trampoline, void *record);
 uint64_t nhf_exec_sim_enqueue(void *lane, nhf_hostfn trampoline, void *record);
+/* Any thread (a pool's): a copy task's trampoline (parallel_copy.c). */
 void nhf_exec_copy(void *record);
-/* Any thread: the stream of an executor lane (the watchdog's query). */
+/* Any thread: the stream of an executor lane (the watchdog's query; pool.c). */
 void *nhf_exec_lane_stream(void *lane);
-/* Any thread (the watchdog's): the lanes on stream, of every pool, fail their
- * tasks that the stream has not reached from now on (it never will). */
+/* Any thread (the watchdog's, through its hook): the lanes on stream, of every
+ * pool, fail their tasks that the stream has not reached from now on (it never
+ * will; pool.c). */
 void nhf_exec_fault_stream(void *stream, unsigned code);
-/* Any thread (a simulated stream's): a dropped item of the executor's; frees
- * its argument and returns true if fn is one. */
-bool nhf_exec_sim_drop(nhf_hostfn fn, void *arg);
+/* exec_slot_op, GraphSlot (graph_slots.c); exec_test_pause (pool.c); ExecutorBase. */
+int nhf_graph_slots_init(PyObject *module);
+int nhf_pool_init(PyObject *module);
 int nhf_executor_init(PyObject *module);
 
 /* ---- signals to Python (notify.c) ---------------------------------------------- */
 
 int nhf_notify_init(PyObject *module);
-/* Any thread: whether fn is a signal's CUhostFn. */
-bool nhf_is_signal(nhf_hostfn fn);
-/* Any thread: the signal's launch will never run (a device fault): push it as
- * failed with code, as the signal would have pushed itself. */
-void nhf_signal_fail(void *node, unsigned code);
-
-/* ---- the module (module.c) ----------------------------------------------------- */
-
-/* An int argument as an address; -1 and an error set if it is not one. */
-int nhf_address_arg(PyObject *value, void **out);
-/* Add name = address (an int) to the module. */
-int nhf_add_address(PyObject *module, const char *name, void *address);
-/* Relax the CPU in a spin-wait. */
-static inline void nhf_cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
 
 #endif /* NHF_H */

@@ -140,35 +140,33 @@ static void nhf_signal(void *node_) {
     channel_release(ch);
 }
 
-bool nhf_is_signal(nhf_hostfn fn) { return fn == nhf_signal; }
-
 /* Any thread (the watchdog's): the signal's launch will never run: push it,
  * marked with the fault, as it would have pushed itself (invariant 23). */
-void nhf_signal_fail(void *node_, unsigned code) {
+static void signal_fail(void *node_, unsigned code) {
     signal_node *node = node_;
     node->fault = code;
     nhf_signal(node);
 }
 
+/* Any thread (the watchdog's hook, nhf_fault_on_record_failed): a record that a
+ * device fault failed; a signal's pushes its signal as failed. */
+static void record_failed(nhf_record *record, unsigned code) {
+    if (record->fn == nhf_signal)
+        signal_fail(record->arg, code);
+}
+
 /* ---- from Python ---------------------------------------------------------------- */
 
 static channel *channel_arg(PyObject *value) {
-    void *ch;
-    if (nhf_address_arg(value, &ch) < 0)
-        return NULL;
-    if (ch == NULL)
-        PyErr_SetString(PyExc_ValueError, "a NULL notification channel");
-    return ch;
+    return nhf_pointer_arg(value, "notification channel");
 }
 
 /* channel_new(fd, wake_main): a channel over the eventfd fd, with one reference
  * (the caller's), which from now on owns the descriptor. */
 static PyObject *py_channel_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "channel_new(fd, wake_main)");
+    if (nhf_check_nargs("channel_new(fd, wake_main)", nargs, 2) < 0)
         return NULL;
-    }
     long fd = PyLong_AsLong(args[0]);
     if (fd == -1 && PyErr_Occurred())
         return NULL;
@@ -436,10 +434,8 @@ static PyObject *dispatcher_run(PyObject *self_, PyObject *const *args, Py_ssize
 static PyObject *dispatcher_launch(PyObject *self_, PyObject *const *args, Py_ssize_t nargs) {
     dispatcher *d = (dispatcher *)self_;
     void *enqueue_fn, *target, *trampoline;
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "launch(enqueue_fn, target, trampoline, owner, entry)");
+    if (nhf_check_nargs("launch(enqueue_fn, target, trampoline, owner, entry)", nargs, 5) < 0)
         return NULL;
-    }
     if (nhf_address_arg(args[0], &enqueue_fn) < 0 || nhf_address_arg(args[1], &target) < 0 ||
         nhf_address_arg(args[2], &trampoline) < 0)
         return NULL;
@@ -596,10 +592,8 @@ static PyObject *py_set_any_thread_pending(PyObject *self, PyObject *const *args
                                            Py_ssize_t nargs) {
     (void)self;
     void *add, *interp;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "set_any_thread_pending(add, interpreter)");
+    if (nhf_check_nargs("set_any_thread_pending(add, interpreter)", nargs, 2) < 0)
         return NULL;
-    }
     if (nhf_address_arg(args[0], &add) < 0 || nhf_address_arg(args[1], &interp) < 0)
         return NULL;
     main_interpreter = interp;
@@ -628,5 +622,6 @@ int nhf_notify_init(PyObject *module) {
     if (PyModule_AddFunctions(module, methods) < 0 || PyType_Ready(&dispatcher_type) < 0 ||
         PyModule_AddObjectRef(module, "Dispatcher", (PyObject *)&dispatcher_type) < 0)
         return -1;
+    nhf_fault_on_record_failed(record_failed); /* the watchdog calls up through it */
     return nhf_add_address(module, "SIGNAL", (void *)(uintptr_t)nhf_signal);
 }

@@ -189,3 +189,33 @@ void nhf_defer_release(PyObject *object) {
 bool nhf_drain_wanted(void) {
     return atomic_load(&completed) != NULL || atomic_load(&deferred_objects) != NULL;
 }
+
+/* ---- from Python ------------------------------------------------------------------ */
+
+static PyObject *py_drain(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyLong_FromSsize_t(nhf_drain());
+}
+
+static PyObject *py_held(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyLong_FromSsize_t(nhf_records_held());
+}
+
+static PyObject *py_schedule_failures(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyLong_FromSsize_t(nhf_schedule_failures());
+}
+
+static PyMethodDef methods[] = {
+    {"drain", py_drain, METH_NOARGS, "drain($module, /)\n--\n\n"
+     "Release the records that have run; return how many."},
+    {"held", py_held, METH_NOARGS, "held($module, /)\n--\n\n"
+     "Records taken and not released."},
+    {"schedule_failures", py_schedule_failures, METH_NOARGS,
+     "schedule_failures($module, /)\n--\n\n"
+     "How many times Py_AddPendingCall refused a drain."},
+    {NULL, NULL, 0, NULL},
+};
+
+int nhf_records_init(PyObject *module) { return PyModule_AddFunctions(module, methods); }

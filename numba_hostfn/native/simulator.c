@@ -188,15 +188,42 @@ bool nhf_sim_faulted_here(void) {
     return stream != NULL && atomic_load(&stream->ctx->fault) != 0;
 }
 
+/* ---- stream memory operations, as device work ---------------------------------- */
+
+/* Any thread (a simulated stream's): write op.word := op.value (a graph node's
+ * argument: kept for the next replay). */
+void nhf_sim_set(void *op_) {
+    nhf_sim_word_op *op = op_;
+    atomic_store(op->word, op->value);
+}
+
+/* Any thread (a simulated stream's): wait until op.word >= op.value (cyclic),
+ * polling; a fault of the stream's context ends the wait, as on a GPU. */
+void nhf_sim_await(void *op_) {
+    nhf_sim_word_op *op = op_;
+    while ((int32_t)(atomic_load(op->word) - op->value) < 0 && !nhf_sim_faulted_here())
+        usleep(20);
+}
+
+void nhf_sim_write_once(void *op) {
+    nhf_sim_set(op);
+    free(op);
+}
+
+void nhf_sim_wait_once(void *op) {
+    nhf_sim_await(op);
+    free(op);
+}
+
 /* On a stream's thread: an item a fault keeps from running.  Only what is the
  * simulator's own bookkeeping still runs: the end of a graph replay, which
- * gives the replay's hold on the graph back; an executor's operation frees
- * its argument. */
+ * gives the replay's hold on the graph back; a one-time word operation (an
+ * executor's) frees its argument. */
 static void drop_item(item *it) {
     if (it->fn == nhf_sim_graph_release)
         it->fn(it->arg);
-    else
-        (void)nhf_exec_sim_drop(it->fn, it->arg);
+    else if (it->fn == nhf_sim_write_once || it->fn == nhf_sim_wait_once)
+        free(it->arg);
 }
 
 /* On the stream's thread: hand fn(arg) to the host-function thread and wait
@@ -378,12 +405,7 @@ static uint64_t replay(nhf_sim_stream *stream, sim_graph *k) {
 /* ---- from Python ------------------------------------------------------------------ */
 
 static nhf_sim_stream *stream_arg(PyObject *value) {
-    void *stream;
-    if (nhf_address_arg(value, &stream) < 0)
-        return NULL;
-    if (stream == NULL)
-        PyErr_SetString(PyExc_ValueError, "a NULL simulated stream");
-    return stream;
+    return nhf_pointer_arg(value, "simulated stream");
 }
 
 /* A SimGraph: one reference to a graph, given back once, by release() or at
@@ -408,13 +430,6 @@ static sim_graph *graph_arg(PyObject *value) {
     if (k == NULL)
         PyErr_SetString(PyExc_RuntimeError, "the simulated graph is closed");
     return k;
-}
-
-static int check_nargs(const char *name, Py_ssize_t nargs, Py_ssize_t expected) {
-    if (nargs == expected)
-        return 0;
-    PyErr_Format(PyExc_TypeError, "%s() takes %zd arguments (%zd given)", name, expected, nargs);
-    return -1;
 }
 
 /* Start the host-function thread (once per process); returns 0 or an errno. */
@@ -505,8 +520,7 @@ static PyObject *sim_stream_handle(PyObject *self, void *closure) {
 }
 
 static PyMethodDef sim_stream_methods[] = {
-    {"_open", sim_stream_open, METH_NOARGS,
-     "_open($self, /)\n--\n\n"
+    {"_open", sim_stream_open, METH_NOARGS, "_open($self, /)\n--\n\n"
      "Open the native stream (once)."},
     {NULL, NULL, 0, NULL},
 };
@@ -536,7 +550,7 @@ void *nhf_sim_stream_of(PyObject *object) {
 
 static PyObject *py_set_capturing(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (check_nargs("sim_set_capturing", nargs, 2) < 0)
+    if (nhf_check_nargs("sim_set_capturing(stream, capturing)", nargs, 2) < 0)
         return NULL;
     nhf_sim_stream *stream = stream_arg(args[0]);
     int capturing = stream == NULL ? -1 : PyObject_IsTrue(args[1]);
@@ -702,7 +716,7 @@ static PyObject *py_pending(PyObject *self, PyObject *arg) {
  * means what the first means: everything queued before it has run. */
 static PyObject *py_close(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (check_nargs("sim_close", nargs, 2) < 0)
+    if (nhf_check_nargs("sim_close(stream, join)", nargs, 2) < 0)
         return NULL;
     nhf_sim_stream *stream = stream_arg(args[0]);
     int join = stream == NULL ? -1 : PyObject_IsTrue(args[1]);
@@ -743,7 +757,7 @@ static PyObject *py_close(PyObject *self, PyObject *const *args, Py_ssize_t narg
  * as device work (device true), without the GIL. */
 static PyObject *py_enqueue(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (check_nargs("sim_enqueue", nargs, 4) < 0)
+    if (nhf_check_nargs("sim_enqueue(stream, fn, arg, device)", nargs, 4) < 0)
         return NULL;
     nhf_sim_stream *stream = stream_arg(args[0]);
     void *fn, *arg;
@@ -763,7 +777,7 @@ static PyObject *py_enqueue(PyObject *self, PyObject *const *args, Py_ssize_t na
  * owner, owned by the graph from the start (one call: see cuda_graph_record). */
 static PyObject *py_graph_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (check_nargs("sim_graph_record", nargs, 4) < 0)
+    if (nhf_check_nargs("sim_graph_record(graph, fn, arg, owner)", nargs, 4) < 0)
         return NULL;
     sim_graph *k = graph_arg(args[0]);
     void *fn, *arg;
@@ -782,7 +796,7 @@ static PyObject *py_graph_record(PyObject *self, PyObject *const *args, Py_ssize
 /* graph_add_node(graph, device, fn, arg): a captured node, replayed in order. */
 static PyObject *py_graph_add_node(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (check_nargs("sim_graph_add_node", nargs, 4) < 0)
+    if (nhf_check_nargs("sim_graph_add_node(graph, device, fn, arg)", nargs, 4) < 0)
         return NULL;
     sim_graph *k = graph_arg(args[0]);
     int device = k == NULL ? -1 : PyObject_IsTrue(args[1]);
@@ -809,7 +823,7 @@ static PyObject *py_graph_add_node(PyObject *self, PyObject *const *args, Py_ssi
 /* replay(stream, graph) -> status: one replay of a simulated graph. */
 static PyObject *py_replay(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (check_nargs("sim_replay", nargs, 2) < 0)
+    if (nhf_check_nargs("sim_replay(stream, graph)", nargs, 2) < 0)
         return NULL;
     nhf_sim_stream *stream = stream_arg(args[0]);
     sim_graph *k = stream == NULL ? NULL : graph_arg(args[1]);
@@ -821,6 +835,21 @@ static PyObject *py_replay(PyObject *self, PyObject *const *args, Py_ssize_t nar
     status = replay(stream, k);
     Py_END_ALLOW_THREADS
     return PyLong_FromUnsignedLongLong(status);
+}
+
+/* host_words(nbytes) -> address: zeroed memory for a simulated HostExecutor's
+ * words, never freed (a stream may still wait on them). */
+static PyObject *py_host_words(PyObject *self, PyObject *arg) {
+    (void)self;
+    Py_ssize_t nbytes = PyLong_AsSsize_t(arg);
+    if (nbytes == -1 && PyErr_Occurred())
+        return NULL;
+    void *words = nbytes > 0 ? calloc(1, (size_t)nbytes) : NULL;
+    if (words == NULL)
+        return PyErr_Format(PyExc_MemoryError,
+                            "the simulator could not allocate a HostExecutor's words (%zd bytes)",
+                            nbytes);
+    return PyLong_FromVoidPtr(words);
 }
 
 /* SimGraph(): a new graph, and this, its first reference. */
@@ -880,11 +909,9 @@ static void sim_graph_ref_dealloc(PyObject *self) {
 }
 
 static PyMethodDef sim_graph_ref_methods[] = {
-    {"release", sim_graph_ref_release, METH_NOARGS,
-     "release($self, /)\n--\n\n"
+    {"release", sim_graph_ref_release, METH_NOARGS, "release($self, /)\n--\n\n"
      "Give the reference back (once)."},
-    {"share", sim_graph_ref_share, METH_NOARGS,
-     "share($self, /)\n--\n\n"
+    {"share", sim_graph_ref_share, METH_NOARGS, "share($self, /)\n--\n\n"
      "Another reference to the same graph."},
     {NULL, NULL, 0, NULL},
 };
@@ -909,25 +936,23 @@ static PyTypeObject sim_graph_type = {
 };
 
 static PyMethodDef methods[] = {
-    {"sim_context_start", py_context_start, METH_NOARGS,
-     "sim_context_start($module, /)\n--\n\n"
+    {"host_words", py_host_words, METH_O, "host_words($module, nbytes, /)\n--\n\n"
+     "Returns zeroed memory, never freed"},
+    {"sim_context_start", py_context_start, METH_NOARGS, "sim_context_start($module, /)\n--\n\n"
      "Start the host-function thread."},
     {"sim_watchdog_stream_uses", py_watchdog_stream_uses, METH_NOARGS,
      "sim_watchdog_stream_uses($module, /)\n--\n\n"
      "Stream handles the watchdog's thread touched (0 by design)."},
     {"sim_set_capturing", (PyCFunction)(void (*)(void))py_set_capturing, METH_FASTCALL,
      "sim_set_capturing($module, stream, capturing, /)\n--\n\n"},
-    {"sim_sync", py_sync, METH_O,
-     "sim_sync($module, stream, /)\n--\n\n"
+    {"sim_sync", py_sync, METH_O, "sim_sync($module, stream, /)\n--\n\n"
      "Wait (GIL released) until the stream's work has run."},
-    {"sim_pending", py_pending, METH_O,
-     "sim_pending($module, stream, /)\n--\n\n"
+    {"sim_pending", py_pending, METH_O, "sim_pending($module, stream, /)\n--\n\n"
      "Items enqueued on the stream and not yet finished."},
     {"sim_in_host_function", py_in_host_function, METH_NOARGS,
      "sim_in_host_function($module, /)\n--\n\n"
      "True on the simulated host-function thread (a host function's call)."},
-    {"sim_query", py_query, METH_O,
-     "sim_query($module, stream, /)\n--\n\n"
+    {"sim_query", py_query, METH_O, "sim_query($module, stream, /)\n--\n\n"
      "Returns 0, 600 (not ready) or the fault."},
     {"sim_fault_info", py_fault_info, METH_O,
      "sim_fault_info($module, stream, /)\n--\n\n"
@@ -964,7 +989,9 @@ int nhf_simulator_init(PyObject *module) {
         nhf_add_address(module, "SIM_DELAY", (void *)(uintptr_t)nhf_sim_delay) < 0 ||
         nhf_add_address(module, "SIM_FAULT", (void *)(uintptr_t)sim_fault) < 0 ||
         nhf_add_address(module, "SIM_GRAPH_RELEASE",
-                        (void *)(uintptr_t)nhf_sim_graph_release) < 0)
+                        (void *)(uintptr_t)nhf_sim_graph_release) < 0 ||
+        nhf_add_address(module, "SIM_QUERY", (void *)(uintptr_t)nhf_sim_query_context) < 0 ||
+        nhf_add_address(module, "SIM_CONTEXT_OF", (void *)(uintptr_t)nhf_sim_context_of) < 0)
         return -1;
     return 0;
 }

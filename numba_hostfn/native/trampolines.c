@@ -150,3 +150,14 @@ void nhf_replay_python(void *record_) {
 /* Any thread: the destructor of the user object that keeps a graph's record:
  * the graph and all its executable instances are gone (invariant 8). */
 void nhf_user_object_release(void *record) { nhf_record_complete(record); }
+
+/* The trampolines' addresses, which Python hands back to the enqueue. */
+int nhf_trampolines_init(PyObject *module) {
+    if (nhf_add_address(module, "RUN_COMPILED", (void *)(uintptr_t)nhf_run_compiled) < 0 ||
+        nhf_add_address(module, "RUN_PYTHON", (void *)(uintptr_t)nhf_run_python) < 0 ||
+        nhf_add_address(module, "REPLAY_PYTHON", (void *)(uintptr_t)nhf_replay_python) < 0 ||
+        nhf_add_address(module, "USER_OBJECT_RELEASE",
+                        (void *)(uintptr_t)nhf_user_object_release) < 0)
+        return -1;
+    return 0;
+}

@@ -41,7 +41,8 @@
  * two loads.
  *
  * Threads: the watchdog is native and never touches CPython but through
- * nhf_record_complete and nhf_signal_fail (a pending call, inside the guard).
+ * nhf_record_complete and the failed signal's push (notify.c's hook: a pending
+ * call, inside the guard).
  */
 #include "nhf.h"
 
@@ -152,6 +153,22 @@ uint64_t nhf_fault_of_stream(void *stream) {
 
 /* ---- failing what will never run --------------------------------------------------- */
 
+/* What the layers above do with a failed record and a faulted stream (nhf.h):
+ * set once each at module load, before any launch, by notify.c and executor.c,
+ * which the watchdog so calls without calling up into their files. */
+static struct {
+    _Atomic(nhf_record_failed_fn) record_failed;
+    _Atomic(nhf_stream_faulted_fn) stream_faulted;
+} hooks;
+
+void nhf_fault_on_record_failed(nhf_record_failed_fn hook) {
+    atomic_store(&hooks.record_failed, hook);
+}
+
+void nhf_fault_on_stream_faulted(nhf_stream_faulted_fn hook) {
+    atomic_store(&hooks.stream_faulted, hook);
+}
+
 bool nhf_fault_fail_record(nhf_record *record, unsigned code, unsigned long state) {
     /* From exactly the state the caller saw: a record run, released and taken
      * again for a later launch meanwhile (a new incarnation, maybe in flight on a
@@ -160,8 +177,9 @@ bool nhf_fault_fail_record(nhf_record *record, unsigned code, unsigned long stat
         !atomic_compare_exchange_strong(&record->state, &state,
                                         NHF_WITH_PHASE(state, NHF_FAILED)))
         return false;
-    if (nhf_is_signal(record->fn))
-        nhf_signal_fail(record->arg, code);
+    nhf_record_failed_fn record_failed = atomic_load(&hooks.record_failed);
+    if (record_failed != NULL) /* notify.c: a signal's record pushes its signal as failed */
+        record_failed(record, code);
     atomic_fetch_add(&dog.failed, 1);
     nhf_record_complete(record); /* released on the main thread (invariant 2) */
     return true;
@@ -225,9 +243,10 @@ static void fail_context(const survey *s, void *ctx, unsigned code) {
     (void)nhf_fault_note(ctx, code, found);
     fail_job job = {ctx, code};
     nhf_records_each(fail_on_context, &job);
-    for (size_t i = 0; i < s->count; i++)
+    nhf_stream_faulted_fn stream_faulted = atomic_load(&hooks.stream_faulted);
+    for (size_t i = 0; i < s->count && stream_faulted != NULL; i++)
         if (s->pairs[i].ctx == ctx)
-            nhf_exec_fault_stream(s->pairs[i].stream, code);
+            stream_faulted(s->pairs[i].stream, code); /* executor.c: its lanes there */
 }
 
 /* One poll: query every context with a record in flight, once; fail the
@@ -278,7 +297,7 @@ static bool park_locked(void) {
 }
 
 /* The watchdog's thread (native, named nhf-watchdog): it touches CPython only
- * through nhf_record_complete and nhf_signal_fail, inside the guard. */
+ * through nhf_record_complete and the failed signal's push, inside the guard. */
 static _Thread_local bool on_watchdog; /* this thread is a watchdog's */
 
 bool nhf_on_watchdog_thread(void) { return on_watchdog; }
@@ -570,9 +589,7 @@ int nhf_watchdog_init(PyObject *module) {
     if (PyModule_AddFunctions(module, methods) < 0)
         return -1;
     if (nhf_add_address(module, "CUDA_QUERY", (void *)(uintptr_t)nhf_cuda_query_context) < 0 ||
-        nhf_add_address(module, "CUDA_CONTEXT_OF", (void *)(uintptr_t)nhf_cuda_context_of) < 0 ||
-        nhf_add_address(module, "SIM_QUERY", (void *)(uintptr_t)nhf_sim_query_context) < 0 ||
-        nhf_add_address(module, "SIM_CONTEXT_OF", (void *)(uintptr_t)nhf_sim_context_of) < 0)
+        nhf_add_address(module, "CUDA_CONTEXT_OF", (void *)(uintptr_t)nhf_cuda_context_of) < 0)
         return -1;
     return 0;
 }

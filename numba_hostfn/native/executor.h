@@ -1,0 +1,149 @@
+/* The HostExecutor's native layouts, shared by its files (LIFETIME.md, invariants
+ * 15 and 16; docs/design.md's C map): parallel_copy.c, graph_slots.c, pool.c,
+ * executor_cuda.c, executor_sim.c and executor.c.  Included only by those; nhf.h
+ * stays the one header that includes Python.
+ *
+ * The HostExecutor: stream-ordered host work on a pool of native threads,
+ * through stream memory operations instead of the driver's host-function thread.
+ *
+ * Each stream served by a pool has a *lane*: two 32-bit words in pinned,
+ * device-mapped host memory, "reached" and "done", and a FIFO of *tasks*
+ * numbered 1, 2, 3, ...  Enqueueing task k puts on the stream a write of k to
+ * "reached", then a wait until "done" >= k (a cyclic comparison: wrap-around is
+ * harmless).  A pool thread that sees reached != done claims the lane's first
+ * task, runs trampoline(record) and writes k to "done"; the stream goes on.
+ * Tasks of different lanes run on different threads at once; a lane's tasks
+ * run one after another, as the stream orders them.
+ *
+ * Waiting: a thread spins while tasks are outstanding (enqueued, not done) for
+ * up to spin_ns since its last task, then polls every poll_ns; with nothing
+ * outstanding it parks on a condition variable, and an enqueue wakes it.
+ *
+ * The invariant above all (LIFETIME.md, invariant 15): every "reached" gets its
+ * "done".  A task's trampoline always returns (a Python callable is skipped
+ * once the interpreter guard is closed, an exception is reported), and the
+ * pool's threads end only when nothing is outstanding.  close() is
+ * linearizable with launches: an enqueue checks that the pool is open under
+ * its lane's enqueue mutex, and close() passes every lane's enqueue mutex after
+ * it stopped the pool, so an enqueue either was counted before close() waits
+ * for the outstanding tasks, or is refused (NHF_EXECUTOR_CLOSED).
+ */
+#ifndef NHF_EXECUTOR_H
+#define NHF_EXECUTOR_H
+
+#include "nhf.h"
+
+#define CACHE_LINE 64
+
+typedef struct task {
+    struct task *next;
+    uint32_t seq; /* the number written to "reached" for it */
+    nhf_hostfn trampoline;
+    void *record;
+} task;
+
+typedef struct lane {
+    /* Read by spinning threads: on a cache line of their own. */
+    struct lane *next;   /* the next lane of the pool (appended under its mutex) */
+    void *stream;        /* the handle the stream operations go to */
+    _Atomic uint32_t *words; /* reached, then done */
+    nhf_pool *pool;
+    /* Written by the producer at each enqueue. */
+    _Alignas(CACHE_LINE) pthread_mutex_t fifo_mutex; /* guards head, tail */
+    task *head, *tail;
+    atomic_int claimed;      /* a thread runs the head task (set by compare-and-swap) */
+    uint32_t seq;            /* the last number given (under enqueue_mutex) */
+    pthread_mutex_t enqueue_mutex; /* one producer at a time per lane */
+    /* Set once by the watchdog: the stream has a device fault, and will never
+     * reach the tasks it has not reached (invariant 23). */
+    atomic_uint fault;
+} lane;
+
+/* A graph slot: the words of one executor node in a CUDA graph (invariant 16).
+ * The graph holds three stream memory operations on them, replayed as they
+ * are: write reached := 1, wait until done >= 1, write done := 0.  A pool
+ * thread that sees reached == 1 swaps it back to 0, runs fn(arg) and writes
+ * done := 1.  Armed while the graph lives; a disarmed slot is reused. */
+typedef struct slot {
+    struct slot *next; /* the next slot of the pool */
+    struct slot *next_free; /* the next disarmed slot to reuse (under the pool's mutex) */
+    _Atomic uint32_t *words;
+    nhf_hostfn fn;
+    void *arg;
+    atomic_int live; /* armed */
+    int copy;        /* run the pool's parallel copy of arg, not fn(arg) */
+    nhf_pool *pool;
+    nhf_sim_word_op ops[3];  /* the simulator's node arguments, in graph order */
+} slot;
+
+/* A large copy shared among the pool's threads, chunk by chunk. */
+typedef struct {
+    char *dst;
+    const char *src;
+    size_t nbytes, chunk, nchunks;
+    atomic_size_t next;     /* the next chunk to take */
+    atomic_size_t finished; /* chunks copied */
+    atomic_long helpers;    /* threads other than the owner inside the job */
+} job;
+
+struct nhf_pool {
+    struct nhf_pool *next_pool; /* every pool, for a device fault (never removed) */
+    /* Read by spinning threads at every turn. */
+    _Atomic(lane *) lanes;
+    _Atomic(slot *) slots;  /* appended under mutex, never removed */
+    slot *free_slots;       /* disarmed slots that no GraphSlot holds (under mutex) */
+    _Atomic(job *) job;     /* the parallel copy being shared out, or NULL */
+    long spin_ns, poll_ns;
+    pthread_t *threads;
+    long nthreads;
+    /* Written by the producer at each enqueue. */
+    _Alignas(CACHE_LINE) atomic_long outstanding; /* tasks enqueued and not done */
+    atomic_int stopping;
+    /* Set by close after every enqueue that saw the pool open has counted its
+     * task: a thread quits only with quit set and nothing outstanding. */
+    atomic_int quit;
+    atomic_int parked;      /* threads waiting on wake */
+    atomic_long live_slots; /* slots armed (their graphs are alive) */
+    atomic_int poller;      /* a thread polls the slots for a replay (the others park) */
+    pthread_mutex_t mutex;  /* guards lanes (append), slots (append), parking, job */
+    pthread_cond_t wake;    /* parked threads */
+    pthread_mutex_t close_mutex; /* one close() at a time */
+    int closed;             /* close() finished (under close_mutex) */
+    pid_t pid;              /* the process whose threads these are (not a forked child) */
+};
+
+/* ---- parallel_copy.c ---------------------------------------------------------- */
+
+/* Any thread (a pool's): join the pool's current copy, if it has chunks left
+ * (true if it helped). */
+bool nhf_copy_help(nhf_pool *pool);
+/* Any thread (a pool's): the copy of a MEMCPY_LAYOUT descriptor {dst, src,
+ * nbytes}: a large one is shared out to the pool's threads. */
+void nhf_copy_run(nhf_pool *pool, const uint64_t *desc);
+
+/* ---- graph_slots.c ------------------------------------------------------------ */
+
+/* Any thread (a pool's): a graph slot whose replay has reached it; NULL if none. */
+slot *nhf_slot_claim(nhf_pool *pool);
+/* Any thread (a pool's): run a claimed slot's work, then write its "done". */
+void nhf_slot_run(nhf_pool *pool, slot *s);
+/* GIL held: a new, disarmed GraphSlot of executor's pool on words. */
+PyObject *nhf_slot_new(PyObject *executor, nhf_pool *pool, void *words);
+/* GIL held: a disarmed GraphSlot to reuse, or None. */
+PyObject *nhf_slot_take(PyObject *executor, nhf_pool *pool);
+
+/* ---- pool.c --------------------------------------------------------------------- */
+
+/* A pool of nthreads threads, started; NULL if that failed.  Never freed. */
+nhf_pool *nhf_pool_new(long nthreads, long spin_ns, long poll_ns);
+/* Without the GIL: finish the outstanding tasks, then stop the threads. */
+long nhf_pool_close(nhf_pool *pool, bool no_wait);
+/* GIL held: a lane of pool for stream on words; NULL if no memory. */
+lane *nhf_lane_new(nhf_pool *pool, void *stream, void *words);
+/* Under the lane's enqueue mutex: the task for trampoline(record), numbered
+ * next; NULL with *status set if the pool is closed or no memory is left. */
+task *nhf_lane_open_task(lane *l, nhf_hostfn trampoline, void *record, uint64_t *status);
+/* Under the lane's enqueue mutex: take back the task just appended. */
+void nhf_lane_unlink_task(lane *l, task *t);
+
+#endif /* NHF_EXECUTOR_H */

@@ -1,0 +1,235 @@
+/* The HostExecutor's graph slots: the words of one executor node in a CUDA (or
+ * simulated) graph, the pool's threads' share of them, and GraphSlot, the object
+ * Python holds for one (executor.h; LIFETIME.md, invariants 16 and 21).
+ */
+#include "executor.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+/* A graph slot whose replay has reached it (reached swapped back to 0); NULL if none. */
+slot *nhf_slot_claim(nhf_pool *pool) {
+    for (slot *s = atomic_load(&pool->slots); s != NULL; s = s->next) {
+        if (!atomic_load_explicit(&s->live, memory_order_acquire))
+            continue;
+        uint32_t one = 1;
+        if (atomic_load(&s->words[0]) == 1 && atomic_compare_exchange_strong(&s->words[0], &one, 0))
+            return s;
+    }
+    return NULL;
+}
+
+/* Run a claimed slot's work, then write its "done" (the graph's wait goes on). */
+void nhf_slot_run(nhf_pool *pool, slot *s) {
+    if (s->copy)
+        nhf_copy_run(pool, s->arg);
+    else
+        s->fn(s->arg);
+    atomic_thread_fence(memory_order_seq_cst); /* the work's writes before "done" */
+    atomic_store(&s->words[1], 1);
+}
+
+/* ---- graph slots, from Python ------------------------------------------------------ */
+
+static slot *slot_arg(PyObject *value) { return nhf_pointer_arg(value, "graph slot"); }
+
+/* exec_slot_op(slot, i): the simulator's argument for the slot's i-th node. */
+static PyObject *py_slot_op(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nhf_check_nargs("exec_slot_op(slot, i)", nargs, 2) < 0)
+        return NULL;
+    slot *s = slot_arg(args[0]);
+    long i = s == NULL ? -1 : PyLong_AsLong(args[1]);
+    if (s == NULL || PyErr_Occurred())
+        return NULL;
+    if (i < 0 || i > 2) {
+        PyErr_SetString(PyExc_ValueError, "a graph slot has nodes 0, 1 and 2");
+        return NULL;
+    }
+    return PyLong_FromVoidPtr(&s->ops[i]);
+}
+
+/* ---- GraphSlot: a graph slot as Python holds it ------------------------------------ */
+
+/* One executor node's slot, owned by the node's launch record (with the
+ * node's other owners), so the graph owns it (invariant 16).  Its dealloc, run
+ * when the record is released on the main thread, disarms the slot and gives
+ * it back to the pool's free list: one native step, with no bytecode between
+ * the release and the disarm, so an asynchronous exception (a Ctrl-C) cannot
+ * leave a slot armed (invariant 21).  Made only by ExecutorBase._slot_new and
+ * _slot_take. */
+typedef struct {
+    PyObject_HEAD
+    slot *slot;
+    PyObject *executor; /* the HostExecutor, alive while the node is */
+} graph_slot_object;
+
+static PyTypeObject graph_slot_type;
+
+/* GIL held: disarm s if it is armed (once, however often it is called), and
+ * put it on the pool's free list.  Not in a forked child: the pool's mutex may
+ * have been held by a thread of the parent, which does not exist here. */
+static void slot_give_back(slot *s) {
+    nhf_pool *pool = s->pool;
+    if (getpid() != pool->pid)
+        return;
+    pthread_mutex_lock(&pool->mutex);
+    if (atomic_exchange(&s->live, 0)) {
+        atomic_fetch_sub(&pool->live_slots, 1);
+        pthread_cond_broadcast(&pool->wake); /* a closing pool's parked threads may now quit */
+    }
+    s->next_free = pool->free_slots;
+    pool->free_slots = s;
+    pthread_mutex_unlock(&pool->mutex);
+}
+
+/* A new GraphSlot for the disarmed slot s of executor's pool; NULL (s given
+ * back to the free list) if there was no memory for it. */
+static PyObject *graph_slot_wrap(PyObject *executor, slot *s) {
+    graph_slot_object *self = PyObject_New(graph_slot_object, &graph_slot_type);
+    if (self == NULL) {
+        slot_give_back(s);
+        return NULL;
+    }
+    self->slot = s;
+    self->executor = Py_NewRef(executor);
+    return (PyObject *)self;
+}
+
+static void graph_slot_dealloc(PyObject *self_) {
+    graph_slot_object *self = (graph_slot_object *)self_;
+    slot_give_back(self->slot);
+    Py_DECREF(self->executor);
+    PyObject_Free(self);
+}
+
+/* arm(fn, arg, copy): from now on a replay that reaches the slot runs fn(arg)
+ * (or the pool's copy of the MEMCPY_LAYOUT at arg); RuntimeError once the pool
+ * is stopping (no thread would answer). */
+static PyObject *graph_slot_arm(PyObject *self_, PyObject *const *args, Py_ssize_t nargs) {
+    slot *s = ((graph_slot_object *)self_)->slot;
+    if (nhf_check_nargs("arm(fn, arg, copy)", nargs, 3) < 0)
+        return NULL;
+    void *fn, *arg;
+    if (nhf_address_arg(args[0], &fn) < 0 || nhf_address_arg(args[1], &arg) < 0)
+        return NULL;
+    int copy = PyObject_IsTrue(args[2]);
+    if (copy < 0)
+        return NULL;
+    nhf_pool *pool = s->pool;
+    pthread_mutex_lock(&pool->mutex);
+    if (atomic_load(&pool->stopping)) {
+        pthread_mutex_unlock(&pool->mutex);
+        PyErr_SetString(PyExc_RuntimeError, "the HostExecutor is closed; create a new one");
+        return NULL;
+    }
+    if (atomic_load(&s->live)) {
+        pthread_mutex_unlock(&pool->mutex);
+        PyErr_SetString(PyExc_RuntimeError, "the graph slot is armed already");
+        return NULL;
+    }
+    atomic_store(&s->words[0], 0);
+    atomic_store(&s->words[1], 0);
+    s->fn = (nhf_hostfn)(uintptr_t)fn;
+    s->arg = arg;
+    s->copy = copy;
+    atomic_store(&s->live, 1);
+    atomic_fetch_add(&pool->live_slots, 1);
+    pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->mutex);
+    Py_RETURN_NONE;
+}
+
+static PyObject *graph_slot_address(PyObject *self_, void *closure) {
+    (void)closure;
+    return PyLong_FromVoidPtr(((graph_slot_object *)self_)->slot);
+}
+
+static PyObject *graph_slot_words(PyObject *self_, void *closure) {
+    (void)closure;
+    return PyLong_FromVoidPtr((void *)((graph_slot_object *)self_)->slot->words);
+}
+
+static PyObject *graph_slot_armed(PyObject *self_, void *closure) {
+    (void)closure;
+    return PyBool_FromLong(atomic_load(&((graph_slot_object *)self_)->slot->live));
+}
+
+static PyObject *graph_slot_executor(PyObject *self_, void *closure) {
+    (void)closure;
+    return Py_NewRef(((graph_slot_object *)self_)->executor);
+}
+
+static PyMethodDef graph_slot_methods[] = {
+    {"arm", (PyCFunction)(void (*)(void))graph_slot_arm, METH_FASTCALL,
+     "arm($self, fn, arg, copy, /)\n--\n\n"
+     "A replay that reaches the slot runs fn(arg) (or the copy)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef graph_slot_getset[] = {
+    {"address", graph_slot_address, NULL, "The native slot's address.", NULL},
+    {"words", graph_slot_words, NULL, "The address of its two 32-bit words.", NULL},
+    {"armed", graph_slot_armed, NULL, "True while a replay may reach it.", NULL},
+    {"executor", graph_slot_executor, NULL, "Its HostExecutor.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject graph_slot_type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "numba_hostfn._core.GraphSlot",
+    .tp_doc = "One executor node's graph slot, disarmed when this object goes "
+              "(LIFETIME.md, invariant 16).",
+    .tp_basicsize = sizeof(graph_slot_object),
+    /* Made only by the executor (its slot set): never from Python, whose object
+     * would have no slot for the dealloc to give back. */
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .tp_dealloc = graph_slot_dealloc,
+    .tp_methods = graph_slot_methods,
+    .tp_getset = graph_slot_getset,
+};
+
+/* _slot_new(words) of ExecutorBase: a disarmed GraphSlot on words (two 32-bit
+ * words); the native slot is never freed. */
+PyObject *nhf_slot_new(PyObject *executor, nhf_pool *pool, void *words) {
+    slot *s = calloc(1, sizeof(slot));
+    if (s == NULL)
+        return PyErr_NoMemory();
+    s->words = words;
+    s->pool = pool;
+    s->ops[0] = (nhf_sim_word_op){&s->words[0], 1};
+    s->ops[1] = (nhf_sim_word_op){&s->words[1], 1};
+    s->ops[2] = (nhf_sim_word_op){&s->words[1], 0};
+    pthread_mutex_lock(&pool->mutex);
+    s->next = atomic_load(&pool->slots);
+    atomic_store(&pool->slots, s);
+    pthread_mutex_unlock(&pool->mutex);
+    return graph_slot_wrap(executor, s);
+}
+
+/* _slot_take() of ExecutorBase: a disarmed GraphSlot whose words served an
+ * earlier node, or None if no slot of the pool is free. */
+PyObject *nhf_slot_take(PyObject *executor, nhf_pool *pool) {
+    pthread_mutex_lock(&pool->mutex);
+    slot *s = pool->free_slots;
+    if (s != NULL)
+        pool->free_slots = s->next_free;
+    pthread_mutex_unlock(&pool->mutex);
+    if (s == NULL)
+        Py_RETURN_NONE;
+    return graph_slot_wrap(executor, s);
+}
+
+static PyMethodDef methods[] = {
+    {"exec_slot_op", (PyCFunction)(void (*)(void))py_slot_op, METH_FASTCALL,
+     "exec_slot_op($module, slot, i, /)\n--\n\n"
+     "Returns the simulator's argument of the slot's node i"},
+    {NULL, NULL, 0, NULL},
+};
+
+int nhf_graph_slots_init(PyObject *module) {
+    if (PyType_Ready(&graph_slot_type) < 0 ||
+        PyModule_AddObjectRef(module, "GraphSlot", (PyObject *)&graph_slot_type) < 0)
+        return -1;
+    return PyModule_AddFunctions(module, methods);
+}

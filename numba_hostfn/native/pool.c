@@ -1,0 +1,423 @@
+/* The HostExecutor's pool: its threads, its lanes and their tasks, its life
+ * (start, close), and its answer to a device fault (executor.h).
+ */
+#include "executor.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- time --------------------------------------------------------------------- */
+
+static long now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
+static void sleep_ns(long ns) {
+    struct timespec ts = {ns / 1000000000L, ns % 1000000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* ---- the pool's threads -------------------------------------------------------- */
+
+/* Wake parked threads (after outstanding was raised, or a slot armed). */
+static void wake(nhf_pool *pool) {
+    if (atomic_load(&pool->parked) == 0)
+        return;
+    pthread_mutex_lock(&pool->mutex);
+    pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->mutex);
+}
+
+static uint32_t reached_word(const lane *l) { return atomic_load(&l->words[0]); }
+
+/* The first task of a lane whose stream has reached it (or that a device fault
+ * failed), claimed; NULL if none.  A task on a faulted lane that the stream has
+ * not reached is claimed only with the lane's enqueue mutex (*failing set): its
+ * producer may still be inside its enqueue, holding that mutex, and take the task
+ * back itself (unlink_task) if the driver refuses the write; trylock, as this
+ * thread holds fifo_mutex, which producers take after enqueue_mutex. */
+static task *claim(nhf_pool *pool, lane **lane_out, bool *failing) {
+    for (lane *l = atomic_load(&pool->lanes); l != NULL; l = l->next) {
+        /* Without a lock: reached == done means nothing is waiting here. */
+        uint32_t reached = reached_word(l);
+        bool faulted = atomic_load_explicit(&l->fault, memory_order_relaxed) != 0;
+        if (reached == atomic_load(&l->words[1]) && !faulted)
+            continue;
+        /* One thread claims a lane, the others move on: a compare-and-swap of
+         * the claimed flag, so that spinning threads do not all rush the lane's
+         * lock (or the producer appending under it) when the stream reaches it. */
+        if (atomic_load_explicit(&l->claimed, memory_order_relaxed))
+            continue;
+        int expected = 0;
+        if (!atomic_compare_exchange_strong_explicit(&l->claimed, &expected, 1,
+                                                     memory_order_acquire, memory_order_relaxed))
+            continue;
+        pthread_mutex_lock(&l->fifo_mutex);
+        task *head = l->head;
+        bool reached_it = head != NULL && (int32_t)(reached - head->seq) >= 0;
+        *failing = head != NULL && !reached_it && faulted &&
+                   pthread_mutex_trylock(&l->enqueue_mutex) == 0;
+        if (reached_it || *failing) {
+            pthread_mutex_unlock(&l->fifo_mutex);
+            *lane_out = l;
+            return head;
+        }
+        atomic_store_explicit(&l->claimed, 0, memory_order_release);
+        pthread_mutex_unlock(&l->fifo_mutex);
+    }
+    return NULL;
+}
+
+/* Run a claimed task, write its "done", and retire it.  A task claimed failing
+ * (the stream has not reached it on a faulted lane, claim holds the lane's
+ * enqueue mutex) never runs: its record is failed (the watchdog may have failed
+ * it first), and the drain releases it. */
+static void run(nhf_pool *pool, lane *l, task *t, bool failing) {
+    if (failing) {
+        nhf_record *record = t->record;
+        (void)nhf_fault_fail_record(record, atomic_load(&l->fault), atomic_load(&record->state));
+    } else {
+        t->trampoline(t->record);
+    }
+    atomic_thread_fence(memory_order_seq_cst); /* the task's writes before "done" */
+    atomic_store(&l->words[1], t->seq);
+    pthread_mutex_lock(&l->fifo_mutex);
+    l->head = t->next;
+    if (l->head == NULL)
+        l->tail = NULL;
+    atomic_store_explicit(&l->claimed, 0, memory_order_release);
+    pthread_mutex_unlock(&l->fifo_mutex);
+    if (failing)
+        pthread_mutex_unlock(&l->enqueue_mutex);
+    free(t);
+    atomic_fetch_sub(&pool->outstanding, 1);
+}
+
+/* If this thread is the poller, give the role up and wake the parked threads
+ * (one of them becomes the poller; all of them spin for a while first). */
+static void hand_on(nhf_pool *pool, int *me_poller) {
+    if (!*me_poller)
+        return;
+    *me_poller = 0;
+    atomic_store(&pool->poller, 0);
+    pthread_mutex_lock(&pool->mutex);
+    pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->mutex);
+}
+
+/* Wait on the pool's condition variable while there is nothing to do: no task
+ * outstanding, and no armed slot without a poller (when stopping: no slot armed). */
+static void park(nhf_pool *pool) {
+    pthread_mutex_lock(&pool->mutex);
+    atomic_fetch_add(&pool->parked, 1);
+    for (;;) {
+        bool work = atomic_load(&pool->outstanding) > 0;
+        bool armed = atomic_load(&pool->live_slots) > 0;
+        bool need_poller = armed && atomic_load(&pool->poller) == 0;
+        bool may_quit = atomic_load(&pool->quit) && !armed;
+        if (work || need_poller || may_quit)
+            break;
+        pthread_cond_wait(&pool->wake, &pool->mutex);
+    }
+    atomic_fetch_sub(&pool->parked, 1);
+    pthread_mutex_unlock(&pool->mutex);
+}
+
+/* A pool thread: claim and run reached tasks and slots; spin, poll or park in
+ * between.  It spins for spin_ns after its last work (or wake-up); then, with
+ * tasks outstanding, it polls every poll_ns.  With none outstanding but graph
+ * slots armed, a replay may reach a slot at any time and no enqueue announces
+ * it: one thread, the poller, polls every poll_ns (spinning first for spin_ns
+ * after work) and the others park; when the poller finds work it hands the
+ * role on and wakes the others, which spin for a while, so the rest of the
+ * replay finds them awake.  With neither, every thread parks until an enqueue
+ * or an armed slot wakes it. */
+static void *thread_main(void *pool_) {
+    nhf_pool *pool = pool_;
+    int me_poller = 0;
+    /* Sleep as long as asked, not the default 50 us longer. */
+    (void)prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+    long last_work = now_ns();
+    for (;;) {
+        if (nhf_copy_help(pool)) {
+            last_work = now_ns();
+            continue;
+        }
+        lane *l;
+        bool failing;
+        task *t = claim(pool, &l, &failing);
+        if (t != NULL) {
+            hand_on(pool, &me_poller);
+            run(pool, l, t, failing);
+            last_work = now_ns();
+            continue;
+        }
+        slot *s = nhf_slot_claim(pool);
+        if (s != NULL) {
+            hand_on(pool, &me_poller);
+            nhf_slot_run(pool, s);
+            last_work = now_ns();
+            continue;
+        }
+        /* Spinning reads nothing that the producer writes (not even the count
+         * of outstanding tasks): only the words and the lanes' read-mostly fields. */
+        if (now_ns() - last_work < pool->spin_ns) {
+            nhf_cpu_relax();
+            continue;
+        }
+        if (atomic_load(&pool->outstanding) > 0) {
+            sleep_ns(pool->poll_ns);
+            continue;
+        }
+        if (atomic_load(&pool->live_slots) > 0) {
+            int expected = 0;
+            if (me_poller || atomic_compare_exchange_strong(&pool->poller, &expected, 1)) {
+                me_poller = 1;
+                sleep_ns(pool->poll_ns);
+                continue;
+            }
+            park(pool);
+            last_work = now_ns();
+            continue;
+        }
+        hand_on(pool, &me_poller);
+        /* quit before outstanding: every task counted before close set quit is
+         * seen here.  Stopping alone is not enough: an enqueue that saw the pool
+         * open may not have counted its task yet. */
+        if (atomic_load(&pool->quit) && atomic_load(&pool->outstanding) == 0 &&
+            atomic_load(&pool->live_slots) == 0)
+            break;
+        park(pool);
+        last_work = now_ns();
+    }
+    nhf_gil_forget(); /* invariant 12's exception: threads that end give theirs back */
+    return NULL;
+}
+
+/* ---- a lane's tasks, for the enqueue functions (executor_cuda.c, executor_sim.c) -- */
+
+/* Append a task numbered seq, before its "reached" write goes on the stream:
+ * a thread that sees the write then finds the task in place.  The caller holds
+ * the lane's enqueue mutex.  NULL if there was no memory for it. */
+static task *append(lane *l, uint32_t seq, nhf_hostfn trampoline, void *record) {
+    task *t = malloc(sizeof(task));
+    if (t == NULL)
+        return NULL;
+    *t = (task){NULL, seq, trampoline, record};
+    l->seq = seq;
+    pthread_mutex_lock(&l->fifo_mutex);
+    if (l->tail == NULL)
+        l->head = t;
+    else
+        l->tail->next = t;
+    l->tail = t;
+    pthread_mutex_unlock(&l->fifo_mutex);
+    atomic_fetch_add(&l->pool->outstanding, 1);
+    wake(l->pool);
+    return t;
+}
+
+/* Take back the task just appended, whose "reached" write could not be
+ * enqueued (the caller holds the enqueue mutex, so it is the lane's last task;
+ * no thread claims it, since the stream never reaches it). */
+void nhf_lane_unlink_task(lane *l, task *t) {
+    pthread_mutex_lock(&l->fifo_mutex);
+    if (l->head == t) {
+        l->head = l->tail = NULL;
+    } else {
+        task *before = l->head;
+        while (before->next != t)
+            before = before->next;
+        before->next = NULL;
+        l->tail = before;
+    }
+    pthread_mutex_unlock(&l->fifo_mutex);
+    l->seq = t->seq - 1;
+    free(t);
+    atomic_fetch_sub(&l->pool->outstanding, 1);
+}
+
+/* Tests only: a pause between open_task's check and the count of its task, the
+ * window a preempted launching thread leaves to a racing close (exec_test_pause). */
+static atomic_long test_pause_ns;
+
+/* Under the lane's enqueue mutex: the task for trampoline(record), numbered
+ * next; NULL with *status set if the pool is closed or no memory is left. */
+task *nhf_lane_open_task(lane *l, nhf_hostfn trampoline, void *record, uint64_t *status) {
+    if (atomic_load(&l->pool->stopping)) {
+        *status = NHF_EXECUTOR_CLOSED;
+        return NULL;
+    }
+    unsigned fault = atomic_load(&l->fault);
+    if (fault != 0) {
+        *status = NHF_FAULTED | fault;
+        return NULL;
+    }
+    long pause = atomic_load_explicit(&test_pause_ns, memory_order_relaxed);
+    if (pause > 0)
+        sleep_ns(pause);
+    task *t = append(l, l->seq + 1, trampoline, record);
+    if (t == NULL)
+        *status = NHF_OUT_OF_MEMORY;
+    return t;
+}
+
+/* ---- the pool's life ------------------------------------------------------------- */
+
+static void *aligned_zeroed(size_t size) {
+    size = (size + CACHE_LINE - 1) & ~(size_t)(CACHE_LINE - 1);
+    void *memory = aligned_alloc(CACHE_LINE, size);
+    if (memory != NULL)
+        memset(memory, 0, size);
+    return memory;
+}
+
+/* Without the GIL: finish the outstanding tasks (the threads keep running
+ * them), then stop the threads: joined if no graph slot is armed, else
+ * detached, to quit on their own once the last graph holding a slot is gone
+ * (its replays still need them).  Idempotent, and one close at a time.  The
+ * pool's memory, lanes and slots are kept: a stream may still have to execute
+ * a wait on their words.  0 once closed.  With no_wait (a close from a host
+ * function), it returns the count of tasks outstanding instead of waiting for
+ * them, if any are once the pool is stopped (a launch raced the caller's
+ * check): the threads run them and quit, and a later close joins them. */
+long nhf_pool_close(nhf_pool *pool, bool no_wait) {
+    pthread_mutex_lock(&pool->close_mutex);
+    if (pool->closed) {
+        pthread_mutex_unlock(&pool->close_mutex);
+        return 0;
+    }
+    pthread_mutex_lock(&pool->mutex);
+    atomic_store(&pool->stopping, 1);
+    pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->mutex);
+    /* Linearize with enqueues: one that holds a lane's enqueue mutex now saw the
+     * pool open and counts its task before releasing it; later ones see it
+     * stopping.  Slots: arming checks stopping under the pool's mutex. */
+    for (lane *l = atomic_load(&pool->lanes); l != NULL; l = l->next) {
+        pthread_mutex_lock(&l->enqueue_mutex);
+        pthread_mutex_unlock(&l->enqueue_mutex);
+    }
+    pthread_mutex_lock(&pool->mutex);
+    atomic_store(&pool->quit, 1);
+    pthread_cond_broadcast(&pool->wake);
+    pthread_mutex_unlock(&pool->mutex);
+    long outstanding = atomic_load(&pool->outstanding);
+    if (no_wait && outstanding > 0) {
+        pthread_mutex_unlock(&pool->close_mutex);
+        return outstanding;
+    }
+    while (atomic_load(&pool->outstanding) > 0)
+        sleep_ns(20000);
+    pthread_mutex_lock(&pool->mutex);
+    bool armed = atomic_load(&pool->live_slots) > 0;
+    pthread_mutex_unlock(&pool->mutex);
+    for (long i = 0; i < pool->nthreads; i++) {
+        if (armed)
+            pthread_detach(pool->threads[i]);
+        else
+            pthread_join(pool->threads[i], NULL);
+    }
+    pool->closed = 1;
+    pthread_mutex_unlock(&pool->close_mutex);
+    return 0;
+}
+
+/* Every pool ever started (a pool is never freed). */
+static _Atomic(nhf_pool *) all_pools;
+static pthread_mutex_t all_pools_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void *nhf_exec_lane_stream(void *lane_) { return ((lane *)lane_)->stream; }
+
+void nhf_exec_fault_stream(void *stream, unsigned code) {
+    for (nhf_pool *pool = atomic_load(&all_pools); pool != NULL; pool = pool->next_pool) {
+        bool marked = false;
+        for (lane *l = atomic_load(&pool->lanes); l != NULL; l = l->next) {
+            unsigned expected = 0;
+            if (l->stream == stream && atomic_compare_exchange_strong(&l->fault, &expected, code))
+                marked = true;
+        }
+        if (marked)
+            wake(pool); /* its threads answer the lane's tasks */
+    }
+}
+
+/* A pool of nthreads threads, started; NULL if that failed.  Never freed. */
+nhf_pool *nhf_pool_new(long nthreads, long spin_ns, long poll_ns) {
+    nhf_pool *pool = aligned_zeroed(sizeof(nhf_pool));
+    pthread_t *threads = calloc((size_t)nthreads, sizeof(pthread_t));
+    if (pool == NULL || threads == NULL || pthread_mutex_init(&pool->mutex, NULL) ||
+        pthread_cond_init(&pool->wake, NULL) || pthread_mutex_init(&pool->close_mutex, NULL)) {
+        free(pool);
+        free(threads);
+        return NULL;
+    }
+    pool->spin_ns = spin_ns;
+    pool->poll_ns = poll_ns;
+    pool->threads = threads;
+    pool->pid = getpid();
+    for (long i = 0; i < nthreads; i++) {
+        if (pthread_create(&threads[i], NULL, thread_main, pool) != 0) {
+            pool->nthreads = i; /* close the threads that started */
+            (void)nhf_pool_close(pool, false);
+            return NULL;
+        }
+        pool->nthreads = i + 1;
+    }
+    pthread_mutex_lock(&all_pools_lock);
+    pool->next_pool = atomic_load(&all_pools);
+    atomic_store(&all_pools, pool);
+    pthread_mutex_unlock(&all_pools_lock);
+    return pool;
+}
+
+/* GIL held: the lane of the pool for stream, or NULL if it has none yet. */
+void *nhf_exec_find_lane(nhf_pool *pool, void *stream) {
+    for (lane *l = atomic_load(&pool->lanes); l != NULL; l = l->next)
+        if (l->stream == stream)
+            return l;
+    return NULL;
+}
+
+/* _lane_new(stream, words) of ExecutorBase: a lane for stream, its words at
+ * words (two zeroed 32-bit words of pinned memory). */
+lane *nhf_lane_new(nhf_pool *pool, void *stream, void *words) {
+    lane *l = aligned_zeroed(sizeof(lane));
+    if (l == NULL || pthread_mutex_init(&l->fifo_mutex, NULL) ||
+        pthread_mutex_init(&l->enqueue_mutex, NULL)) {
+        free(l);
+        return NULL;
+    }
+    l->stream = stream;
+    l->words = words;
+    l->pool = pool;
+    pthread_mutex_lock(&pool->mutex);
+    l->next = atomic_load(&pool->lanes);
+    atomic_store(&pool->lanes, l);
+    pthread_mutex_unlock(&pool->mutex);
+    return l;
+}
+
+/* exec_test_pause(ns): tests only, see test_pause_ns. */
+static PyObject *py_test_pause(PyObject *self, PyObject *arg) {
+    (void)self;
+    long ns = PyLong_AsLong(arg);
+    if (ns == -1 && PyErr_Occurred())
+        return NULL;
+    atomic_store(&test_pause_ns, ns);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"exec_test_pause", py_test_pause, METH_O,
+     "exec_test_pause($module, ns, /)\n--\n\n"
+     "Tests only, pause each executor enqueue after its open check"},
+    {NULL, NULL, 0, NULL},
+};
+
+int nhf_pool_init(PyObject *module) { return PyModule_AddFunctions(module, methods); }

@@ -1,0 +1,53 @@
+/* Shared helpers, below everything: the arguments of the entry points Python calls
+ * (an address, a pointer that must not be NULL, a count of arguments) and the
+ * module's address constants.  GIL held, all of them.
+ */
+#include "nhf.h"
+
+int nhf_address_arg(PyObject *value, void **out) {
+    if (!PyLong_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "expected an address (an int), got %.100s",
+                     Py_TYPE(value)->tp_name);
+        return -1;
+    }
+    unsigned long long n = PyLong_AsUnsignedLongLong(value);
+    if (n == (unsigned long long)-1 && PyErr_Occurred())
+        return -1;
+    *out = (void *)(uintptr_t)n;
+    return 0;
+}
+
+void *nhf_pointer_arg(PyObject *value, const char *what) {
+    void *pointer;
+    if (nhf_address_arg(value, &pointer) < 0)
+        return NULL;
+    if (pointer == NULL)
+        PyErr_Format(PyExc_ValueError, "a NULL %s", what);
+    return pointer;
+}
+
+int nhf_check_nargs(const char *usage, Py_ssize_t nargs, Py_ssize_t expected) {
+    if (nargs == expected)
+        return 0;
+    PyErr_Format(PyExc_TypeError, "%s takes %zd arguments (%zd given)", usage, expected, nargs);
+    return -1;
+}
+
+int nhf_address_args(const char *usage, PyObject *const *args, Py_ssize_t nargs,
+                     Py_ssize_t expected, void **out) {
+    if (nhf_check_nargs(usage, nargs, expected) < 0)
+        return -1;
+    for (Py_ssize_t i = 0; i < expected; i++)
+        if (nhf_address_arg(args[i], &out[i]) < 0)
+            return -1;
+    return 0;
+}
+
+int nhf_add_address(PyObject *module, const char *name, void *address) {
+    PyObject *value = PyLong_FromVoidPtr(address);
+    if (value == NULL)
+        return -1;
+    int rc = PyModule_AddObjectRef(module, name, value);
+    Py_DECREF(value);
+    return rc;
+}
