@@ -40,7 +40,7 @@ __all__ = ["KINDS", "KindsByType", "LaunchKind", "classify_function", "refuse_co
 class LaunchKind(NamedTuple):
     """One row of the native table of launch kinds (``_core.launch_kinds()``)."""
 
-    number: int  # nhf.h's enum nhf_kind (a CompiledBase's ``kind``)
+    number: int  # nhf.h's enum nhf_kind (a CompiledBase's ``_kind``)
     name: str  # what classify_function returns
     run: int  # the trampoline of a launch on a stream
     replay: int  # a graph node's call at each replay, given the record; 0: none
@@ -112,8 +112,8 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
                 "NULL: made with HostFunction.__new__, never compiled); make it with "
                 "@numba_hostfn.host_callback"
             )
-        if fn.kind != _COMPILED.number or not fn.address:  # as the native path reads it
-            declared = next((k.name for k in KINDS.values() if k.number == fn.kind), fn.kind)
+        if fn._kind != _COMPILED.number or not fn.address:  # as the native path reads it
+            declared = next((k.name for k in KINDS.values() if k.number == fn._kind), fn._kind)
             raise TypeError(
                 f"host_launch() got a {type(fn).__name__!r} object, a _core.CompiledBase "
                 f"that declares launch kind {declared!r} (address {fn.address:#x}); only a "

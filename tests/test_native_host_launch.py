@@ -580,7 +580,7 @@ def test_a_compiled_base_of_another_kind_is_not_launched_as_compiled_code(stream
     other = Other()
     declared = () if kind is None else (KINDS[kind].number,)
     other._bind(touch.address, None, 0, False, *declared)
-    assert other.kind == (None if kind is None else KINDS[kind].number)
+    assert other._kind == (None if kind is None else KINDS[kind].number)
     nh.host_launch(stream, touch)  # the backend is made: the fast path is on
     stream.sync()
     nh.drain()
@@ -594,7 +594,7 @@ def test_a_compiled_base_of_another_kind_is_not_launched_as_compiled_code(stream
 def test_a_compiled_base_says_its_kind():
     from numba_hostfn._classify import KINDS
 
-    assert touch.kind == KINDS["compiled"].number == _core.KIND_COMPILED
+    assert touch._kind == KINDS["compiled"].number == _core.KIND_COMPILED
     with pytest.raises(ValueError, match="no launch kind"):
         _core.CompiledBase()._bind(touch.address, None, 0, False, 99)
 

@@ -95,7 +95,7 @@ static PyGetSetDef compiled_getset[] = {
      NULL},
     {"reads_user_data", compiled_reads, NULL,
      "Whether the body reads its argument (then user_data=None is refused).", NULL},
-    {"kind", compiled_kind, NULL,
+    {"_kind", compiled_kind, NULL,
      "The launch kind its _bind declared (KIND_COMPILED), or None: not launched.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
