@@ -1,7 +1,10 @@
 """What a callable is, for host_launch: compiled code, a ctypes CUhostFn, or Python.
 
 ``classify_function`` decides; the native ``host_launch`` (``native/host_launch.c``)
-decides only the common cases, the same way, and hands every other call here.  A
+decides only the common cases, the same way, and hands every other call here.
+``KINDS`` is the native table of launch kinds (``native/kinds.c``), which both paths
+read: each kind's run and replay trampolines, whether its function can itself be a
+graph node, and what its launch owns.  A
 Python callable is checked each time (what it needs is its own, and a class's
 ``__call__`` can be replaced); what it needs is read off its code or signature, and a
 coroutine function or a callable that needs arguments is refused, saying what was meant.
@@ -14,8 +17,9 @@ import functools
 import inspect
 import types
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
+from . import _core
 from ._compat import (
     FUNCFLAG_CDECL,
     FUNCFLAG_PYTHONAPI,
@@ -30,7 +34,21 @@ from ._compat import (
 )
 from ._hostfunction import HostFunction
 
-__all__ = ["KindsByType", "classify_function", "refuse_coroutine_function"]
+__all__ = ["KINDS", "KindsByType", "LaunchKind", "classify_function", "refuse_coroutine_function"]
+
+
+class LaunchKind(NamedTuple):
+    """One row of the native table of launch kinds (``_core.launch_kinds()``)."""
+
+    number: int  # nhf.h's enum nhf_kind (a CompiledBase's ``_kind``)
+    name: str  # what classify_function returns
+    run: int  # the trampoline of a launch on a stream
+    replay: int  # a graph node's call at each replay, given the record; 0: none
+    graph_node: bool  # fn(arg) can itself be a graph node
+    owns: str  # "fn": the callable, also the argument; "fn, user_data"
+
+
+KINDS: dict[str, LaunchKind] = {row[1]: LaunchKind(*row) for row in _core.launch_kinds()}
 
 _CDECL = FUNCFLAG_CDECL
 
@@ -70,6 +88,9 @@ def _forget(kinds: dict, key: int, ref: weakref.ref) -> None:
         del kinds[key]
 
 
+_COMPILED = KINDS["compiled"]
+
+
 def _prototype_error(detail: str) -> TypeError:
     return TypeError(
         f"host_launch() got a ctypes function pointer {detail}; CUDA calls a CUhostFn, "
@@ -83,12 +104,22 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
     if type(fn) in _PER_INSTANCE:  # a plain function: not async (checked each time)
         _refuse_unlaunchable(fn)
         return "python", 0, fn
-    if issubclass(type(fn), HostFunction):
-        if not fn.address:  # made with __new__ alone: the driver's thread would call NULL
+    if issubclass(type(fn), _core.CompiledBase):
+        if issubclass(type(fn), HostFunction) and not fn.address:
+            # Made with __new__ alone: the driver's thread would call NULL.
             raise ValueError(
                 "host_launch() got a HostFunction with no machine code (its address is "
                 "NULL: made with HostFunction.__new__, never compiled); make it with "
                 "@numba_hostfn.host_callback"
+            )
+        if fn._kind != _COMPILED.number or not fn.address:  # as the native path reads it
+            declared = next((k.name for k in KINDS.values() if k.number == fn._kind), fn._kind)
+            raise TypeError(
+                f"host_launch() got a {type(fn).__name__!r} object, a _core.CompiledBase "
+                f"that declares launch kind {declared!r} (address {fn.address:#x}); only a "
+                "bound one-argument compiled function, of kind 'compiled', is launched as "
+                "compiled code: make it with @numba_hostfn.host_callback, or bind it with "
+                "_bind(address, dtype, layout_bytes, reads_user_data, _core.KIND_COMPILED)"
             )
         return "compiled", fn.address, fn
     if issubclass(type(fn), CFuncPtr):

@@ -56,6 +56,7 @@ def enqueue(
 ) -> int: ...
 def drain() -> int: ...
 def held() -> int: ...
+def held_owners() -> list[object]: ...
 def schedule_failures() -> int: ...
 def close_guard(ms: int, /) -> int: ...
 def set_cuda(
@@ -71,7 +72,15 @@ def set_cuda(
 def set_cuda_user_objects(create: int, release: int, retain: int, /) -> None: ...
 def cuda_graph_record(graph: int, fn: int, arg: int, owner: object, /) -> tuple[int, int, int]: ...
 
-# ---- host_launch.c ----
+# ---- kinds.c: the table of launch kinds ----
+KIND_COMPILED: Final[int]
+KIND_POINTER: Final[int]
+KIND_PYTHON: Final[int]
+
+def launch_kinds() -> tuple[tuple[int, str, int, int, bool, str], ...]: ...
+def launch_owner(fn: object, data: object, also: object, executor: object, /) -> object: ...
+
+# ---- compiled.c ----
 @disjoint_base
 class CompiledBase:
     @property
@@ -80,10 +89,19 @@ class CompiledBase:
     def dtype(self) -> np.dtype[Any] | None: ...
     @property
     def reads_user_data(self) -> bool: ...
+    @property
+    def _kind(self) -> int | None: ...
     def _bind(
-        self, address: int, dtype: np.dtype[Any] | None, layout_bytes: int, reads_user_data: bool, /
+        self,
+        address: int,
+        dtype: np.dtype[Any] | None,
+        layout_bytes: int,
+        reads_user_data: bool,
+        kind: int | None = None,
+        /,
     ) -> None: ...
 
+# ---- buffer_ref.c ----
 @disjoint_base
 class BufferRef:
     def __init__(
@@ -98,6 +116,9 @@ class BufferRef:
     @property
     def dtype(self) -> np.dtype[Any] | None: ...
 
+def format_holds_objects(format: str, /) -> bool: ...
+
+# ---- launch_config.c ----
 def configure_launch(
     *,
     fallback: Callable[..., None] | None = ...,
@@ -110,8 +131,9 @@ def configure_launch(
     c_void_p: type | None = ...,
     wanted: bool = ...,
 ) -> None: ...
-def format_holds_objects(format: str, /) -> bool: ...
 def launch_counts() -> dict[str, int]: ...
+
+# ---- host_launch.c ----
 def make_host_launch(doc: str, /) -> Callable[..., None]: ...
 
 # ---- simulator.c ----

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import _core
-from ._classify import classify_function
+from ._classify import KINDS, classify_function
 from ._executor import check_executor, default_lane_of
 from ._graphs import (
     add_captured_executor_node,
@@ -111,7 +111,8 @@ def enqueue(
     kind_of_target, handle = check_target(target)
     backend = get_backend()
     kind, address, fn_owned = classify_function(fn)
-    if kind == "python":
+    launch_kind = KINDS[kind]  # the native table: its trampoline, what it owns
+    if launch_kind.owns == "fn":
         if user_data is not None:
             raise user_data_with_callable(fn)
         arg, data_owned = id(fn), None  # the PyObject*, kept alive by fn_owned
@@ -121,21 +122,16 @@ def enqueue(
         arg, data_owned = resolve_user_data(user_data, layout, fn, reads)
     if executor is not None:
         check_executor(executor)
-    # The function alone when it is all the launch owns: no object per launch,
-    # so a burst of launches does not feed the cyclic garbage collector.
-    if executor is not None:
-        owned = (fn_owned, data_owned, also_owns, executor)  # an executor outlives its tasks
-    elif data_owned is None and also_owns is None:
-        owned = fn_owned
-    else:
-        owned = (fn_owned, data_owned, also_owns)
+    # The one owner rule, the native path's (native/kinds.c): the function alone
+    # when it is all the launch owns, else (fn, data, also[, executor]).
+    owned = _core.launch_owner(fn_owned, data_owned, also_owns, executor)
     if kind_of_target == "node":
         if executor is not None:
             return add_executor_graph_node(
                 backend, executor, target, kind, address, arg, owned, parallel_copy
             )
         return add_graph_node(backend, target, kind, address, arg, owned)
-    trampoline = _core.RUN_PYTHON if kind == "python" else _core.RUN_COMPILED
+    trampoline = launch_kind.run
     builder = kind_of_target == "builder"
     if executor is not None:
         while True:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _core
+from ._classify import KINDS
 from ._errors import SimulatorUnsupportedError
 from ._hostfunction import CUhostFn
 
@@ -54,8 +54,9 @@ def _graph_record(
     undoing after an add that had succeeded freed what the replays used).
     """
     record = backend.graph_record(graph, fn, arg, owner)
-    if kind == "python":
-        return _core.REPLAY_PYTHON, record, record
+    launch_kind = KINDS[kind]  # the native table: can fn(arg) itself be the node?
+    if not launch_kind.graph_node:
+        return launch_kind.replay, record, record
     return fn, arg, record
 
 

@@ -281,7 +281,8 @@ class HostFunction(_core.CompiledBase):
         # address, dtype and reads_user_data are the native base's, read-only and
         # fixed for the function's life: host_launch reads them there.
         reads = layout is not None or reads_its_argument(py_func)
-        self._bind(cfunc.address, layout, 0 if layout is None else layout.itemsize, reads)
+        size = 0 if layout is None else layout.itemsize
+        self._bind(cfunc.address, layout, size, reads, _core.KIND_COMPILED)
         self._ctypes = None
         self._target, self._options, self._direct = target, options, None
 

@@ -47,7 +47,7 @@ class ByRef(_core.BufferRef):
 
     It holds a buffer export of ``obj`` (``address``, ``nbytes``, ``dtype``) for as
     long as it lives: a launch that owns it keeps ``obj`` alive, and a
-    ``bytearray`` unresizable (``native/host_launch.c``).
+    ``bytearray`` unresizable (``native/buffer_ref.c``).
     """
 
     __slots__ = ()

@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 from _device import CHILD_PREAMBLE, Capture, Hold, rerun_on_simulator, run_child
 from numba import carray, cfunc
-from test_launch_args import REC, touch, typed  # the same host functions, compiled once
+from test_launch_args import REC, _rejects, touch, typed  # the same host functions, compiled once
 
 import numba_hostfn as nh
-from numba_hostfn import _launch
+from numba_hostfn import _core, _launch
 
 _CFUNC = cfunc("void(voidptr)")(lambda p: None)
 
@@ -563,3 +563,122 @@ def test_a_host_function_never_compiled_is_refused_everywhere():
         ]
         expected.append(f"{path} device work refused True")
     assert lines == expected + ["ran 2 pending 0"], lines
+
+
+@pytest.mark.parametrize("path", ["fast", "python"])
+@pytest.mark.parametrize("kind", [None, "pointer", "python"])
+def test_a_compiled_base_of_another_kind_is_not_launched_as_compiled_code(stream, kind, path):
+    """A CompiledBase says its launch kind (HostFunction's _bind says "compiled"):
+    one that declares another, or none, is refused by both paths with a TypeError,
+    nothing enqueued. main launched any bound CompiledBase natively as one-argument
+    compiled code (host_launch.c's function_kind)."""
+    from numba_hostfn._classify import KINDS
+
+    class Other(_core.CompiledBase):
+        pass
+
+    other = Other()
+    declared = () if kind is None else (KINDS[kind].number,)
+    other._bind(touch.address, None, 0, False, *declared)
+    assert other._kind == (None if kind is None else KINDS[kind].number)
+    nh.host_launch(stream, touch)  # the backend is made: the fast path is on
+    stream.sync()
+    nh.drain()
+    with _launch.python_path() if path == "python" else contextlib.nullcontext():
+        before = _launch.launch_counts()
+        _rejects(stream, TypeError, "declares launch kind", other)
+        after = _launch.launch_counts()
+    assert before["compiled"] == after["compiled"]
+
+
+def test_a_compiled_base_says_its_kind():
+    from numba_hostfn._classify import KINDS
+
+    assert touch._kind == KINDS["compiled"].number == _core.KIND_COMPILED
+    with pytest.raises(ValueError, match="no launch kind"):
+        _core.CompiledBase()._bind(touch.address, None, 0, False, 99)
+
+
+def _owner_shape(owner, fn, data):
+    """What a launch owns, comparable across launches: the given fn and data by
+    identity, a copy by its type and content, None, or a tuple of those."""
+    if owner is fn:
+        return "fn"
+    if data is not None and owner is data:
+        return "data"
+    if owner is None:
+        return None
+    if type(owner) is tuple:
+        return tuple(_owner_shape(o, fn, data) for o in owner)
+    if isinstance(owner, _core.BufferRef):
+        return ("copy", type(owner).__name__, type(owner.obj).__name__, bytes(owner.obj))
+    return type(owner).__name__
+
+
+OWNER_CASES = {
+    "compiled, None": (lambda: touch, lambda: None),
+    "compiled, int": (lambda: touch, lambda: 12345),
+    "compiled, bytes": (lambda: touch, lambda: b"abc"),
+    "compiled, by_ref": (lambda: touch, lambda: nh.by_ref(bytearray(4))),
+    "compiled dtype=, bytes": (lambda: typed, lambda: _record().tobytes()),
+    "compiled, a bytearray (Python on both)": (lambda: touch, lambda: bytearray(b"xy")),
+    "pointer, int": (lambda: touch.ctypes, lambda: 7),
+    "pointer, bytes": (lambda: touch.ctypes, lambda: b"\x01\x02"),
+    "python": (lambda: plain, lambda: None),
+}
+
+
+@pytest.mark.parametrize("case", list(OWNER_CASES))
+def test_both_paths_own_the_same_for_each_user_data(stream, case):
+    """What a launch keeps (its record's owner) is the same on the native and the
+    Python path: both build it by kinds.c's one rule, and a copy of read-only
+    user data is a BufferRef of a bytearray on both.  main's native path owned a
+    bare bytearray for bytes, the Python path a BufferRef (issue 32)."""
+    make_fn, make_data = OWNER_CASES[case]
+    fn = make_fn()
+
+    def owned(path, data):
+        kwargs = {} if data is None else {"user_data": data}
+        with path:
+            nh.host_launch(stream, fn, **kwargs)  # warm up (the first may make the backend)
+            stream.sync()
+            nh.drain()
+            with Hold(stream):  # nothing runs (and is released) before it is read
+                before = {id(o) for o in _core.held_owners()}
+                nh.host_launch(stream, fn, **kwargs)
+                new = [o for o in _core.held_owners() if id(o) not in before]
+                assert len(new) == 1, new
+                shape = _owner_shape(new[0], fn, data)
+                del new
+            stream.sync()
+            nh.drain()
+        return shape
+
+    data = make_data()
+    fast = owned(contextlib.nullcontext(), data)
+    python = owned(_launch.python_path(), data)
+    assert fast == python
+    if "bytes" in case:  # the copy, pinned by its export on both paths
+        assert fast[1][:3] == ("copy", "BufferRef", "bytearray"), fast
+
+
+def test_an_executor_launch_owns_the_same_on_both_paths(stream):
+    with nh.HostExecutor(threads=1) as executor:
+
+        def owned(path):
+            with path:
+                nh.host_launch(stream, touch, user_data=b"ab", executor=executor)
+                stream.sync()
+                nh.drain()
+                with Hold(stream):
+                    before = {id(o) for o in _core.held_owners()}
+                    nh.host_launch(stream, touch, user_data=b"ab", executor=executor)
+                    new = [o for o in _core.held_owners() if id(o) not in before]
+                    shape = [_owner_shape(o, touch, executor) for o in new]
+                    del new
+                stream.sync()
+                nh.drain()
+            return shape
+
+        fast, python = owned(contextlib.nullcontext()), owned(_launch.python_path())
+    assert fast == python == [("fn", ("copy", "BufferRef", "bytearray", b"ab"), None, "data")]

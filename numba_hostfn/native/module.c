@@ -38,12 +38,15 @@ PyMODINIT_FUNC PyInit__core(void) {
         add_status(module, "IN_HOST_FUNCTION", NHF_IN_HOST_FUNCTION) < 0 ||
         add_status(module, "FAULTED", NHF_FAULTED) < 0 ||
         /* Bottom-up, as nhf.h lists the layers. */
-        nhf_guard_init(module) < 0 || nhf_records_init(module) < 0 ||
-        nhf_trampolines_init(module) < 0 || nhf_watchdog_init(module) < 0 ||
+        nhf_guard_init(module) < 0 || nhf_compiled_init(module) < 0 ||
+        nhf_buffer_ref_init(module) < 0 || nhf_records_init(module) < 0 ||
+        nhf_trampolines_init(module) < 0 || nhf_kinds_init(module) < 0 ||
+        nhf_watchdog_init(module) < 0 ||
         nhf_enqueue_init(module) < 0 || nhf_cuda_init(module) < 0 ||
         nhf_simulator_init(module) < 0 || nhf_notify_init(module) < 0 ||
         nhf_graph_slots_init(module) < 0 || nhf_pool_init(module) < 0 ||
-        nhf_executor_init(module) < 0 || nhf_host_launch_init(module) < 0) {
+        nhf_executor_init(module) < 0 || nhf_launch_config_init(module) < 0 ||
+        nhf_host_launch_init(module) < 0) {
         Py_DECREF(module);
         return NULL;
     }

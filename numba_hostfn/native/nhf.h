@@ -19,8 +19,11 @@
  *
  *    0  util.c          argument helpers, nhf_add_address
  *    1  guard.c         the interpreter guard, the GIL on foreign threads, fork
+ *    1  compiled.c      CompiledBase: compiled code and its launch kind
+ *    1  buffer_ref.c    BufferRef, format_holds_objects
  *    2  records.c       launch records
  *    3  trampolines.c   what the driver calls
+ *    4  kinds.c         the table of launch kinds, the owner rule
  *    4  watchdog.c      device faults
  *    5  enqueue.c       the enqueue every launch goes through
  *    6  cuda.c          the CUDA backend: driver entry points, its enqueue, graphs
@@ -32,8 +35,9 @@
  *   10  executor_cuda.c the executor's enqueue on a CUDA stream
  *   10  executor_sim.c  the executor's enqueue on a simulated stream
  *   11  executor.c      ExecutorBase
- *   12  host_launch.c   host_launch's common cases, CompiledBase, BufferRef
- *   13  module.c        the module root: calls every *_init, called by none
+ *   12  launch_config.c configure_launch, launch counts, interned names
+ *   13  host_launch.c   host_launch's common cases (the fast path)
+ *   14  module.c        the module root: calls every *_init, called by none
  *
  * Locks.  Native data has its own locks or atomics, never the GIL alone: the
  * free list of launch records has a mutex, the completed stack is lock-free,
@@ -289,7 +293,39 @@ void nhf_fault_on_record_failed(nhf_record_failed_fn hook);
 void nhf_fault_on_stream_faulted(nhf_stream_faulted_fn hook);
 int nhf_watchdog_init(PyObject *module);
 
-/* ---- host_launch (host_launch.c) ----------------------------------------------- */
+/* ---- launch kinds (kinds.c): one table, read by host_launch and by Python ---- */
+
+/* What a launch is.  NHF_KIND_NONE (0, what a CompiledBase never bound has):
+ * not a launch kind; the native path falls through to Python for it. */
+enum nhf_kind {
+    NHF_KIND_NONE = 0,
+    NHF_KIND_COMPILED, /* a HostFunction: fn(user_data), compiled */
+    NHF_KIND_POINTER,  /* a ctypes CUhostFn or numba cfunc: machine code at an address */
+    NHF_KIND_PYTHON,   /* a Python callable, called with no arguments */
+    NHF_NKINDS
+};
+/* What a launch owns (nhf_launch_owner builds it). */
+enum nhf_owns {
+    NHF_OWNS_FN,          /* the callable, which is also the record's argument */
+    NHF_OWNS_FN_AND_DATA, /* the function and its user data's owner */
+};
+typedef struct {
+    const char *name;    /* as _classify names it: "compiled", "pointer", "python" */
+    nhf_hostfn run;      /* the trampoline on a stream */
+    nhf_hostfn replay;   /* a graph node's call at each replay (arg: the record); NULL
+                          * where the function itself is the node (graph_node) */
+    bool graph_node;     /* fn(arg) can itself be a graph node */
+    enum nhf_owns owns;
+} nhf_kind_info;
+extern const nhf_kind_info nhf_kinds[NHF_NKINDS];
+/* GIL held: what a launch keeps: fn alone where it owns nothing more, else
+ * (fn, data, also), or (fn, data, also, executor) on an executor (None for any
+ * of data, also, executor not given; NULL is None).  A new reference, or NULL. */
+PyObject *nhf_launch_owner(PyObject *fn, PyObject *data, PyObject *also, PyObject *executor);
+/* launch_kinds(), launch_owner(), the KIND_* numbers. */
+int nhf_kinds_init(PyObject *module);
+
+/* ---- CompiledBase (compiled.c) ------------------------------------------------- */
 
 /* The compiled-function base type: HostFunction subclasses it in Python. */
 typedef struct {
@@ -298,8 +334,12 @@ typedef struct {
     PyObject *layout;         /* the declared numpy dtype, or NULL */
     Py_ssize_t layout_bytes;  /* its itemsize (0 without a layout) */
     int reads_user_data;      /* the body reads its argument: NULL is refused */
+    int kind;                 /* its enum nhf_kind, as _bind declared it (NONE: not launched) */
 } nhf_compiled_object;
 extern PyTypeObject nhf_compiled_type;
+int nhf_compiled_init(PyObject *module);
+
+/* ---- BufferRef (buffer_ref.c) ------------------------------------------------- */
 
 /* ByRef: a buffer exported for as long as a launch owns it (a writable one to
  * share as user data; with pin_only, any one whose address a launch uses). */
@@ -312,12 +352,42 @@ typedef struct {
     int pin_only;      /* any layout, maybe read-only: never user data */
 } nhf_byref_object;
 extern PyTypeObject nhf_byref_type;
+/* GIL held: a BufferRef of a bytearray copy of size bytes at data (what a launch
+ * owns for read-only user data, on both paths), its address in *address; a new
+ * reference, or NULL with an error set. */
+PyObject *nhf_buffer_ref_copy(const char *data, Py_ssize_t size, uintptr_t *address);
+/* BufferRef, format_holds_objects(). */
+int nhf_buffer_ref_init(PyObject *module);
 
-PyObject *nhf_host_launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
-                          PyObject *kwnames);
+/* ---- host_launch's configuration (launch_config.c) ------------------------------ */
+
+struct nhf_launch_config {
+    PyObject *fallback;         /* the Python host_launch */
+    PyObject *raise_status;     /* raise_status(status, executor): raises */
+    PyObject *sim_stream_type;  /* numba_hostfn.simulator.Stream (exactly) */
+    PyObject *cuda_stream_type; /* cuda.core's Stream (and its subclasses) */
+    PyObject *cuhostfn_type;    /* ctypes.CFUNCTYPE(None, ctypes.c_void_p) */
+    PyObject *c_void_p;         /* ctypes.c_void_p */
+    nhf_enqueue_fn enqueue_fn;
+    nhf_enqueue_fn executor_enqueue_fn;
+    int configured;
+    int wanted; /* tests may send every call to Python */
+    PyObject *s_stream, *s_fn, *s_user_data, *s_executor, *s_blocking; /* interned */
+    PyObject *s_cuda_stream, *s_restype, *s_argtypes;
+};
+extern struct nhf_launch_config nhf_launch;
+/* The launch counts: one per kind (indexed by enum nhf_kind), and these two. */
+enum { NHF_COUNT_FELL_THROUGH = NHF_KIND_NONE, NHF_COUNT_EXECUTOR = NHF_NKINDS, NHF_NCOUNTS };
+void nhf_count_launch(int which);
 PyObject *nhf_py_configure_launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                                   PyObject *kwnames);
 PyObject *nhf_py_launch_counts(PyObject *self, PyObject *unused);
+int nhf_launch_config_init(PyObject *module);
+
+/* ---- host_launch (host_launch.c) ----------------------------------------------- */
+
+PyObject *nhf_host_launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                          PyObject *kwnames);
 int nhf_host_launch_init(PyObject *module);
 /* ---- the simulator (simulator.c) ----------------------------------------------- */
 

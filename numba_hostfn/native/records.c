@@ -202,6 +202,23 @@ static PyObject *py_held(PyObject *self, PyObject *unused) {
     return PyLong_FromSsize_t(nhf_records_held());
 }
 
+static void collect_owner(nhf_record *record, void *list) {
+    PyObject *owner = record->owner; /* set and cleared with the GIL, which is held */
+    if (owner != NULL && *(PyObject **)list != NULL &&
+        PyList_Append(*(PyObject **)list, owner) < 0)
+        Py_CLEAR(*(PyObject **)list);
+}
+
+/* held_owners() -> list: what each record taken and not released owns (for tests:
+ * both paths of a launch keep the same). */
+static PyObject *py_held_owners(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    PyObject *list = PyList_New(0);
+    if (list != NULL)
+        nhf_records_each(collect_owner, &list);
+    return list;
+}
+
 static PyObject *py_schedule_failures(PyObject *self, PyObject *unused) {
     (void)self, (void)unused;
     return PyLong_FromSsize_t(nhf_schedule_failures());
@@ -212,6 +229,8 @@ static PyMethodDef methods[] = {
      "Release the records that have run; return how many."},
     {"held", py_held, METH_NOARGS, "held($module, /)\n--\n\n"
      "Records taken and not released."},
+    {"held_owners", py_held_owners, METH_NOARGS, "held_owners($module, /)\n--\n\n"
+     "What each record taken and not released owns (for tests)."},
     {"schedule_failures", py_schedule_failures, METH_NOARGS,
      "schedule_failures($module, /)\n--\n\n"
      "How many times Py_AddPendingCall refused a drain."},

@@ -1,0 +1,130 @@
+/* host_launch's configuration: what the backend and the Python path set, the
+ * launch counts, and the interned names the fast path compares keywords with.
+ *
+ * configure_launch is called from Python (at import, when the backend is made,
+ * and by tests that send every call to Python); host_launch.c reads nhf_launch.
+ * GIL held throughout, but the counts are atomics.
+ */
+#include "nhf.h"
+
+#include <string.h>
+
+struct nhf_launch_config nhf_launch = {.wanted = 1};
+
+static atomic_long counts[NHF_NCOUNTS];
+
+static int set_object(PyObject **slot, PyObject *value) {
+    Py_XSETREF(*slot, value == Py_None ? NULL : Py_NewRef(value));
+    return 0;
+}
+
+/* configure_launch(*, fallback=, raise_status=, enqueue_fn=, executor_enqueue_fn=,
+ * sim_stream_type=, cuda_stream_type=, cuhostfn_type=, c_void_p=, wanted=):
+ * each given keyword sets what host_launch uses; the fast path is on once
+ * raise_status and enqueue_fn are set.  wanted=False sends every call to Python. */
+PyObject *nhf_py_configure_launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                  PyObject *kwnames) {
+    (void)self;
+    if (nargs != 0) {
+        PyErr_SetString(PyExc_TypeError, "configure_launch() takes keyword arguments only");
+        return NULL;
+    }
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        const char *name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, i));
+        PyObject *value = args[i];
+        void *address;
+        if (name == NULL)
+            return NULL;
+        if (!strcmp(name, "fallback"))
+            set_object(&nhf_launch.fallback, value);
+        else if (!strcmp(name, "raise_status"))
+            set_object(&nhf_launch.raise_status, value);
+        else if (!strcmp(name, "sim_stream_type"))
+            set_object(&nhf_launch.sim_stream_type, value);
+        else if (!strcmp(name, "cuda_stream_type"))
+            set_object(&nhf_launch.cuda_stream_type, value);
+        else if (!strcmp(name, "cuhostfn_type"))
+            set_object(&nhf_launch.cuhostfn_type, value);
+        else if (!strcmp(name, "c_void_p"))
+            set_object(&nhf_launch.c_void_p, value);
+        else if (!strcmp(name, "enqueue_fn")) {
+            if (nhf_address_arg(value, &address) < 0)
+                return NULL;
+            nhf_launch.enqueue_fn = (nhf_enqueue_fn)(uintptr_t)address;
+            if (address != 0)
+                nhf_mark_used(); /* the backend is made: a forked child refuses */
+        } else if (!strcmp(name, "executor_enqueue_fn")) {
+            if (nhf_address_arg(value, &address) < 0)
+                return NULL;
+            nhf_launch.executor_enqueue_fn = (nhf_enqueue_fn)(uintptr_t)address;
+        } else if (!strcmp(name, "wanted")) {
+            int wanted = PyObject_IsTrue(value);
+            if (wanted < 0)
+                return NULL;
+            nhf_launch.wanted = wanted;
+        } else {
+            PyErr_Format(PyExc_TypeError, "configure_launch() got an unknown keyword %s", name);
+            return NULL;
+        }
+    }
+    nhf_launch.configured = nhf_launch.fallback != NULL && nhf_launch.raise_status != NULL &&
+                        nhf_launch.enqueue_fn != NULL && nhf_launch.executor_enqueue_fn != NULL &&
+                        nhf_launch.cuhostfn_type != NULL &&
+                        nhf_launch.c_void_p != NULL;
+    Py_RETURN_NONE;
+}
+
+/* launch_counts() -> dict: launches that fell through, and fast launches by kind
+ * (named as the table names them) and on an executor. */
+PyObject *nhf_py_launch_counts(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    PyObject *result = PyDict_New();
+    for (int i = 0; result != NULL && i < NHF_NCOUNTS; i++) {
+        const char *name = i == NHF_COUNT_FELL_THROUGH ? "fell_through"
+                           : i == NHF_COUNT_EXECUTOR   ? "executor"
+                                                       : nhf_kinds[i].name;
+        PyObject *n = PyLong_FromLong(atomic_load(&counts[i]));
+        if (n == NULL || PyDict_SetItemString(result, name, n) < 0)
+            Py_CLEAR(result);
+        Py_XDECREF(n);
+    }
+    return result;
+}
+
+void nhf_count_launch(int which) { atomic_fetch_add(&counts[which], 1); }
+
+static PyMethodDef methods[] = {
+    {"configure_launch", (PyCFunction)(void (*)(void))nhf_py_configure_launch,
+     METH_FASTCALL | METH_KEYWORDS,
+     "configure_launch($module, /, *, fallback=<unrepresentable>, "
+     "raise_status=<unrepresentable>, enqueue_fn=<unrepresentable>, "
+     "executor_enqueue_fn=<unrepresentable>, sim_stream_type=<unrepresentable>, "
+     "cuda_stream_type=<unrepresentable>, cuhostfn_type=<unrepresentable>, "
+     "c_void_p=<unrepresentable>, wanted=<unrepresentable>)\n--\n\n"
+     "Each keyword given sets what host_launch uses; an omitted one is left as it is."},
+    {"launch_counts", nhf_py_launch_counts, METH_NOARGS,
+     "launch_counts($module, /)\n--\n\n"
+     "Launches that fell through to Python, and fast launches by kind (for tests)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyObject *interned(const char *name) { return PyUnicode_InternFromString(name); }
+
+int nhf_launch_config_init(PyObject *module) {
+    if (PyModule_AddFunctions(module, methods) < 0)
+        return -1;
+    nhf_launch.s_stream = interned("stream");
+    nhf_launch.s_fn = interned("fn");
+    nhf_launch.s_user_data = interned("user_data");
+    nhf_launch.s_executor = interned("executor");
+    nhf_launch.s_blocking = interned("blocking");
+    nhf_launch.s_cuda_stream = interned("__cuda_stream__");
+    nhf_launch.s_restype = interned("restype");
+    nhf_launch.s_argtypes = interned("argtypes");
+    if (!nhf_launch.s_stream || !nhf_launch.s_fn || !nhf_launch.s_user_data ||
+        !nhf_launch.s_executor || !nhf_launch.s_blocking || !nhf_launch.s_cuda_stream ||
+        !nhf_launch.s_restype || !nhf_launch.s_argtypes)
+        return -1;
+    return 0;
+}
