@@ -217,24 +217,6 @@ class CudaBackend(Backend):
         if int(err) != 0:
             raise CudaDriverError(f"{call} failed: {self.error_text(int(err))}", int(err))
 
-    def raise_refusal(self, status: int, call: str) -> None:
-        code = int(status & 0xFFFFFFFF)
-        if status & _core.FAULTED or (code in FAULT_NAMES and not status & _core.KEPT):
-            raise self.fault_error(code, f"nothing was enqueued ({call} refused)")
-        if status & _core.EXECUTOR_CLOSED:
-            raise RuntimeError("the HostExecutor is closed; create a new one")
-        if status & _core.KEPT:
-            raise CudaDriverError(
-                f"cuStreamWaitValue32 failed: {self.error_text(code)}; the task was enqueued "
-                "and runs when the stream reaches it, but the stream does not wait for it",
-                code,
-            )
-        if status & _core.OUT_OF_MEMORY:
-            raise MemoryError("numba_hostfn could not allocate an executor task")
-        if status & _core.CAPTURE_CHECK_FAILED:
-            call = "cuStreamIsCapturing"
-        raise CudaDriverError(f"{call} failed: {self.error_text(code)}", code)
-
     def capture_graph(self, handle: int, builder: bool) -> Any:
         status, graph = ctypes.c_int(), ctypes.c_void_p()
         rc = self._capture_info(

@@ -6,7 +6,7 @@ import weakref
 from typing import Any
 
 from . import _core
-from ._backend import Backend
+from ._backend import Backend, in_host_function_error
 from ._errors import SIMULATOR_ENV
 
 __all__ = ["SimulatorBackend"]
@@ -16,6 +16,7 @@ class SimulatorBackend(Backend):
     """Enqueue on simulated streams: native queues, and one host-function thread."""
 
     name = "simulator"
+    names_driver_calls = False  # its enqueue functions are no driver calls
 
     def __init__(self, chosen_because: str = "") -> None:
         super().__init__()
@@ -48,25 +49,9 @@ class SimulatorBackend(Backend):
             )
         return handle
 
-    def raise_refusal(self, status: int, call: str = "") -> None:
-        if status & _core.IN_HOST_FUNCTION:
-            _refuse_in_host_function()
-        if status & _core.FAULTED:
-            raise self.fault_error(status & 0xFFFFFFFF, "nothing was enqueued")
-        if status & _core.EXECUTOR_CLOSED:
-            raise RuntimeError("the HostExecutor is closed; create a new one")
-        if status & _core.QUEUE_STOPPED:
-            if status & _core.KEPT:
-                raise RuntimeError(
-                    "the simulated stream closed while a HostExecutor task was enqueued: the "
-                    "task runs when the stream reaches it, but the stream does not wait for it"
-                )
-            raise RuntimeError("the simulated stream is closed; create a new Stream")
-        raise MemoryError("the simulator could not allocate a queue entry")
-
     def capture_graph(self, handle: int, builder: bool) -> Any:
         if _core.sim_in_host_function():  # a GraphBuilder's capture enqueues nothing first
-            _refuse_in_host_function()
+            raise in_host_function_error()
         capture = self.captures.get(handle)
         if capture is None and builder:
             raise RuntimeError(
@@ -90,15 +75,3 @@ class SimulatorBackend(Backend):
 
     def executor_memory(self, nbytes: int) -> int:
         return _core.host_words(nbytes)  # never freed: a stream may still wait on it
-
-
-def _refuse_in_host_function() -> None:
-    """Raise for work enqueued by a host function (the simulator's ``IN_HOST_FUNCTION``)."""
-    raise RuntimeError(
-        "a host function enqueued work on a simulated stream (host_launch, host_copy, "
-        "release_after, a signal or a graph launch): CUDA forbids a host function any "
-        "CUDA call (the driver may refuse it or deadlock), so the simulator refuses it, "
-        "and nothing was enqueued. Enqueue from the program's own threads; to launch "
-        "when a stream gets somewhere, use host_launch(stream, fn, blocking=False): fn "
-        "then runs on a Python thread, where it may launch (docs/threading.md)"
-    )
