@@ -10,17 +10,46 @@ means the same thing on both.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from . import _core
 from ._errors import FAULT_NAMES, CudaDriverError, DeviceFaultError
 from ._records import LaunchRecords
 
-__all__ = ["Backend", "in_host_function_error"]
+__all__ = ["Backend", "Launch", "in_host_function_error"]
 
 _CURESULT_MASK = 0xFFFFFFFF  # nhf.h's NHF_CURESULT_MASK: a driver call's CUresult
 #: How a task that an executor's wait left behind goes on (status KEPT).
 _KEPT = "the task runs when the stream reaches it, but the stream does not wait for it"
+
+
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """One launch, decided once (``_enqueue.enqueue``, where ``_classify``'s answer
+    meets the user data) and passed whole to the enqueue and the graph paths.
+
+    ``kind`` is ``_classify``'s: "compiled", "pointer" or "python".  The trampoline
+    calls ``fn(arg)`` (for a Python callable, the callable at ``arg``); the launch's
+    record owns ``owner`` until it has run (in a graph, until the graph is gone).
+    ``executor`` runs it on a HostExecutor's lane; ``copy`` (only with an executor)
+    says that ``fn`` is the compiled copy with MEMCPY_LAYOUT user data, which the
+    executor shares out among its threads.
+    """
+
+    kind: str
+    fn: int
+    arg: int
+    owner: Any
+    executor: Any = None
+    copy: bool = False
+
+    @property
+    def trampoline(self) -> int:
+        """The native trampoline that runs it on a stream."""
+        if self.copy:
+            return _core.EXEC_COPY  # finds the executor's pool in the record's context
+        return _core.RUN_PYTHON if self.kind == "python" else _core.RUN_COMPILED
 
 
 class Backend:
@@ -153,24 +182,28 @@ class Backend:
 
     def enqueue(
         self,
-        handle: int,
-        trampoline: int,
-        fn: int,
-        arg: int,
-        owned: Any,
+        target: int,
+        launch: Launch,
         enqueue_fn: int = 0,
         call: str = "cuLaunchHostFunc",
         context: tuple = (),
     ) -> bool:
-        """Enqueue ``trampoline`` for ``fn(arg)`` with a record that owns ``owned``.
+        """Enqueue ``launch`` on ``target`` (a stream's handle, an executor's lane).
 
         Returns False, having enqueued nothing, if the stream is capturing.
         ``enqueue_fn`` replaces the backend's own (simulated device work, an
         executor's lane); ``call`` names the driver call in errors; ``context`` is
         the record's context (an executor's copy: its pool).
         """
-        enqueue_fn = enqueue_fn or self.enqueue_fn
-        status = _core.enqueue(enqueue_fn, handle, trampoline, fn, arg, owned, *context)
+        status = _core.enqueue(
+            enqueue_fn or self.enqueue_fn,
+            target,
+            launch.trampoline,
+            launch.fn,
+            launch.arg,
+            launch.owner,
+            *context,
+        )
         if status == _core.CAPTURING:
             return False
         if status:
