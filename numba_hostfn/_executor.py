@@ -20,8 +20,8 @@ from typing import Any
 
 from . import _core
 from ._compat import register_first_atexit
-from ._errors import SIMULATOR_ENV, CudaDriverError
-from ._process import forked, get_backend
+from ._errors import CudaDriverError
+from ._process import SIMULATOR_ENV, forked, get_backend
 
 __all__ = [
     "HostExecutor",

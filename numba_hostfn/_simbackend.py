@@ -7,7 +7,6 @@ from typing import Any
 
 from . import _core
 from ._backend import Backend, in_host_function_error
-from ._errors import SIMULATOR_ENV
 
 __all__ = ["SimulatorBackend"]
 
@@ -18,10 +17,15 @@ class SimulatorBackend(Backend):
     name = "simulator"
     names_driver_calls = False  # its enqueue functions are no driver calls
 
-    def __init__(self, chosen_because: str = "") -> None:
+    def __init__(
+        self, chosen_because: str = "", requested: str = "the program selected the simulator"
+    ) -> None:
         super().__init__()
         #: Why the simulator is in use when the program did not ask (no driver found).
         self.chosen_because = chosen_because
+        #: Why it is in use when the program asked, as errors say it (``_process``,
+        #: which owns the switch, names it).
+        self.requested = requested
         if _core.sim_context_start():
             raise RuntimeError("the simulator could not start its host-function thread")
         # Device faults: the watchdog queries the simulated streams (native/watchdog.c).
@@ -33,6 +37,12 @@ class SimulatorBackend(Backend):
         #: handle -> the simulator's capture object, while that stream captures.
         self.captures: dict[int, Any] = {}
 
+    @classmethod
+    def register_stream_type(cls, stream_type: type) -> None:
+        """The simulator's own stream type, whose launches the native host_launch takes:
+        ``_simulator.Stream``, a layer above, registers itself at import."""
+        cls.stream_type = stream_type
+
     def stream_handle(self, stream: Any, handle: int) -> int:
         if self.streams.get(handle) is None:
             if self.chosen_because:
@@ -41,7 +51,7 @@ class SimulatorBackend(Backend):
                     "CUDA streams need a machine with a usable CUDA driver and device"
                 )
             else:
-                why = f"{SIMULATOR_ENV} is set: unset it to use real CUDA streams"
+                why = self.requested
             raise TypeError(
                 "the simulator backend runs host functions only on numba_hostfn.simulator."
                 "Stream objects (or objects whose __cuda_stream__ gives an open one's "
