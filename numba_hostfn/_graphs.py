@@ -29,7 +29,6 @@ captured into a child graph, embedded after the given node.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from . import _core
@@ -107,7 +106,7 @@ def add_graph_node(backend: Backend, after: Any, launch: Launch) -> Any:
 def _slot_record(backend: Backend, graph: Any, launch: Launch) -> Any:
     """Arm a graph slot of the launch's executor, owned by ``graph``'s record; return it."""
     slot = graph_slot_of(launch.executor)
-    owned = dataclasses.replace(launch, owner=(launch.owner, slot))
+    owned = launch._replace(owner=(launch.owner, slot))
     node_fn, node_arg, _ = _graph_record(backend, graph, owned)
     if launch.copy:  # the pool's own (parallel) copy of the MEMCPY_LAYOUT at arg
         node_fn, node_arg = 0, launch.arg
