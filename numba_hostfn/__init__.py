@@ -11,7 +11,6 @@ docs/threading.md.
 from . import simulator
 from ._drain import drain, pending
 from ._errors import (
-    SIMULATOR_ENV,
     BackendUnavailableError,
     CudaDriverError,
     DeviceFaultError,
@@ -31,6 +30,7 @@ from ._hostfunction import CUhostFn, HostFunction, host_callback
 from ._launch import host_launch
 from ._notify import async_done, done_future, dropped_callbacks
 from ._numba_cuda import add_callback
+from ._process import SIMULATOR_ENV
 from ._process import get_backend as _get_backend
 from ._process import simulator_unless_driver as _simulator_unless_driver
 from ._userdata import ByRef, Record, by_ref, record

@@ -15,7 +15,7 @@ import numpy as np
 from numba import carray
 
 from . import _process
-from ._errors import SIMULATOR_ENV
+from ._process import SIMULATOR_ENV
 
 
 def _choose_backend() -> str:

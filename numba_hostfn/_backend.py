@@ -10,13 +10,53 @@ means the same thing on both.
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, NamedTuple, NoReturn
 
 from . import _core
-from ._errors import FAULT_NAMES, DeviceFaultError
+from ._errors import FAULT_NAMES, CudaDriverError, DeviceFaultError
 from ._records import LaunchRecords
 
-__all__ = ["Backend"]
+__all__ = ["Backend", "Launch", "in_host_function_error"]
+
+_CURESULT_MASK = 0xFFFFFFFF  # nhf.h's NHF_CURESULT_MASK: a driver call's CUresult
+#: How a task that an executor's wait left behind goes on (status KEPT).
+_KEPT = "the task runs when the stream reaches it, but the stream does not wait for it"
+
+
+#: Each launch kind's trampoline on a stream, from the native table (``_classify.KINDS``
+#: is the whole row; this module sits below ``_classify``).
+_RUN = {row[1]: row[2] for row in _core.launch_kinds()}
+
+
+class Launch(NamedTuple):
+    """One launch, decided once (``_enqueue.enqueue``, where ``_classify``'s answer
+    meets the user data) and passed whole to the enqueue and the graph paths.
+
+    ``kind`` is ``_classify``'s: "compiled", "pointer" or "python".  The trampoline
+    calls ``fn(arg)`` (for a Python callable, the callable at ``arg``); the launch's
+    record owns ``owner`` until it has run (in a graph, until the graph is gone).
+    ``executor`` runs it on a HostExecutor's lane; ``copy`` (only with an executor)
+    says that ``fn`` is the compiled copy with MEMCPY_LAYOUT user data, which the
+    executor shares out among its threads.
+
+    A value, immutable: a NamedTuple rather than a frozen dataclass, whose
+    construction (object.__setattr__ per field) cost about 1 us more per launch on
+    the Python path (timeit on the simulator; a NamedTuple's, about 0.2 us).
+    """
+
+    kind: str
+    fn: int
+    arg: int
+    owner: Any
+    executor: Any = None
+    copy: bool = False
+
+    @property
+    def trampoline(self) -> int:
+        """The native trampoline that runs it on a stream."""
+        if self.copy:
+            return _core.EXEC_COPY  # finds the executor's pool in the record's context
+        return _RUN[self.kind]  # the native table of launch kinds (native/kinds.c)
 
 
 class Backend:
@@ -39,13 +79,89 @@ class Backend:
         """Vet ``stream`` (whose ``__cuda_stream__`` gave ``handle``); return the handle."""
         return handle
 
-    def raise_refusal(self, status: int, call: str) -> None:  # pragma: no cover
-        """Raise the error for an enqueue function's nonzero status."""
-        raise NotImplementedError
+    #: Whether the enqueue functions are driver calls, named in a refusal's message
+    #: (``cuLaunchHostFunc refused``); the simulator's are not.
+    names_driver_calls = True
+    #: The driver call of an executor's wait, refused after its write (status KEPT).
+    executor_wait_call = "cuStreamWaitValue32"
+
+    def raise_refusal(self, status: int, call: str = "cuLaunchHostFunc") -> NoReturn:
+        """Raise the error for an enqueue function's nonzero status (``refusal_error``)."""
+        raise self.refusal_error(status, call)
+
+    def refusal_error(self, status: int, call: str = "cuLaunchHostFunc") -> Exception:
+        """The error of an enqueue function's nonzero status word: the one reading of
+        nhf.h's status words, for both backends.
+
+        ``call`` is the driver call that enqueued (``cuLaunchHostFunc``, an executor's
+        ``cuStreamWriteValue32``).  The word is a CUresult in the low 32 bits and the
+        flags; the combinations each enqueue function of native/ returns, and what each
+        raises: tests/test_refusals.py.  A backend supplies only what differs: the
+        names of its codes (``error_text``), its driver's error (``driver_error``) and
+        whether its calls are named (``names_driver_calls``).
+        """
+        code = status & _CURESULT_MASK
+        if status & _core.IN_HOST_FUNCTION:  # the simulator's: before anything else
+            return in_host_function_error()
+        if status & _core.KEPT:
+            return self._kept_error(status, code)
+        if status & _core.FAULTED or code in FAULT_NAMES:
+            if self.names_driver_calls:
+                return self.fault_error(code, f"nothing was enqueued ({call} refused)")
+            return self.fault_error(code, "nothing was enqueued")
+        if status & _core.EXECUTOR_CLOSED:
+            return RuntimeError("the HostExecutor is closed; create a new one")
+        if status & _core.QUEUE_STOPPED:
+            return RuntimeError("the simulated stream is closed; create a new Stream")
+        if status & _core.OUT_OF_MEMORY:
+            return MemoryError(
+                "numba_hostfn could not allocate what the enqueue needs (a queue entry, an "
+                "executor task or a signal); nothing was enqueued"
+            )
+        if status & _core.CAPTURING:  # a simulated stream began capturing meanwhile
+            return RuntimeError(
+                "the stream began capturing during the enqueue; nothing was enqueued. "
+                "Enqueue before the capture begins, or on the capture itself"
+            )
+        if status & _core.CAPTURE_CHECK_FAILED:
+            call = "cuStreamIsCapturing"
+        return self.driver_error(f"{call} failed: {self.error_text(code)}", code)
+
+    def _kept_error(self, status: int, code: int) -> Exception:
+        """The error of an executor's wait refused after its write (status KEPT): the
+        task was enqueued and will run, but the stream does not wait for it."""
+        if status & _core.FAULTED or code in FAULT_NAMES:
+            return self.fault_error(
+                code, "the HostExecutor task was enqueued, but not the stream's wait for it"
+            )
+        for flag, what in (
+            (_core.QUEUE_STOPPED, "the simulated stream closed"),
+            (_core.CAPTURING, "the simulated stream began capturing"),
+        ):
+            if status & flag:
+                return RuntimeError(f"{what} while a HostExecutor task was enqueued: {_KEPT}")
+        if status & _core.OUT_OF_MEMORY:
+            return MemoryError(
+                "numba_hostfn could not allocate the stream's wait for a HostExecutor task, "
+                f"which was enqueued: {_KEPT}"
+            )
+        return self.driver_error(
+            f"{self.executor_wait_call} failed: {self.error_text(code)}; the task was "
+            "enqueued and runs when the stream reaches it, but the stream does not wait for it",
+            code,
+        )
+
+    def driver_error(self, message: str, code: int) -> Exception:
+        """The error of a failed driver call with CUresult ``code``."""
+        return CudaDriverError(message, code)
 
     def error_name(self, code: int) -> str:
         """The name of a ``CUresult``."""
         return FAULT_NAMES.get(code, f"CUresult {code}")
+
+    def error_text(self, code: int) -> str:
+        """A ``CUresult`` for a message: its name and number where known."""
+        return f"CUresult {code}"
 
     def fault_error(self, code: int, outcome: str, stream: int = 0) -> DeviceFaultError:
         """The error of a device fault ``code``, saying what became of the call (``outcome``).
@@ -73,28 +189,32 @@ class Backend:
 
     def enqueue(
         self,
-        handle: int,
-        trampoline: int,
-        fn: int,
-        arg: int,
-        owned: Any,
+        target: int,
+        launch: Launch,
         enqueue_fn: int = 0,
         call: str = "cuLaunchHostFunc",
         context: tuple = (),
     ) -> bool:
-        """Enqueue ``trampoline`` for ``fn(arg)`` with a record that owns ``owned``.
+        """Enqueue ``launch`` on ``target`` (a stream's handle, an executor's lane).
 
         Returns False, having enqueued nothing, if the stream is capturing.
         ``enqueue_fn`` replaces the backend's own (simulated device work, an
         executor's lane); ``call`` names the driver call in errors; ``context`` is
         the record's context (an executor's copy: its pool).
         """
-        enqueue_fn = enqueue_fn or self.enqueue_fn
-        status = _core.enqueue(enqueue_fn, handle, trampoline, fn, arg, owned, *context)
+        status = _core.enqueue(
+            enqueue_fn or self.enqueue_fn,
+            target,
+            launch.trampoline,
+            launch.fn,
+            launch.arg,
+            launch.owner,
+            *context,
+        )
         if status == _core.CAPTURING:
             return False
         if status:
-            self.raise_refusal(status, call)
+            raise self.refusal_error(status, call)
         return True
 
     # ---- graphs: the capture path and explicit graphs (``_graphs``) ----
@@ -143,3 +263,15 @@ class Backend:
     def add_slot_nodes(self, graph: Any, handle: int, slot: Any) -> None:
         """Capture a graph slot's three operations on stream ``handle`` (``_graphs``)."""
         raise NotImplementedError  # pragma: no cover
+
+
+def in_host_function_error() -> RuntimeError:
+    """The error of work enqueued by a host function (the simulator's ``IN_HOST_FUNCTION``)."""
+    return RuntimeError(
+        "a host function enqueued work on a simulated stream (host_launch, host_copy, "
+        "release_after, a signal or a graph launch): CUDA forbids a host function any "
+        "CUDA call (the driver may refuse it or deadlock), so the simulator refuses it, "
+        "and nothing was enqueued. Enqueue from the program's own threads; to launch "
+        "when a stream gets somewhere, use host_launch(stream, fn, blocking=False): fn "
+        "then runs on a Python thread, where it may launch (docs/threading.md)"
+    )

@@ -10,7 +10,7 @@ from typing import Any
 
 from . import _core
 from ._backend import Backend
-from ._errors import FAULT_NAMES, SIMULATOR_ENV, BackendUnavailableError, CudaDriverError
+from ._errors import FAULT_NAMES, BackendUnavailableError, CudaDriverError
 
 #: Turns the device-fault watchdog on for the CUDA backend (off until an H200 run
 #: has validated it; docs/errors.md).
@@ -18,14 +18,6 @@ WATCHDOG_ENV = "NUMBA_HOSTFN_CUDA_WATCHDOG"
 
 __all__ = ["CudaBackend", "cuda_driver_usable"]
 
-#: How to get the simulator instead, as a BackendUnavailableError says it: the
-#: backend is chosen at first use, so either way works until then, also after
-#: this error (which chose none).
-_USE_SIMULATOR = (
-    "to run on the simulator instead, call numba_hostfn.simulate_without_gpu() or set "
-    f"{SIMULATOR_ENV}=1 (in the environment or os.environ) and try again: the backend "
-    "is chosen at first use, not at import, and this error chose none"
-)
 _CAPTURE_ACTIVE, _CAPTURE_INVALIDATED = 1, 2  # CUstreamCaptureStatus
 _CAPTURE_MODE_RELAXED = 2  # CUstreamCaptureMode
 _HOSTALLOC_PORTABLE_DEVICEMAP = 0x01 | 0x02  # CU_MEMHOSTALLOC_PORTABLE | _DEVICEMAP
@@ -50,16 +42,18 @@ class CudaBackend(Backend):
 
     name = "cuda"
 
-    def __init__(self) -> None:
+    def __init__(self, use_simulator: str = "or run on the simulator") -> None:
+        """``use_simulator`` says how to select the simulator instead (``_process``,
+        which owns that switch), in a BackendUnavailableError."""
         try:
             from cuda.bindings import driver
         except ImportError as exc:  # pragma: no cover - cuda-bindings is a dependency
             raise BackendUnavailableError(
-                f"numba_hostfn needs cuda-bindings for the CUDA backend ({exc}); {_USE_SIMULATOR}"
+                f"numba_hostfn needs cuda-bindings for the CUDA backend ({exc}); {use_simulator}"
             ) from exc
         if not cuda_driver_usable():
             raise BackendUnavailableError(
-                f"numba_hostfn found no usable CUDA driver or device; {_USE_SIMULATOR}"
+                f"numba_hostfn found no usable CUDA driver or device; {use_simulator}"
             )
         super().__init__()
         from cuda.core import Stream
@@ -216,24 +210,6 @@ class CudaBackend(Backend):
     def _check(self, err: Any, call: str) -> None:
         if int(err) != 0:
             raise CudaDriverError(f"{call} failed: {self.error_text(int(err))}", int(err))
-
-    def raise_refusal(self, status: int, call: str) -> None:
-        code = int(status & 0xFFFFFFFF)
-        if status & _core.FAULTED or (code in FAULT_NAMES and not status & _core.KEPT):
-            raise self.fault_error(code, f"nothing was enqueued ({call} refused)")
-        if status & _core.EXECUTOR_CLOSED:
-            raise RuntimeError("the HostExecutor is closed; create a new one")
-        if status & _core.KEPT:
-            raise CudaDriverError(
-                f"cuStreamWaitValue32 failed: {self.error_text(code)}; the task was enqueued "
-                "and runs when the stream reaches it, but the stream does not wait for it",
-                code,
-            )
-        if status & _core.OUT_OF_MEMORY:
-            raise MemoryError("numba_hostfn could not allocate an executor task")
-        if status & _core.CAPTURE_CHECK_FAILED:
-            call = "cuStreamIsCapturing"
-        raise CudaDriverError(f"{call} failed: {self.error_text(code)}", code)
 
     def capture_graph(self, handle: int, builder: bool) -> Any:
         status, graph = ctypes.c_int(), ctypes.c_void_p()

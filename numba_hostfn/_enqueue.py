@@ -11,14 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from . import _core
+from ._backend import Backend, Launch
 from ._classify import KINDS, classify_function
-from ._executor import check_executor, default_lane_of
-from ._graphs import (
-    add_captured_executor_node,
-    add_captured_node,
-    add_executor_graph_node,
-    add_graph_node,
-)
+from ._executor import check_executor, copy_context_of, default_lane_of, lane_of
+from ._graphs import add_captured_node, add_graph_node
 from ._process import get_backend
 from ._streams import stream_handle, target_kind
 from ._userdata import resolve_user_data
@@ -63,7 +59,7 @@ def signal_route(
         lane, address = found
         return (backend.executor_enqueue_fn, address, _core.RUN_COMPILED, lane), driver
     # An executor's task owns the executor: it is collected only with nothing outstanding.
-    route = (backend.executor_enqueue_fn, executor._lane(handle), _core.RUN_COMPILED, executor)
+    route = (backend.executor_enqueue_fn, lane_of(executor, handle), _core.RUN_COMPILED, executor)
     return route, None
 
 
@@ -123,31 +119,24 @@ def enqueue(
     if executor is not None:
         check_executor(executor)
     # The one owner rule, the native path's (native/kinds.c): the function alone
-    # when it is all the launch owns, else (fn, data, also[, executor]).
+    # when it is all the launch owns (no object per launch, so a burst of launches
+    # does not feed the cyclic garbage collector), else (fn, data, also[, executor]).
     owned = _core.launch_owner(fn_owned, data_owned, also_owns, executor)
+    # Only an executor shares a copy out among its threads: else the copy is fn(arg).
+    launch = Launch(kind, address, arg, owned, executor, parallel_copy and executor is not None)
     if kind_of_target == "node":
-        if executor is not None:
-            return add_executor_graph_node(
-                backend, executor, target, kind, address, arg, owned, parallel_copy
-            )
-        return add_graph_node(backend, target, kind, address, arg, owned)
-    trampoline = launch_kind.run
+        return add_graph_node(backend, target, launch)
     builder = kind_of_target == "builder"
-    if executor is not None:
-        while True:
-            if not builder and _executor_enqueue(
-                backend, executor, handle, trampoline, address, arg, owned, parallel_copy
-            ):
-                return None
-            if add_captured_executor_node(
-                backend, executor, handle, kind, address, arg, owned, parallel_copy, builder
-            ):
-                return None
     enqueue_fn = backend.device_enqueue_fn if as_device_work else 0
     while True:
-        if not builder and backend.enqueue(handle, trampoline, address, arg, owned, enqueue_fn):
-            return None
-        if add_captured_node(backend, handle, kind, address, arg, owned, builder, as_device_work):
+        if not builder:
+            if executor is None:
+                enqueued = backend.enqueue(handle, launch, enqueue_fn)
+            else:
+                enqueued = _executor_enqueue(backend, handle, launch)
+            if enqueued:
+                return None
+        if add_captured_node(backend, handle, launch, builder, as_device_work):
             return None
         # The capture ended between the two checks: enqueue on the stream.
 
@@ -162,29 +151,12 @@ def user_data_with_callable(fn: Any) -> ValueError:
     )
 
 
-def _executor_enqueue(
-    backend: Any,
-    executor: Any,
-    handle: int,
-    trampoline: int,
-    fn: int,
-    arg: int,
-    owned: Any,
-    parallel_copy: bool,
-) -> bool:
+def _executor_enqueue(backend: Backend, handle: int, launch: Launch) -> bool:
     """Enqueue on the executor's lane for stream ``handle``; False if it is capturing."""
-    lane = executor._lane(handle)
+    executor = launch.executor
     # The executor's copy trampoline finds its pool in the record's context.
-    context = (executor._pool,) if parallel_copy else ()
-    if parallel_copy:
-        trampoline = _core.EXEC_COPY
+    context = copy_context_of(executor) if launch.copy else ()
+    lane = lane_of(executor, handle)
     return backend.enqueue(
-        lane,
-        trampoline,
-        fn,
-        arg,
-        owned,
-        backend.executor_enqueue_fn,
-        "cuStreamWriteValue32",
-        context,
+        lane, launch, backend.executor_enqueue_fn, "cuStreamWriteValue32", context
     )

@@ -17,9 +17,6 @@ __all__ = [
     "SimulatorUnsupportedError",
 ]
 
-#: The environment variable that selects the simulator backend.
-SIMULATOR_ENV = "NUMBA_HOSTFN_SIMULATOR"
-
 
 class HostCallbackCompileError(TypeError):
     """Raised by :func:`~numba_hostfn.host_callback` if numba cannot compile the body.

@@ -20,10 +20,18 @@ from typing import Any
 
 from . import _core
 from ._compat import register_first_atexit
-from ._errors import SIMULATOR_ENV, CudaDriverError
-from ._process import forked, get_backend
+from ._errors import CudaDriverError
+from ._process import SIMULATOR_ENV, forked, get_backend
 
-__all__ = ["HostExecutor"]
+__all__ = [
+    "HostExecutor",
+    "check_executor",
+    "copy_context_of",
+    "default_lane",
+    "default_lane_of",
+    "graph_slot_of",
+    "lane_of",
+]
 
 _WORDS_PER_BLOCK = 512  # lanes per block of pinned memory (8 bytes each: a page)
 
@@ -116,13 +124,16 @@ class HostExecutor(_core.ExecutorBase):
         get_backend()  # in a forked child: RuntimeError, naming spawn
         return self._outstanding()
 
-    def _lane(self, handle: int) -> int:
-        """The lane (its words and task queue) for stream ``handle``, made on first use."""
+    def _lane(self, handle: int, most: int = 0) -> int:
+        """The lane (its words and task queue) for stream ``handle``, made on first use
+        (``lane_of``); 0 if it has none and already ``most`` lanes (where given)."""
         if self._closed:
             raise RuntimeError("the HostExecutor is closed; create a new one")
         lane = self._lanes.get(handle)
         if lane is not None:
             return lane
+        if most and len(self._lanes) >= most:
+            return 0
         with self._lock:
             lane = self._lanes.get(handle)
             if lane is None:
@@ -222,6 +233,27 @@ def check_executor(executor: Any) -> HostExecutor:
     return executor
 
 
+# ---- the executor's lane API, for the package's enqueue, graph and signal paths ----
+
+
+def lane_of(executor: HostExecutor, handle: int, most: int = 0) -> int:
+    """The address of ``executor``'s lane for stream ``handle`` (the target of its
+    enqueue function), made on first use; 0 if it has none yet and already ``most``
+    lanes (where given).  RuntimeError if the executor is closed."""
+    return executor._lane(handle, most)
+
+
+def graph_slot_of(executor: HostExecutor) -> _core.GraphSlot:
+    """A disarmed graph slot of ``executor`` for one graph node (``_graphs``)."""
+    return executor._graph_slot()
+
+
+def copy_context_of(executor: HostExecutor) -> tuple[int]:
+    """The record context of ``executor``'s parallel copy: its pool, where the copy
+    trampoline (``EXEC_COPY``) finds the threads to share the copy out among."""
+    return (executor._pool,)
+
+
 # ---- the default lane: async_done and done_future without executor= ----
 
 #: Streams the default lane serves at most: its thread walks every lane at each
@@ -290,15 +322,11 @@ def default_lane_of(handle: int) -> tuple[_DefaultLane, int] | None:
     lane = default_lane()
     if lane is None:
         return None
-    found = lane._lanes.get(handle)
-    if found is not None:
-        return lane, found
-    if len(lane._lanes) >= DEFAULT_LANE_STREAMS:
-        return None
     try:
-        return lane, lane._lane(handle)
+        address = lane_of(lane, handle, DEFAULT_LANE_STREAMS)
     except Exception:  # closed at exit meanwhile, or no pinned memory here: the driver's path
         return None
+    return (lane, address) if address else None  # 0: past its streams, the driver's path
 
 
 def _close_default_lane() -> None:

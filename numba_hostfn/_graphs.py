@@ -31,21 +31,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._backend import Backend, Launch
 from ._classify import KINDS
 from ._errors import SimulatorUnsupportedError
+from ._executor import graph_slot_of
 from ._hostfunction import CUhostFn
 
-__all__ = [
-    "add_captured_executor_node",
-    "add_captured_node",
-    "add_executor_graph_node",
-    "add_graph_node",
-]
+__all__ = ["add_captured_node", "add_graph_node"]
 
 
-def _graph_record(
-    backend: Any, graph: Any, kind: str, fn: int, arg: int, owner: Any
-) -> tuple[int, int, int]:
+def _graph_record(backend: Backend, graph: Any, launch: Launch) -> tuple[int, int, int]:
     """Take the record ``graph`` owns from the start; return ``(node_fn, node_arg, record)``.
 
     Owned first, in one native call, and never undone: whatever happens after it (a
@@ -53,38 +48,36 @@ def _graph_record(
     released with the graph, never while a node of it may still replay (issue 27:
     undoing after an add that had succeeded freed what the replays used).
     """
-    record = backend.graph_record(graph, fn, arg, owner)
-    launch_kind = KINDS[kind]  # the native table: can fn(arg) itself be the node?
+    record = backend.graph_record(graph, launch.fn, launch.arg, launch.owner)
+    launch_kind = KINDS[launch.kind]  # the native table: can fn(arg) itself be the node?
     if not launch_kind.graph_node:
         return launch_kind.replay, record, record
-    return fn, arg, record
+    return launch.fn, launch.arg, record
 
 
 def add_captured_node(
-    backend: Any,
-    handle: int,
-    kind: str,
-    fn: int,
-    arg: int,
-    owner: Any,
-    builder: bool,
-    device: bool = False,
+    backend: Backend, handle: int, launch: Launch, builder: bool, device: bool = False
 ) -> bool:
-    """Add ``fn(arg)`` to the graph being captured on stream ``handle``, owned by it.
+    """Add ``launch`` to the graph being captured on stream ``handle``, owned by it
+    (on its executor: a graph slot's three operations).
 
     Returns False, having done nothing, if the stream is not capturing (and
     ``builder`` is false).  Raises RuntimeError, with nothing added and
-    nothing kept, if the capture cannot own a node.
+    nothing kept, if the capture cannot own a node.  A failure after the graph
+    owns the node's record leaves it there, released with the graph.
     """
     graph = backend.capture_graph(handle, builder)
     if graph is None:
         return False
-    node_fn, node_arg, _ = _graph_record(backend, graph, kind, fn, arg, owner)
+    if launch.executor is not None:
+        backend.add_slot_nodes(graph, handle, _slot_record(backend, graph, launch))
+        return True
+    node_fn, node_arg, _ = _graph_record(backend, graph, launch)
     backend.add_captured_node(graph, handle, node_fn, node_arg, device)
     return True
 
 
-def _explicit_graph(backend: Any, after: Any) -> tuple[type, int]:
+def _explicit_graph(backend: Backend, after: Any) -> tuple[type, int]:
     """cuda.core's class whose builder methods to call on ``after``, and its CUgraph."""
     if backend.name != "cuda":
         raise SimulatorUnsupportedError(
@@ -98,56 +91,25 @@ def _explicit_graph(backend: Any, after: Any) -> tuple[type, int]:
     return base, int(definition.handle)
 
 
-def add_graph_node(backend: Any, after: Any, kind: str, fn: int, arg: int, owner: Any) -> Any:
-    """Add ``fn(arg)`` to an explicit cuda.core graph after ``after``; return the new node."""
+def add_graph_node(backend: Backend, after: Any, launch: Launch) -> Any:
+    """Add ``launch`` to an explicit cuda.core graph after ``after``; return the new node
+    (on its executor: a child graph of a graph slot's three operations)."""
     base, graph = _explicit_graph(backend, after)
-    node_fn, node_arg, _ = _graph_record(backend, graph, kind, fn, arg, owner)
+    if launch.executor is not None:
+        slot = _slot_record(backend, graph, launch)
+        return base.embed(after, backend.slot_graph(slot))
+    node_fn, node_arg, _ = _graph_record(backend, graph, launch)
     # A fresh CUhostFn: cuda.core would take a numba CFunc (callable) for a Python
     # callable.  The record owns the code it points to.
     return base.callback(after, CUhostFn(node_fn), user_data=node_arg)
 
 
-def _slot_record(
-    backend: Any, graph: Any, executor: Any, kind: str, fn: int, arg: int, owner: Any, copy: bool
-) -> Any:
-    """Arm a graph slot of ``executor`` for the node, owned by ``graph``'s record; return it."""
-    slot = executor._graph_slot()
-    node_fn, node_arg, _ = _graph_record(backend, graph, kind, fn, arg, (owner, slot))
-    if copy:  # the pool's own (parallel) copy of the MEMCPY_LAYOUT at arg
-        node_fn, node_arg = 0, arg
-    slot.arm(node_fn, node_arg, copy)  # RuntimeError if the executor is closing
+def _slot_record(backend: Backend, graph: Any, launch: Launch) -> Any:
+    """Arm a graph slot of the launch's executor, owned by ``graph``'s record; return it."""
+    slot = graph_slot_of(launch.executor)
+    owned = launch._replace(owner=(launch.owner, slot))
+    node_fn, node_arg, _ = _graph_record(backend, graph, owned)
+    if launch.copy:  # the pool's own (parallel) copy of the MEMCPY_LAYOUT at arg
+        node_fn, node_arg = 0, launch.arg
+    slot.arm(node_fn, node_arg, launch.copy)  # RuntimeError if the executor is closing
     return slot
-
-
-def add_captured_executor_node(
-    backend: Any,
-    executor: Any,
-    handle: int,
-    kind: str,
-    fn: int,
-    arg: int,
-    owner: Any,
-    copy: bool,
-    builder: bool,
-) -> bool:
-    """Add an executor node for ``fn(arg)`` to the capture on stream ``handle``.
-
-    Returns False, having done nothing, if the stream is not capturing (and
-    ``builder`` is false).  A failure after the graph owns the node's record
-    leaves it there, released with the graph.
-    """
-    graph = backend.capture_graph(handle, builder)
-    if graph is None:
-        return False
-    slot = _slot_record(backend, graph, executor, kind, fn, arg, owner, copy)
-    backend.add_slot_nodes(graph, handle, slot)
-    return True
-
-
-def add_executor_graph_node(
-    backend: Any, executor: Any, after: Any, kind: str, fn: int, arg: int, owner: Any, copy: bool
-) -> Any:
-    """Add an executor node to an explicit cuda.core graph after ``after``; return it."""
-    base, graph = _explicit_graph(backend, after)
-    slot = _slot_record(backend, graph, executor, kind, fn, arg, owner, copy)
-    return base.embed(after, backend.slot_graph(slot))

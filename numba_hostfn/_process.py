@@ -12,10 +12,10 @@ from typing import Any
 
 from ._backend import Backend
 from ._cuda import CudaBackend, cuda_driver_usable
-from ._errors import SIMULATOR_ENV
 from ._simbackend import SimulatorBackend
 
 __all__ = [
+    "SIMULATOR_ENV",
     "forked",
     "get_backend",
     "on_backend",
@@ -23,6 +23,20 @@ __all__ = [
     "simulator_unless_driver",
     "use_simulator",
 ]
+
+#: The environment variable that selects the simulator backend (this module's switch).
+SIMULATOR_ENV = "NUMBA_HOSTFN_SIMULATOR"
+
+#: How to get the simulator instead, as a BackendUnavailableError says it: the
+#: backend is chosen at first use, so either way works until then, also after
+#: this error (which chose none).
+_USE_SIMULATOR = (
+    "to run on the simulator instead, call numba_hostfn.simulate_without_gpu() or set "
+    f"{SIMULATOR_ENV}=1 (in the environment or os.environ) and try again: the backend "
+    "is chosen at first use, not at import, and this error chose none"
+)
+#: Why the simulator runs when the program asked for it, as its errors say it.
+_SIMULATOR_REQUESTED = f"{SIMULATOR_ENV} is set: unset it to use real CUDA streams"
 
 _lock = threading.Lock()
 _backend: Backend | None = None
@@ -57,9 +71,11 @@ def get_backend() -> Backend:
     with _lock:
         if _backend is None:
             if simulator_requested():
-                backend: Backend = SimulatorBackend(_simulator_chosen_because)
+                backend: Backend = SimulatorBackend(
+                    _simulator_chosen_because, requested=_SIMULATOR_REQUESTED
+                )
             else:
-                backend = CudaBackend()
+                backend = CudaBackend(use_simulator=_USE_SIMULATOR)
             for callback in _on_backend:
                 callback(backend)
             _backend = backend

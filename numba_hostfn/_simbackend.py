@@ -6,8 +6,7 @@ import weakref
 from typing import Any
 
 from . import _core
-from ._backend import Backend
-from ._errors import SIMULATOR_ENV
+from ._backend import Backend, in_host_function_error
 
 __all__ = ["SimulatorBackend"]
 
@@ -16,11 +15,17 @@ class SimulatorBackend(Backend):
     """Enqueue on simulated streams: native queues, and one host-function thread."""
 
     name = "simulator"
+    names_driver_calls = False  # its enqueue functions are no driver calls
 
-    def __init__(self, chosen_because: str = "") -> None:
+    def __init__(
+        self, chosen_because: str = "", requested: str = "the program selected the simulator"
+    ) -> None:
         super().__init__()
         #: Why the simulator is in use when the program did not ask (no driver found).
         self.chosen_because = chosen_because
+        #: Why it is in use when the program asked, as errors say it (``_process``,
+        #: which owns the switch, names it).
+        self.requested = requested
         if _core.sim_context_start():
             raise RuntimeError("the simulator could not start its host-function thread")
         # Device faults: the watchdog queries the simulated streams (native/watchdog.c).
@@ -32,6 +37,12 @@ class SimulatorBackend(Backend):
         #: handle -> the simulator's capture object, while that stream captures.
         self.captures: dict[int, Any] = {}
 
+    @classmethod
+    def register_stream_type(cls, stream_type: type) -> None:
+        """The simulator's own stream type, whose launches the native host_launch takes:
+        ``_simulator.Stream``, a layer above, registers itself at import."""
+        cls.stream_type = stream_type
+
     def stream_handle(self, stream: Any, handle: int) -> int:
         if self.streams.get(handle) is None:
             if self.chosen_because:
@@ -40,7 +51,7 @@ class SimulatorBackend(Backend):
                     "CUDA streams need a machine with a usable CUDA driver and device"
                 )
             else:
-                why = f"{SIMULATOR_ENV} is set: unset it to use real CUDA streams"
+                why = self.requested
             raise TypeError(
                 "the simulator backend runs host functions only on numba_hostfn.simulator."
                 "Stream objects (or objects whose __cuda_stream__ gives an open one's "
@@ -48,25 +59,9 @@ class SimulatorBackend(Backend):
             )
         return handle
 
-    def raise_refusal(self, status: int, call: str = "") -> None:
-        if status & _core.IN_HOST_FUNCTION:
-            _refuse_in_host_function()
-        if status & _core.FAULTED:
-            raise self.fault_error(status & 0xFFFFFFFF, "nothing was enqueued")
-        if status & _core.EXECUTOR_CLOSED:
-            raise RuntimeError("the HostExecutor is closed; create a new one")
-        if status & _core.QUEUE_STOPPED:
-            if status & _core.KEPT:
-                raise RuntimeError(
-                    "the simulated stream closed while a HostExecutor task was enqueued: the "
-                    "task runs when the stream reaches it, but the stream does not wait for it"
-                )
-            raise RuntimeError("the simulated stream is closed; create a new Stream")
-        raise MemoryError("the simulator could not allocate a queue entry")
-
     def capture_graph(self, handle: int, builder: bool) -> Any:
         if _core.sim_in_host_function():  # a GraphBuilder's capture enqueues nothing first
-            _refuse_in_host_function()
+            raise in_host_function_error()
         capture = self.captures.get(handle)
         if capture is None and builder:
             raise RuntimeError(
@@ -90,15 +85,3 @@ class SimulatorBackend(Backend):
 
     def executor_memory(self, nbytes: int) -> int:
         return _core.host_words(nbytes)  # never freed: a stream may still wait on it
-
-
-def _refuse_in_host_function() -> None:
-    """Raise for work enqueued by a host function (the simulator's ``IN_HOST_FUNCTION``)."""
-    raise RuntimeError(
-        "a host function enqueued work on a simulated stream (host_launch, host_copy, "
-        "release_after, a signal or a graph launch): CUDA forbids a host function any "
-        "CUDA call (the driver may refuse it or deadlock), so the simulator refuses it, "
-        "and nothing was enqueued. Enqueue from the program's own threads; to launch "
-        "when a stream gets somewhere, use host_launch(stream, fn, blocking=False): fn "
-        "then runs on a Python thread, where it may launch (docs/threading.md)"
-    )

@@ -25,8 +25,8 @@ from typing import Any
 from . import _core
 from ._classify import classify_function
 from ._enqueue import enqueue
-from ._errors import SIMULATOR_ENV, SimulatorUnsupportedError
-from ._process import forked, get_backend
+from ._errors import SimulatorUnsupportedError
+from ._process import SIMULATOR_ENV, forked, get_backend
 from ._simbackend import SimulatorBackend
 
 __all__ = ["Graph", "GraphBuilder", "Stream", "new_context"]
@@ -294,7 +294,7 @@ class Graph:
         self._native.release()
 
 
-SimulatorBackend.stream_type = Stream  # the native host_launch takes its launches
+SimulatorBackend.register_stream_type(Stream)
 
 
 def new_context() -> None:

@@ -21,7 +21,7 @@ import numba_hostfn
 import numba_hostfn._hostfunction
 import numba_hostfn._process
 import numba_hostfn._simulator
-from numba_hostfn._errors import SIMULATOR_ENV
+from numba_hostfn._process import SIMULATOR_ENV
 
 ROOT = pathlib.Path(__file__).parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
