@@ -262,6 +262,8 @@ def copy_context_of(executor: HostExecutor) -> tuple[int]:
 #: thread, as without the lane.  Also half a block of words: it never allocates
 #: pinned memory after its first block.
 DEFAULT_LANE_STREAMS = 256
+#: CUDA's default-stream handles, 0 to 2: see default_lane_of.
+_DEFAULT_STREAM_HANDLES = 2
 
 
 class _DefaultLane(HostExecutor):
@@ -318,7 +320,14 @@ def default_lane() -> _DefaultLane | None:
 
 def default_lane_of(handle: int) -> tuple[_DefaultLane, int] | None:
     """``(the default lane, its lane for stream handle)``, or None: then the
-    signal takes the driver's thread, exactly as without the lane."""
+    signal takes the driver's thread, exactly as without the lane.
+
+    Not for CUDA's default-stream handles (0, ``CU_STREAM_LEGACY`` 0x1,
+    ``CU_STREAM_PER_THREAD`` 0x2): each names another stream in each context (0x2
+    in each thread too), and one lane keyed by the handle would share its words
+    among them, so a wait could resolve when *another* stream got there."""
+    if handle <= _DEFAULT_STREAM_HANDLES:
+        return None
     lane = default_lane()
     if lane is None:
         return None

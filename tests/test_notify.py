@@ -613,8 +613,25 @@ def test_a_burst_of_waits_resolves_in_order(stream):
             assert order == list(range(n))
 
     asyncio.run(main())
-    nh.drain()
+    for _ in range(1000):  # the default lane's thread retires its last tasks just after
+        nh.drain()
+        if nh.pending() == 0:
+            break
+        time.sleep(0.005)
     assert nh.pending() == 0
+
+
+def test_the_default_lane_never_serves_a_default_stream_handle(stream):
+    """CUDA's default-stream handles (0, 0x1, 0x2) name another stream in each context
+    (0x2 in each thread too): a lane keyed by the handle would share its words among
+    them, and a wait could resolve when another stream got there.  Their waits take the
+    driver's thread; a created stream's take the lane (before: any handle did)."""
+    from numba_hostfn import _executor
+
+    handle = int(stream.handle)
+    assert _executor.default_lane_of(handle) is not None
+    for special in (0, 1, 2):
+        assert _executor.default_lane_of(special) is None
 
 
 def test_async_done_resolves_waits_in_the_order_streams_get_there(device):

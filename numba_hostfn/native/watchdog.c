@@ -429,12 +429,17 @@ static int nhf_cuda_query_context(void *ctx) {
             return CUDA_ERROR_NOT_READY; /* not queried: that could invalidate a capture */
         relaxed = true;
     }
-    int rc = atomic_load(&cuda_watch.push)(ctx);
+    cu_ctx_push push = atomic_load(&cuda_watch.push);
+    cu_stream_query query = atomic_load(&cuda_watch.query);
+    cu_ctx_pop pop = atomic_load(&cuda_watch.pop);
+    if (push == NULL || query == NULL || pop == NULL)
+        return CUDA_ERROR_NOT_READY; /* configured before set_cuda_watch: nothing to ask */
+    int rc = push(ctx);
     if (rc != 0)
         return rc; /* a destroyed context: not a fault (not_a_fault) */
-    rc = atomic_load(&cuda_watch.query)(CU_STREAM_PER_THREAD);
+    rc = query(CU_STREAM_PER_THREAD);
     void *popped = NULL;
-    (void)atomic_load(&cuda_watch.pop)(&popped);
+    (void)pop(&popped);
     return rc;
 }
 
