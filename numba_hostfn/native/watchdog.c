@@ -298,13 +298,24 @@ static bool park_locked(void) {
 
 /* The watchdog's thread (native, named nhf-watchdog): it touches CPython only
  * through nhf_record_complete and the failed signal's push, inside the guard. */
-static _Thread_local bool on_watchdog; /* this thread is a watchdog's */
+/* The running watchdog thread (pthread_self() as an integer; 0 while none runs),
+ * and whether its capture mode is relaxed yet (the CUDA query's; touched by that
+ * one thread only, reset as each starts: a new thread starts only after the last
+ * one cleared dog.started under dog.mutex).  Not _Thread_local: the dynamic TLS
+ * of a dlopen'ed module is allocated lazily by the loader, which ThreadSanitizer
+ * reports as a race at thread exit (simulator.c, trampolines.c: pthread keys). */
+static atomic_ulong watchdog_self;
+static bool watchdog_relaxed;
 
-bool nhf_on_watchdog_thread(void) { return on_watchdog; }
+bool nhf_on_watchdog_thread(void) {
+    unsigned long self = atomic_load_explicit(&watchdog_self, memory_order_relaxed);
+    return self != 0 && pthread_equal((pthread_t)self, pthread_self());
+}
 
 static void *dog_main(void *unused) {
     (void)unused;
-    on_watchdog = true;
+    watchdog_relaxed = false;
+    atomic_store(&watchdog_self, (unsigned long)pthread_self());
     (void)prctl(PR_SET_NAME, "nhf-watchdog", 0UL, 0UL, 0UL);
     survey s = {NULL, 0, 0, 0};
     long interval = atomic_load(&dog.first_ns);
@@ -339,6 +350,7 @@ static void *dog_main(void *unused) {
                 atomic_store(&dog.active, 1);
         }
     }
+    atomic_store(&watchdog_self, 0UL);
     pthread_mutex_unlock(&dog.mutex);
     free(s.pairs);
     return NULL;
@@ -419,15 +431,14 @@ static struct {
  * thread's capture in global mode (torch's default): without it, it does (seen
  * on the H200).  The mode is the thread's, and a watchdog thread that ended
  * (idle) is followed by a new one, which may have the same pthread_t: so the
- * flag is thread-local. */
+ * flag is reset as each watchdog thread starts (dog_main), not kept by id. */
 static int nhf_cuda_query_context(void *ctx) {
-    static _Thread_local bool relaxed;
-    if (!relaxed) {
+    if (!watchdog_relaxed) {
         int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
         cu_exchange_capture_mode exchange = atomic_load(&cuda_watch.exchange_mode);
         if (exchange == NULL || exchange(&mode) != 0)
             return CUDA_ERROR_NOT_READY; /* not queried: that could invalidate a capture */
-        relaxed = true;
+        watchdog_relaxed = true;
     }
     cu_ctx_push push = atomic_load(&cuda_watch.push);
     cu_stream_query query = atomic_load(&cuda_watch.query);
