@@ -205,6 +205,7 @@ CLOSE_SCRIPT = (
             other.close()
             cases += 1
     settle(lambda: nh.pending() == 0)
+    settle(lambda: native_threads() == threads)  # a detached stream thread ends on its own
     print("cases", cases, "ran", int(counter[0]) == 10 * len(lines_of(nh.HostExecutor.close)),
           "threads left", native_threads() - threads, executors_left, "pending", nh.pending())
 """)
