@@ -12,6 +12,8 @@ __all__ = [
     "Capture",
     "Hold",
     "armed_fault",
+    "watchdog_polled",
+    "watchdog_threads",
     "held_records",
     "assert_no_ignored_errors",
     "run_child",
@@ -325,6 +327,32 @@ def armed_fault(device, stream, delay: float = 0.0):
         device.fault(stream, delay)
         return hold.release
     return device.armed_fault(stream, delay)
+
+
+def watchdog_threads() -> int:
+    """How many threads of this process are named nhf-watchdog (native/watchdog.c)."""
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:
+            pass  # the thread ended meanwhile
+    return names.count("nhf-watchdog")
+
+
+def watchdog_polled(more: int = 3, rounds: int = 5000) -> bool:
+    """Wait until the watchdog has polled ``more`` times (a bounded wait)."""
+    import time
+
+    from numba_hostfn import _core
+
+    start = _core.watchdog_stats()["polls"]
+    for _ in range(rounds):
+        if _core.watchdog_stats()["polls"] >= start + more:
+            return True
+        time.sleep(0.001)
+    return False
 
 
 def held_records(device) -> int:

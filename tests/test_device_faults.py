@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 import pytest
-from _device import CHILD_PREAMBLE, rerun_on_simulator, run_child
+from _device import CHILD_PREAMBLE, rerun_on_simulator, run_child, watchdog_polled
 from numba import carray
 
 import numba_hostfn as nh
@@ -452,16 +452,6 @@ def _increment(p):
     carray(p, (1,), np.int64)[0] += 1
 
 
-def _polls_while(more=3, rounds=3000):
-    """Wait until the watchdog has polled ``more`` times (a bounded wait)."""
-    start = _core.watchdog_stats()["polls"]
-    for _ in range(rounds):
-        if _core.watchdog_stats()["polls"] >= start + more:
-            return True
-        time.sleep(0.001)
-    return False
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("which", ["another stream", "the stream in flight"])
 def test_the_watchdog_never_invalidates_a_capture_in_global_mode(device, stream, which):
@@ -479,7 +469,7 @@ def test_the_watchdog_never_invalidates_a_capture_in_global_mode(device, stream,
         target = other if which == "another stream" else stream
         capture = Capture(target, "global")
         nh.host_launch(target, _increment, user_data=nh.by_ref(counter))  # a graph node
-        assert _polls_while(), "the watchdog did not poll"
+        assert watchdog_polled(), "the watchdog did not poll"
         capture.end()  # asserts that cuStreamEndCapture succeeded: not invalidated
         capture.launch(other)
         other.sync()
@@ -560,15 +550,7 @@ IDLE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     import os, time
     from numba_hostfn import _core
 
-    def watchdogs():
-        names = []
-        for t in os.listdir("/proc/self/task"):
-            try:
-                with open(f"/proc/self/task/{t}/comm") as f:
-                    names.append(f.read().strip())
-            except OSError:
-                pass
-        return names.count("nhf-watchdog")
+    from _device import watchdog_threads as watchdogs
 
     query, context_of = (
         (_core.SIM_QUERY, _core.SIM_CONTEXT_OF) if device.simulator

@@ -9,22 +9,12 @@ relaxed capture mode."""
 from __future__ import annotations
 
 import textwrap
-import time
 
 import pytest
-from _device import CHILD_PREAMBLE, rerun_on_simulator, run_child
+from _device import CHILD_PREAMBLE, rerun_on_simulator, run_child, watchdog_polled
 
 import numba_hostfn as nh
 from numba_hostfn import _core
-
-
-def _polls(more: int = 3, rounds: int = 5000) -> bool:
-    start = _core.watchdog_stats()["polls"]
-    for _ in range(rounds):
-        if _core.watchdog_stats()["polls"] >= start + more:
-            return True
-        time.sleep(0.001)
-    return False
 
 
 def test_the_watchdog_touches_no_stream_handle(request):
@@ -43,7 +33,7 @@ def test_the_watchdog_touches_no_stream_handle(request):
     stream.sleep(0.3)
     for _ in range(10):
         nh.host_launch(stream, lambda: counter.append(1))
-    assert _polls(), "the watchdog did not poll while launches were in flight"
+    assert watchdog_polled(), "the watchdog did not poll while launches were in flight"
     stream.close()  # the simulator runs the queue first
     nh.drain()
     assert len(counter) == 10 and nh.pending() == 0
@@ -88,25 +78,7 @@ def test_a_fault_on_the_default_stream_fails_its_waits(which):
 RESTART_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     import os, time
     from numba_hostfn import _core
-    from _device import Capture
-
-    def polled(more=3):
-        start = _core.watchdog_stats()["polls"]
-        for _ in range(5000):
-            if _core.watchdog_stats()["polls"] >= start + more:
-                return True
-            time.sleep(0.001)
-        return False
-
-    def watchdogs():
-        names = []
-        for t in os.listdir("/proc/self/task"):
-            try:
-                with open(f"/proc/self/task/{t}/comm") as f:
-                    names.append(f.read().strip())
-            except OSError:
-                pass
-        return names.count("nhf-watchdog")
+    from _device import Capture, watchdog_polled as polled, watchdog_threads as watchdogs
 
     _core.watchdog_configure(_core.CUDA_QUERY, _core.CUDA_CONTEXT_OF, 1000, 20000, 50)
     other = device.create_stream()
