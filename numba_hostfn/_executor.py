@@ -262,6 +262,15 @@ def copy_context_of(executor: HostExecutor) -> tuple[int]:
 #: thread, as without the lane.  Also half a block of words: it never allocates
 #: pinned memory after its first block.
 DEFAULT_LANE_STREAMS = 256
+#: Waits the default lane holds outstanding at most, on all its streams: more take
+#: the driver's thread.  Each is one item of device work on its stream (a batch of
+#: two memory operations), and the driver blocks the enqueuing thread once a
+#: stream holds about 1,021 items not yet run (an H200, benchmarks/queue_depth.py;
+#: host functions: 30,000 and no block).  A loop that makes thousands of waits
+#: behind a long host function would block in the driver, and deadlock if that
+#: host function waits for the loop (tests/test_notify.py's bursts did); waits on
+#: the driver's thread only add host functions, as before the lane.
+DEFAULT_LANE_DEPTH = 64
 #: CUDA's default-stream handles, 0 to 2: see default_lane_of.
 _DEFAULT_STREAM_HANDLES = 2
 
@@ -329,7 +338,7 @@ def default_lane_of(handle: int) -> tuple[_DefaultLane, int] | None:
     if handle <= _DEFAULT_STREAM_HANDLES:
         return None
     lane = default_lane()
-    if lane is None:
+    if lane is None or lane._outstanding() >= DEFAULT_LANE_DEPTH:
         return None
     try:
         address = lane_of(lane, handle, DEFAULT_LANE_STREAMS)

@@ -978,6 +978,28 @@ def test_async_done_and_done_future_take_the_default_lane_with_no_argument():
     assert "child exit 0" in lines and "after fork True" in lines, lines
 
 
+def test_the_default_lane_holds_at_most_its_depth_of_waits(stream):
+    """Past DEFAULT_LANE_DEPTH outstanding waits, the next take the driver's thread:
+    each lane wait is an item of device work, and CUDA blocks the enqueuing thread
+    once about 1,021 are queued on a stream (before: 10,000 waits behind a held host
+    function deadlocked on the H200).  All resolve, in the order they were made."""
+    from numba_hostfn import _executor
+
+    assert nh.done_future(stream).result(timeout=30) is stream
+    lane = _executor.default_lane()
+    assert lane is not None and _wait_for(lambda: lane.outstanding() == 0)
+    n = _executor.DEFAULT_LANE_DEPTH + 40
+    order = []
+    with Hold(stream):
+        futures = [nh.done_future(stream) for _ in range(n)]
+        held = lane.outstanding()
+        for i, future in enumerate(futures):
+            future.add_done_callback(lambda _, i=i: order.append(i))
+    assert held == _executor.DEFAULT_LANE_DEPTH, held
+    assert all(f.result(timeout=30) is stream for f in futures)
+    assert _wait_for(lambda: len(order) == n) and order == list(range(n))
+
+
 def test_the_default_lane_falls_back_where_it_cannot_serve(stream, device, monkeypatch):
     """Streams past the lane's limit, and a lane closed (at exit), take the driver's
     thread: the waits still resolve, with nothing left outstanding on the lane."""
