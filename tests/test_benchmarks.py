@@ -25,6 +25,20 @@ def test_host_copy_benchmark_smoke():
     assert "| 4 KiB |" in run.stdout and "| 1 MiB |" in run.stdout
 
 
+def test_queue_depth_probe_smoke():
+    """The probe runs every hold and every kind of work; the simulator blocks none."""
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "queue_depth.py"), "--n", "200", "--wait", "0.2"],
+        env=child_env(NUMBA_HOSTFN_SIMULATOR="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = run.stdout.splitlines()
+    assert len(lines) == 10 and all("all enqueued" in line for line in lines), run.stdout
+
+
 def test_benchmark_suite_smoke(tmp_path):
     run = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--smoke", "--out", str(tmp_path)],

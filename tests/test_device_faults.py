@@ -174,10 +174,17 @@ EXIT_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     ex = nh.HostExecutor(threads=2)
     counter = np.zeros(1, np.int64)
     fire = armed_fault(device, stream, 0.2)  # its delay starts once all of this is enqueued
-    for _ in range(100):
+    # Few, and grouped by kind: CUDA blocks the enqueuing thread once the stream's
+    # queue is full, and only fire() (below) moves this stream on.  On the H200, 100
+    # rounds of the four kinds interleaved blocked in an executor launch (docs/executor.md,
+    # Limits).
+    for _ in range(25):
         nh.host_launch(stream, lambda: None)
+    for _ in range(25):
         nh.host_launch(stream, increment, user_data=nh.by_ref(counter))
+    for _ in range(25):
         nh.host_launch(stream, lambda: None, blocking=False)
+    for _ in range(25):
         nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=ex)
     f = nh.done_future(stream)
     print("pending", nh.pending() - held_records(device), flush=True)
@@ -196,7 +203,7 @@ def test_the_process_exits_with_faulted_work_pending(when):
     it (with an executor that was never closed): rc 0, no hang."""
     script = EXIT_SCRIPT.replace("import numpy as np", "import sys\nimport numpy as np", 1)
     out = run_child(script.replace("sys.argv[1:]", repr([when])), timeout=120)
-    assert "pending 401" in out, out
+    assert "pending 101" in out, out
     assert ("found" in out) == (when == "after"), out
 
 
