@@ -62,11 +62,13 @@ def run(nh, device, n: int, repeats: int) -> None:
 def targets() -> list[Target]:
     return [
         target(
-            "Python callable end to end <= 0.5x CuPy launch_host_func",
+            # Issue 35: the driver's own host-function rate bounds any callback
+            # (a compiled one is already below 0.5x CuPy's), so against that floor.
+            "Python callable end to end <= 1.1x HostFunction end to end, 1 stream",
             ratio(
                 find(GROUP, "Python callable, 1 stream"),
-                find(GROUP, "CuPy launch_host_func, 1 stream"),
+                find(GROUP, "HostFunction, 1 stream"),
             ),
-            0.5,
+            1.1,
         )
     ]
