@@ -28,8 +28,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
-import numba_hostfn as nh  # noqa: E402
 from _device import Device, Hold  # noqa: E402
+
+import numba_hostfn as nh  # noqa: E402
 
 _SPIN = r"""
 extern "C" __global__ void spin_until_set(const volatile int *flag)
@@ -89,8 +90,10 @@ def probe(hold_name, hold_kind, name, device, enqueue, n, wait):
     stream.sync()
     total = time.perf_counter() - start
     what = "all enqueued" if seen >= n else f"blocked at {seen}"
-    print(f"behind a {hold_name:14s} {name:36s} {what:18s} "
-          f"(done {count[0]} in {total:.2f} s)", flush=True)
+    print(
+        f"behind a {hold_name:14s} {name:36s} {what:18s} (done {count[0]} in {total:.2f} s)",
+        flush=True,
+    )
     nh.drain()
     device.close_stream(stream)
 
@@ -123,13 +126,14 @@ def main():
         host_function(stream)
         executor_task(stream)
 
-    works = [("compiled host function", host_function),
-             ("executor task (one batch of 2 ops)", executor_task),
-             ("done_future (default route)", done_future),
-             ("kernel (module loaded)", kernel),
-             ("3 host functions + 1 executor task", mixed)]
-    for hold_name, hold_kind in [("host function", lambda d, s: Hold(s)),
-                                 ("kernel", KernelHold)]:
+    works = [
+        ("compiled host function", host_function),
+        ("executor task (one batch of 2 ops)", executor_task),
+        ("done_future (default route)", done_future),
+        ("kernel (module loaded)", kernel),
+        ("3 host functions + 1 executor task", mixed),
+    ]
+    for hold_name, hold_kind in [("host function", lambda d, s: Hold(s)), ("kernel", KernelHold)]:
         for name, fn in works:
             probe(hold_name, hold_kind, name, device, fn, a.n, a.wait)
             futures.clear()

@@ -80,11 +80,13 @@ a function pointer's buffer            a ctypes function pointer's buffer is the
 ``codegen.set_env``, ``env_name``      register a cfunc's Environment under its
                                        ``fndesc.env_name`` (numba does it only for functions
                                        with a CPython wrapper)
-**the CUDA driver** (``_backend``)
-``cuStreamGetCaptureInfo``'s outs      called with one NULL more than the CUDA 12 form takes
-                                       (the CUDA 13 form has three optional outs after the
-                                       graph, CUDA 12 two): harmless in the C calling
-                                       conventions of x86-64 and AArch64
+**the CUDA driver** (``native/driver.h``)
+``cuStreamGetCaptureInfo``'s outs,     each called with one NULL more than its older form
+``cuStreamGetCtx``'s                   takes (cuStreamGetCaptureInfo: CUDA 13 has three
+                                       optional outs after the graph, CUDA 12 two;
+                                       cuStreamGetCtx's _v2, CUDA 12.5+, a green context):
+                                       harmless in the C calling conventions of x86-64 and
+                                       AArch64
 =====================================  =====================================================
 """
 

@@ -1,9 +1,12 @@
-"""The CUDA backend: the driver's own entry points, reached without cuda.bindings' wrapper."""
+"""The CUDA backend: the driver's own entry points, reached without cuda.bindings' wrapper.
+
+The entry points are one table in the native core (``native/driver.h``): this module
+resolves the names it lists through cuGetProcAddress, once, and the core calls them,
+with the GIL released; no driver call goes through ctypes."""
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -18,9 +21,16 @@ WATCHDOG_ENV = "NUMBA_HOSTFN_CUDA_WATCHDOG"
 
 __all__ = ["CudaBackend", "cuda_driver_usable"]
 
-_CAPTURE_ACTIVE, _CAPTURE_INVALIDATED = 1, 2  # CUstreamCaptureStatus
-_CAPTURE_MODE_RELAXED = 2  # CUstreamCaptureMode
-_HOSTALLOC_PORTABLE_DEVICEMAP = 0x01 | 0x02  # CU_MEMHOSTALLOC_PORTABLE | _DEVICEMAP
+#: The entry points the watchdog calls (native/watchdog.c): it runs only with all of them.
+_WATCHDOG_ENTRY_POINTS = frozenset(
+    {
+        "cuStreamQuery",
+        "cuStreamGetCtx",
+        "cuThreadExchangeStreamCaptureMode",
+        "cuCtxPushCurrent",
+        "cuCtxPopCurrent",
+    }
+)
 
 
 def cuda_driver_usable() -> bool:
@@ -63,114 +73,28 @@ class CudaBackend(Backend):
         err, version = driver.cuDriverGetVersion()
         self._check(err, "cuDriverGetVersion")
         self.driver_version = version
-        proc = {
-            name: self._proc(name)
-            for name in (
-                "cuStreamIsCapturing",
-                "cuLaunchHostFunc",
-                "cuUserObjectCreate",
-                "cuUserObjectRelease",
-                "cuGraphRetainUserObject",
-                "cuStreamGetCaptureInfo",
-                "cuStreamWriteValue32",
-                "cuStreamWaitValue32",
-                "cuMemHostAlloc",
-                "cuStreamCreate",
-                "cuStreamDestroy",
-                "cuStreamEndCapture",
-            )
-        }
-        # Optional entry points (0 where the driver lacks one):
-        # CUDA 12.3+: an explicit graph's executor node is captured into a child graph;
-        # the executor's write and wait go in one cuStreamBatchMemOp (two calls without it).
-        # The watchdog's queries (device faults, native/watchdog.c).
-        for name in (
-            "cuStreamBeginCaptureToGraph",
-            "cuStreamBatchMemOp",
-            "cuStreamQuery",
-            "cuStreamGetCtx",
-            "cuThreadExchangeStreamCaptureMode",
-            "cuCtxPushCurrent",
-            "cuCtxPopCurrent",
-        ):
+        # The driver table (native/driver.h): each of its entry points resolved once;
+        # a required one the driver lacks is a BackendUnavailableError, an optional
+        # one 0 (the core does without it, or says what needs it).
+        addresses = []
+        for name, required in _core.driver_entry_points():
             try:
-                proc[name] = self._proc(name)
+                addresses.append(self._proc(name))
             except (BackendUnavailableError, CudaDriverError):
-                proc[name] = 0
-        self._memops = (
-            proc["cuStreamWriteValue32"],
-            proc["cuStreamWaitValue32"],
-            proc["cuStreamBatchMemOp"],
-        )
-        self._enqueue_entry_points = (proc["cuStreamIsCapturing"], proc["cuLaunchHostFunc"])
-        self.set_memops(*self._memops)
+                if required:
+                    raise
+                addresses.append(0)
+        #: The optional entry points this driver lacks.
+        self.missing = frozenset(_core.driver_load(tuple(addresses)))
         # The watchdog (device faults): on unless NUMBA_HOSTFN_CUDA_WATCHDOG=0.  It
         # queries contexts, through its own per-thread stream, never a user's handle.
         watch = os.environ.get(WATCHDOG_ENV, "").strip().lower() not in ("0", "false", "no")
-        watch_entry_points = [
-            proc[name]
-            for name in (
-                "cuStreamQuery",
-                "cuStreamGetCtx",
-                "cuThreadExchangeStreamCaptureMode",
-                "cuCtxPushCurrent",
-                "cuCtxPopCurrent",
-            )
-        ]
-        if watch and all(watch_entry_points):
-            _core.set_cuda_watch(*watch_entry_points)
+        if watch and not _WATCHDOG_ENTRY_POINTS & self.missing:
             _core.watchdog_configure(_core.CUDA_QUERY, _core.CUDA_CONTEXT_OF)
         self.enqueue_fn = _core.CUDA_ENQUEUE
         self.device_enqueue_fn = _core.CUDA_ENQUEUE
-        # The capture path calls these through ctypes on the raw driver
-        # pointers (foreign calls: the GIL is released), because cuda.bindings
-        # wraps any CUhostFn argument in a trampoline that takes the GIL.
-        c_int, c_uint, vp = ctypes.c_int, ctypes.c_uint, ctypes.c_void_p
-        self._launch_host_func = ctypes.CFUNCTYPE(c_int, vp, vp, vp)(proc["cuLaunchHostFunc"])
-        _core.set_cuda_user_objects(
-            proc["cuUserObjectCreate"], proc["cuUserObjectRelease"], proc["cuGraphRetainUserObject"]
-        )
-        # (stream, status*, id*, graph*, then optional outs): the CUDA 12 form has
-        # two optional outs after graph, the CUDA 13 form three; both take NULL
-        # for each, and passing one NULL too many is harmless in the C calling
-        # conventions of x86-64 and AArch64.
-        self._capture_info = ctypes.CFUNCTYPE(
-            c_int, vp, ctypes.POINTER(c_int), vp, ctypes.POINTER(vp), vp, vp, vp
-        )(proc["cuStreamGetCaptureInfo"])
         self.executor_enqueue_fn = _core.EXEC_CUDA_ENQUEUE
-        self._host_alloc = ctypes.CFUNCTYPE(c_int, ctypes.POINTER(vp), ctypes.c_size_t, c_uint)(
-            proc["cuMemHostAlloc"]
-        )
         self._executor_checked = False
-        u64 = ctypes.c_uint64
-        self._write_value32 = ctypes.CFUNCTYPE(c_int, vp, u64, c_uint, c_uint)(
-            proc["cuStreamWriteValue32"]
-        )
-        self._wait_value32 = ctypes.CFUNCTYPE(c_int, vp, u64, c_uint, c_uint)(
-            proc["cuStreamWaitValue32"]
-        )
-        self._stream_create = ctypes.CFUNCTYPE(c_int, ctypes.POINTER(vp), c_uint)(
-            proc["cuStreamCreate"]
-        )
-        self._stream_destroy = ctypes.CFUNCTYPE(c_int, vp)(proc["cuStreamDestroy"])
-        self._end_capture = ctypes.CFUNCTYPE(c_int, vp, ctypes.POINTER(vp))(
-            proc["cuStreamEndCapture"]
-        )
-        exchange = proc["cuThreadExchangeStreamCaptureMode"]
-        self._exchange_capture_mode = (
-            ctypes.CFUNCTYPE(c_int, ctypes.POINTER(c_int))(exchange) if exchange else None
-        )
-        self._begin_capture_to_graph = (
-            ctypes.CFUNCTYPE(c_int, vp, vp, vp, vp, ctypes.c_size_t, c_int)(
-                proc["cuStreamBeginCaptureToGraph"]
-            )
-            if proc["cuStreamBeginCaptureToGraph"]
-            else None
-        )
-
-    def set_memops(self, write_value32: int, wait_value32: int, batch_mem_op: int) -> None:
-        """The stream memory operations the executor's enqueue calls (tests stand in)."""
-        _core.set_cuda(*self._enqueue_entry_points, write_value32, wait_value32, batch_mem_op or 0)
 
     def _proc(self, name: str) -> int:
         d = self._driver
@@ -211,20 +135,24 @@ class CudaBackend(Backend):
         if int(err) != 0:
             raise CudaDriverError(f"{call} failed: {self.error_text(int(err))}", int(err))
 
+    def _answer(self, answer: tuple[Any, int, str | None]) -> Any:
+        """A native driver call's (value, CUresult, call): the value, or the error
+        naming the call."""
+        value, rc, call = answer
+        if rc:
+            self._check(rc, call or "a CUDA driver call")
+        return value
+
     def capture_graph(self, handle: int, builder: bool) -> Any:
-        status, graph = ctypes.c_int(), ctypes.c_void_p()
-        rc = self._capture_info(
-            handle, ctypes.byref(status), None, ctypes.byref(graph), None, None, None
-        )
-        self._check(rc, "cuStreamGetCaptureInfo")
-        if status.value == _CAPTURE_ACTIVE:
-            if not graph.value:
+        status, graph = self._answer(_core.cuda_capture_info(handle))
+        if status == _core.CU_STREAM_CAPTURE_STATUS_ACTIVE:
+            if not graph:
                 raise RuntimeError(
                     "host_launch() could not read the graph being captured on this stream; "
                     "nothing was enqueued, and the capture is as it was"
                 )
-            return graph.value
-        if status.value == _CAPTURE_INVALIDATED:
+            return graph
+        if status == _core.CU_STREAM_CAPTURE_STATUS_INVALIDATED:
             raise RuntimeError(
                 "host_launch() was given a stream whose graph capture is invalidated (an "
                 "earlier call broke it; ending the capture will fail); nothing was enqueued. "
@@ -238,16 +166,12 @@ class CudaBackend(Backend):
         return None  # the capture ended since the enqueue saw it
 
     def graph_record(self, graph: Any, fn: int, arg: int, owner: Any) -> int:
-        record, rc, call = _core.cuda_graph_record(graph, fn, arg, owner)
-        if rc:
-            self._check(rc, ("cuUserObjectCreate", "cuGraphRetainUserObject")[call - 1])
-        return record
+        return self._answer(_core.cuda_graph_record(graph, fn, arg, owner))
 
     def add_captured_node(
         self, graph: Any, handle: int, fn: int, arg: int, device: bool = False
     ) -> None:
-        rc = self._launch_host_func(handle, fn, arg)
-        self._check(rc, "cuLaunchHostFunc")
+        self._answer(_core.cuda_captured_host_node(handle, fn, arg))
 
     def check_executor(self) -> None:
         if self._executor_checked:
@@ -280,8 +204,7 @@ class CudaBackend(Backend):
         self._executor_checked = True
 
     def executor_memory(self, nbytes: int) -> int:
-        pointer = ctypes.c_void_p()
-        rc = self._host_alloc(ctypes.byref(pointer), nbytes, _HOSTALLOC_PORTABLE_DEVICEMAP)
+        address, rc, _ = _core.cuda_pinned_words(nbytes)
         if rc in FAULT_NAMES:
             raise self.fault_error(rc, "a HostExecutor could not allocate its words")
         if rc:
@@ -291,60 +214,39 @@ class CudaBackend(Backend):
                 "(cuda.core: Device(n).set_current())",
                 rc,
             )
-        ctypes.memset(pointer.value, 0, nbytes)
-        return pointer.value
+        return address
 
     @contextlib.contextmanager
     def relaxed_capture_mode(self) -> Iterator[None]:
-        exchange = self._exchange_capture_mode
-        if exchange is None:  # an old driver: as a HostExecutor made there
-            yield
-            return
-        mode = ctypes.c_int(_CAPTURE_MODE_RELAXED)
-        self._check(exchange(ctypes.byref(mode)), "cuThreadExchangeStreamCaptureMode")
+        # An old driver without cuThreadExchangeStreamCaptureMode: unchanged, as a
+        # HostExecutor made there.
+        before = self._answer(
+            _core.cuda_exchange_capture_mode(_core.CU_STREAM_CAPTURE_MODE_RELAXED)
+        )
         try:
             yield
         finally:
-            exchange(ctypes.byref(mode))  # the thread's mode as it was
+            _core.cuda_exchange_capture_mode(before)  # the thread's mode as it was
 
     def add_slot_nodes(self, graph: Any, handle: int, slot: Any) -> None:
-        reached, done = slot.words, slot.words + 4
-        for call, name, word, value, flags in (
-            (self._write_value32, "cuStreamWriteValue32", reached, 1, 0),
-            (self._wait_value32, "cuStreamWaitValue32", done, 1, 0),  # GEQ
-            (self._write_value32, "cuStreamWriteValue32", done, 0, 0),
-        ):
-            rc = call(handle, word, value, flags)
-            if rc:
-                raise CudaDriverError(
-                    f"{name} failed while capturing a HostExecutor node: {self.error_text(rc)}; "
-                    "nothing of it is kept, but the capture may now be invalidated (the driver "
-                    "decides): end it and capture again",
-                    rc,
-                )
+        _, rc, call = _core.cuda_slot_nodes(handle, slot.words)
+        if rc:
+            raise CudaDriverError(
+                f"{call} failed while capturing a HostExecutor node: {self.error_text(rc)}; "
+                "nothing of it is kept, but the capture may now be invalidated (the driver "
+                "decides): end it and capture again",
+                rc,
+            )
 
     def slot_graph(self, slot: Any) -> Any:
         """A cuda.core GraphDefinition holding a graph slot's three operations."""
         from cuda.core.graph import GraphDefinition
 
-        if self._begin_capture_to_graph is None:
+        if "cuStreamBeginCaptureToGraph" in self.missing:
             raise RuntimeError(
                 f"executor= on an explicit graph needs cuStreamBeginCaptureToGraph (CUDA "
                 f"12.3+); this driver is {self.driver_version}. Capture a stream instead"
             )
         child = GraphDefinition()
-        stream = ctypes.c_void_p()
-        self._check(self._stream_create(ctypes.byref(stream), 1), "cuStreamCreate")
-        try:
-            relaxed = 2  # CU_STREAM_CAPTURE_MODE_RELAXED: no other stream is affected
-            rc = self._begin_capture_to_graph(stream, int(child.handle), None, None, 0, relaxed)
-            self._check(rc, "cuStreamBeginCaptureToGraph")
-            try:
-                self.add_slot_nodes(None, stream.value, slot)
-            finally:
-                graph = ctypes.c_void_p()
-                rc = self._end_capture(stream, ctypes.byref(graph))
-            self._check(rc, "cuStreamEndCapture")
-        finally:
-            self._stream_destroy(stream)
+        self._answer(_core.cuda_slot_graph(int(child.handle), slot.words))
         return child

@@ -28,7 +28,14 @@ def test_host_copy_benchmark_smoke():
 def test_queue_depth_probe_smoke():
     """The probe runs every hold and every kind of work; the simulator blocks none."""
     run = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "queue_depth.py"), "--n", "200", "--wait", "0.2"],
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "queue_depth.py"),
+            "--n",
+            "200",
+            "--wait",
+            "0.2",
+        ],
         env=child_env(NUMBA_HOSTFN_SIMULATOR="1"),
         capture_output=True,
         text=True,

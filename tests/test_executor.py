@@ -27,6 +27,7 @@ from _device import (
 from numba import carray
 
 import numba_hostfn as nh
+from numba_hostfn import _core
 
 _libc = ctypes.CDLL(None)
 _usleep = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint)(("usleep", _libc))
@@ -666,8 +667,11 @@ def test_executor_nodes_in_an_explicit_graph_chain(executor, device, stream):
 
 
 class _MemOps:
-    """Stand-ins for the executor's driver entry points (ctypes callbacks that log
-    each call and forward it, or refuse it with a CUresult); restored on exit."""
+    """Stand-ins for the executor's driver entry points in the native driver table
+    (``_core.driver_swap``: ctypes callbacks that log each call and forward it, or
+    refuse it with a CUresult); restored on exit."""
+
+    _NAMES = ("cuStreamWriteValue32", "cuStreamWaitValue32", "cuStreamBatchMemOp")
 
     _BATCH = ctypes.CFUNCTYPE(
         ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_void_p, ctypes.c_uint
@@ -677,10 +681,8 @@ class _MemOps:
     )
 
     def __init__(self):
-        from numba_hostfn._process import get_backend
-
-        self.backend = get_backend()
-        self.real = self.backend._memops  # write, wait, batch
+        # The table's own addresses: each swapped out and straight back.
+        self.real = tuple(_core.driver_swap(n, _core.driver_swap(n, 0)) for n in self._NAMES)
         assert self.real[2], "this driver has cuStreamBatchMemOp"
         self.log = []
         self._keep = []
@@ -704,17 +706,20 @@ class _MemOps:
     def install(self, batch=0, write=0, wait=0, no_batch=False):
         """Each argument: 0 forwards (and logs) the call, else the CUresult to refuse with."""
         write_real, wait_real, batch_real = self.real
-        self.backend.set_memops(
+        stand_ins = (
             self._stand_in(self._SINGLE, write_real, "write", write),
             self._stand_in(self._SINGLE, wait_real, "wait", wait),
-            None if no_batch else self._stand_in(self._BATCH, batch_real, "batch", batch),
+            0 if no_batch else self._stand_in(self._BATCH, batch_real, "batch", batch),
         )
+        for name, address in zip(self._NAMES, stand_ins, strict=True):
+            _core.driver_swap(name, address)
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        self.backend.set_memops(*self.real)
+        for name, address in zip(self._NAMES, self.real, strict=True):
+            _core.driver_swap(name, address)
 
 
 @pytest.mark.gpu

@@ -119,3 +119,32 @@ def test_the_layer_check_finds_an_upward_import():
     looped = {k: set(v) for k, v in edges.items()}
     looped["_records"] = looped.get("_records", set()) | {"_notify"}
     assert _upward(looped, _layers()) == ["_records (layer 2) imports _notify (layer 7)"]
+
+
+def _driver_calls(source: str) -> list[str]:
+    """What in a module's source could reach the CUDA driver other than through the
+    native driver table: ctypes imported, or a ctypes prototype made."""
+    tree = ast.parse(source)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(a.name == "ctypes" for a in node.names):
+            found.append("import ctypes")
+        if isinstance(node, ast.ImportFrom) and node.module == "ctypes":
+            found.append("from ctypes import ...")
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "CFUNCTYPE":
+            found.append("ctypes.CFUNCTYPE(...)")
+    return found
+
+
+def test_the_cuda_backend_reaches_the_driver_only_through_the_native_table():
+    """Issue 32: one driver table, in C.  The CUDA backend resolves its entry points
+    (cuda.bindings' cuGetProcAddress, once) and hands them to ``_core.driver_load``;
+    every launch, capture, graph and executor call is native.  Before, _cuda.py made
+    ten ctypes ``CFUNCTYPE`` prototypes of driver entry points."""
+    for name in ("_cuda", "_graphs", "_executor", "_enqueue", "_backend", "_notify"):
+        assert _driver_calls((PACKAGE / f"{name}.py").read_text()) == [], name
+
+
+def test_the_driver_call_check_finds_a_ctypes_prototype():
+    source = "import ctypes\nf = ctypes.CFUNCTYPE(ctypes.c_int)(0)\n"
+    assert _driver_calls(source) == ["import ctypes", "ctypes.CFUNCTYPE(...)"]

@@ -120,10 +120,22 @@ def test_a_new_watchdog_thread_never_invalidates_a_capture_in_global_mode():
     ], out
 
 
-def test_set_cuda_watch_refuses_a_null_entry_point():
-    """The CUDA watchdog's entry points must all be there: a NULL one is refused, with
-    nothing set (it would be called on the watchdog's thread)."""
-    with pytest.raises(ValueError, match="entry point 3 is NULL"):
-        _core.set_cuda_watch(1, 2, 3, 0, 5)
-    with pytest.raises(TypeError, match="set_cuda_watch"):
-        _core.set_cuda_watch(1, 2, 3)
+def test_the_driver_table_refuses_a_null_required_entry_point():
+    """The driver table is filled whole or not at all: a required entry point that is
+    NULL is refused by name, and a wrong count by what it takes, with nothing stored
+    (a stored address is called on the driver's, a pool's or the watchdog's thread)."""
+    entry_points = _core.driver_entry_points()
+    names = [name for name, _ in entry_points]
+    before = [_core.driver_swap(n, _core.driver_swap(n, 0)) for n in names]
+    required = [i for i, (_, needed) in enumerate(entry_points) if needed]
+    assert names[:2] == ["cuStreamIsCapturing", "cuLaunchHostFunc"] and required
+    addresses = [0x1000 + i for i in range(len(names))]
+    addresses[required[-1]] = 0
+    with pytest.raises(ValueError, match=f"{names[required[-1]]} is NULL"):
+        _core.driver_load(tuple(addresses))
+    with pytest.raises(TypeError, match=f"takes {len(names)} addresses"):
+        _core.driver_load(tuple(addresses[:3]))
+    with pytest.raises(ValueError, match="not in the driver table"):
+        _core.driver_swap("cuMemcpy", 0)
+    after = [_core.driver_swap(n, _core.driver_swap(n, 0)) for n in names]
+    assert after == before

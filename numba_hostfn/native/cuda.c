@@ -1,11 +1,19 @@
-/* The CUDA backend: the driver's entry points (set once by the backend, from
- * cuGetProcAddress), its enqueue function, and a graph's records, owned through
- * CUDA user objects.  The watchdog's queries of the driver are in watchdog.c;
- * the executor's stream memory operations in executor_cuda.c.
+/* The CUDA backend: its enqueue function, a graph's records (owned through CUDA
+ * user objects), and every other driver call the backend makes for Python (a
+ * capture's state and its host nodes, the executor's graph-slot nodes and their
+ * child graph, pinned words, the thread's capture mode): all through the driver
+ * table (driver.h), with the GIL released around each call.  The watchdog's
+ * queries of the driver are in watchdog.c; the executor's stream memory
+ * operations in executor_cuda.c.
+ *
+ * Errors.  A builtin here raises only for its own arguments (or memory); what the
+ * driver answers goes back as a CUresult beside the call's name, in a tuple
+ * (value, CUresult, call), call None when all succeeded, and the backend
+ * (_cuda.CudaBackend) raises for it with the message that says what to do.
  */
 #include "nhf.h"
 
-struct nhf_cuda nhf_cuda;
+#include <string.h>
 
 /* Without the GIL.  A capturing stream gets nothing here (the capture path
  * owns its nodes by the graph: LIFETIME.md, invariant 8), else cuLaunchHostFunc.
@@ -16,60 +24,27 @@ uint64_t nhf_cuda_enqueue(void *stream, nhf_hostfn trampoline, void *record) {
     if (fault != 0)
         return fault;
     int capture = 0;
-    int rc = atomic_load(&nhf_cuda.is_capturing)(stream, &capture);
+    int rc = NHF_CU(cuStreamIsCapturing)(stream, &capture);
     if (rc != 0)
         return NHF_CAPTURE_CHECK_FAILED | (uint32_t)rc;
     if (capture != 0)
         return NHF_CAPTURING;
-    return (uint32_t)atomic_load(&nhf_cuda.launch_host_func)(stream, trampoline, record);
+    return (uint32_t)NHF_CU(cuLaunchHostFunc)(stream, trampoline, record);
 }
 
-/* set_cuda(is_capturing, launch_host_func, write_value32, wait_value32,
- * batch_mem_op): the driver's entry points (cuGetProcAddress); batch_mem_op 0
- * where the driver lacks it. */
-static PyObject *py_set_cuda(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    void *a[5];
-    if (nhf_address_args("set_cuda", args, nargs, 5, a) < 0)
+/* GIL held: the (value, CUresult, call) answer; call is NULL when rc is 0. */
+static PyObject *answer(PyObject *value, int rc, const char *call) {
+    if (value == NULL)
         return NULL;
-    atomic_store(&nhf_cuda.is_capturing, (nhf_cu_is_capturing)(uintptr_t)a[0]);
-    atomic_store(&nhf_cuda.launch_host_func, (nhf_cu_launch_host_func)(uintptr_t)a[1]);
-    atomic_store(&nhf_cuda.write_value32, (nhf_cu_write_value32)(uintptr_t)a[2]);
-    atomic_store(&nhf_cuda.wait_value32, (nhf_cu_wait_value32)(uintptr_t)a[3]);
-    atomic_store(&nhf_cuda.batch_mem_op, (nhf_cu_batch_mem_op)(uintptr_t)a[4]);
-    Py_RETURN_NONE;
+    if (rc == 0)
+        call = NULL;
+    return Py_BuildValue("(Niz)", value, rc, call);
 }
 
 /* ---- graphs: a record the graph owns ----------------------------------------------- */
 
-typedef int (*cu_user_object_create)(void **object, void *ptr, nhf_hostfn destroy,
-                                     unsigned initial, unsigned flags);
-typedef int (*cu_user_object_release)(void *object, unsigned count);
-typedef int (*cu_graph_retain_user_object)(void *graph, void *object, unsigned count,
-                                           unsigned flags);
-enum { CU_USER_OBJECT_NO_DESTRUCTOR_SYNC = 1, CU_GRAPH_USER_OBJECT_MOVE = 1 };
-
-static struct {
-    _Atomic(cu_user_object_create) create;
-    _Atomic(cu_user_object_release) release;
-    _Atomic(cu_graph_retain_user_object) retain;
-} user_objects;
-
-/* set_cuda_user_objects(create, release, retain): cuUserObjectCreate,
- * cuUserObjectRelease and cuGraphRetainUserObject (cuGetProcAddress). */
-static PyObject *py_set_cuda_user_objects(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    void *a[3];
-    if (nhf_address_args("set_cuda_user_objects(create, release, retain)", args, nargs, 3, a) < 0)
-        return NULL;
-    atomic_store(&user_objects.create, (cu_user_object_create)(uintptr_t)a[0]);
-    atomic_store(&user_objects.release, (cu_user_object_release)(uintptr_t)a[1]);
-    atomic_store(&user_objects.retain, (cu_graph_retain_user_object)(uintptr_t)a[2]);
-    Py_RETURN_NONE;
-}
-
-/* cuda_graph_record(graph, fn, arg, owner) -> (record, 0, 0), or (0, CUresult,
- * call) with call 1 for cuUserObjectCreate and 2 for cuGraphRetainUserObject.
+/* cuda_graph_record(graph, fn, arg, owner) -> (record, 0, None), or (0, CUresult,
+ * call), call "cuUserObjectCreate" or "cuGraphRetainUserObject".
  *
  * Takes a record for fn(arg) owning owner and makes the graph own it, through a
  * user object whose destructor completes it (LIFETIME.md, invariant 8), in one
@@ -91,39 +66,209 @@ static PyObject *py_cuda_graph_record(PyObject *self, PyObject *const *args, Py_
     if (record == NULL)
         return NULL;
     void *object = NULL;
-    int rc, call = 1;
+    int rc;
+    const char *call = "cuUserObjectCreate";
     Py_BEGIN_ALLOW_THREADS
-    rc = atomic_load(&user_objects.create)(&object, record, nhf_user_object_release, 1,
-                                           CU_USER_OBJECT_NO_DESTRUCTOR_SYNC);
+    rc = NHF_CU(cuUserObjectCreate)(&object, record, nhf_user_object_release, 1,
+                                    CU_USER_OBJECT_NO_DESTRUCTOR_SYNC);
     if (rc == 0) {
-        call = 2;
-        rc = atomic_load(&user_objects.retain)(graph, object, 1, CU_GRAPH_USER_OBJECT_MOVE);
+        call = "cuGraphRetainUserObject";
+        rc = NHF_CU(cuGraphRetainUserObject)(graph, object, 1, CU_GRAPH_USER_OBJECT_MOVE);
         if (rc != 0) /* the user object's destructor completes the record */
-            (void)atomic_load(&user_objects.release)(object, 1);
+            (void)NHF_CU(cuUserObjectRelease)(object, 1);
     }
     Py_END_ALLOW_THREADS
-    if (rc != 0 && call == 1)
+    if (rc != 0 && strcmp(call, "cuUserObjectCreate") == 0)
         nhf_record_release(record);
-    return Py_BuildValue("(Nii)", PyLong_FromVoidPtr(rc == 0 ? record : NULL), rc,
-                         rc == 0 ? 0 : call);
+    return answer(PyLong_FromVoidPtr(rc == 0 ? record : NULL), rc, call);
 }
 
-static PyMethodDef graph_methods[] = {
-    {"set_cuda_user_objects", (PyCFunction)(void (*)(void))py_set_cuda_user_objects,
-     METH_FASTCALL, "set_cuda_user_objects($module, create, release, retain, /)\n--\n\n"},
-    {"set_cuda", (PyCFunction)(void (*)(void))py_set_cuda, METH_FASTCALL,
-     "set_cuda($module, is_capturing, launch_host_func, write_value32, wait_value32, "
-     "batch_mem_op, /)\n--\n\n"
-     "The driver's entry points (cuGetProcAddress); batch_mem_op 0 where the driver lacks it."},
+/* ---- captures ------------------------------------------------------------------------ */
+
+/* cuda_capture_info(stream) -> ((status, graph), CUresult, call): the stream's
+ * CUstreamCaptureStatus and, while it captures, the graph being captured. */
+static PyObject *py_cuda_capture_info(PyObject *self, PyObject *stream_) {
+    (void)self;
+    void *stream, *graph = NULL;
+    if (nhf_address_arg(stream_, &stream) < 0)
+        return NULL;
+    int status = CU_STREAM_CAPTURE_STATUS_NONE, rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = NHF_CU(cuStreamGetCaptureInfo)(stream, &status, NULL, &graph, NULL, NULL, NULL);
+    Py_END_ALLOW_THREADS
+    return answer(Py_BuildValue("(iN)", status, PyLong_FromVoidPtr(graph)), rc,
+                  "cuStreamGetCaptureInfo");
+}
+
+/* cuda_captured_host_node(stream, fn, arg) -> (None, CUresult, call): fn(arg) as a
+ * host node of the capture on stream (cuLaunchHostFunc on the capturing stream;
+ * nhf_cuda_enqueue refuses a capturing stream). */
+static PyObject *py_cuda_captured_host_node(PyObject *self, PyObject *const *args,
+                                            Py_ssize_t nargs) {
+    (void)self;
+    void *a[3];
+    if (nhf_address_args("cuda_captured_host_node(stream, fn, arg)", args, nargs, 3, a) < 0)
+        return NULL;
+    if (a[1] == NULL) {
+        PyErr_SetString(PyExc_ValueError, "cuda_captured_host_node: a NULL host function");
+        return NULL;
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = NHF_CU(cuLaunchHostFunc)(a[0], (nhf_cu_host_fn)(uintptr_t)a[1], a[2]);
+    Py_END_ALLOW_THREADS
+    return answer(Py_NewRef(Py_None), rc, "cuLaunchHostFunc");
+}
+
+/* cuda_exchange_capture_mode(mode) -> (the thread's mode before, CUresult, call):
+ * cuThreadExchangeStreamCaptureMode; (mode, 0, None) unchanged where the driver
+ * lacks it (an old driver: as a HostExecutor made there). */
+static PyObject *py_cuda_exchange_capture_mode(PyObject *self, PyObject *mode_) {
+    (void)self;
+    long value = PyLong_AsLong(mode_);
+    if (value == -1 && PyErr_Occurred())
+        return NULL;
+    if (value < CU_STREAM_CAPTURE_MODE_GLOBAL || value > CU_STREAM_CAPTURE_MODE_RELAXED) {
+        PyErr_Format(PyExc_ValueError, "%ld is not a CUstreamCaptureMode (0, 1 or 2)", value);
+        return NULL;
+    }
+    int mode = (int)value;
+    nhf_cuThreadExchangeStreamCaptureMode_fn exchange = NHF_CU(cuThreadExchangeStreamCaptureMode);
+    int rc = 0;
+    if (exchange != NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = exchange(&mode);
+        Py_END_ALLOW_THREADS
+    }
+    return answer(PyLong_FromLong(mode), rc, "cuThreadExchangeStreamCaptureMode");
+}
+
+/* ---- the executor's words and graph slots ------------------------------------------ */
+
+/* cuda_pinned_words(nbytes) -> (address, CUresult, call): nbytes of zeroed pinned
+ * host memory, portable and mapped (the executor's words), in the current
+ * context; never freed (a stream may still wait on them). */
+static PyObject *py_cuda_pinned_words(PyObject *self, PyObject *nbytes_) {
+    (void)self;
+    size_t nbytes = PyLong_AsSize_t(nbytes_);
+    if (nbytes == (size_t)-1 && PyErr_Occurred())
+        return NULL;
+    void *words = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = NHF_CU(cuMemHostAlloc)(&words, nbytes,
+                                CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
+    if (rc == 0)
+        memset(words, 0, nbytes);
+    Py_END_ALLOW_THREADS
+    return answer(PyLong_FromVoidPtr(rc == 0 ? words : NULL), rc, "cuMemHostAlloc");
+}
+
+/* Without the GIL: a graph slot's three operations on stream (capturing): write
+ * "reached" 1, wait for "done" >= 1, write "done" 0 (graph_slots.c says what the
+ * pool does between).  *call names the one that failed. */
+static int slot_nodes(void *stream, uint64_t words, const char **call) {
+    uint64_t reached = words, done = words + 4;
+    *call = "cuStreamWriteValue32";
+    int rc = NHF_CU(cuStreamWriteValue32)(stream, reached, 1, CU_STREAM_WRITE_VALUE_DEFAULT);
+    if (rc != 0)
+        return rc;
+    *call = "cuStreamWaitValue32";
+    rc = NHF_CU(cuStreamWaitValue32)(stream, done, 1, CU_STREAM_WAIT_VALUE_GEQ);
+    if (rc != 0)
+        return rc;
+    *call = "cuStreamWriteValue32";
+    return NHF_CU(cuStreamWriteValue32)(stream, done, 0, CU_STREAM_WRITE_VALUE_DEFAULT);
+}
+
+/* cuda_slot_nodes(stream, words) -> (None, CUresult, call): a graph slot's three
+ * operations, captured on stream. */
+static PyObject *py_cuda_slot_nodes(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    void *a[2];
+    if (nhf_address_args("cuda_slot_nodes(stream, words)", args, nargs, 2, a) < 0)
+        return NULL;
+    const char *call;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = slot_nodes(a[0], (uintptr_t)a[1], &call);
+    Py_END_ALLOW_THREADS
+    return answer(Py_NewRef(Py_None), rc, call);
+}
+
+/* cuda_slot_graph(graph, words) -> (None, CUresult, call): a graph slot's three
+ * operations added to graph (an explicit graph's child, empty): captured into it
+ * by a stream of our own (cuStreamBeginCaptureToGraph, relaxed: no other stream's
+ * capture is affected), which is destroyed after.  Where the driver lacks
+ * cuStreamBeginCaptureToGraph (before CUDA 12.3): (None, CUDA_ERROR_NOT_SUPPORTED,
+ * "cuStreamBeginCaptureToGraph"), nothing done. */
+static PyObject *py_cuda_slot_graph(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    void *a[2];
+    if (nhf_address_args("cuda_slot_graph(graph, words)", args, nargs, 2, a) < 0)
+        return NULL;
+    nhf_cuStreamBeginCaptureToGraph_fn begin = NHF_CU(cuStreamBeginCaptureToGraph);
+    if (begin == NULL)
+        return answer(Py_NewRef(Py_None), CUDA_ERROR_NOT_SUPPORTED, "cuStreamBeginCaptureToGraph");
+    const char *call = "cuStreamCreate";
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    void *stream = NULL;
+    rc = NHF_CU(cuStreamCreate)(&stream, CU_STREAM_NON_BLOCKING);
+    if (rc == 0) {
+        call = "cuStreamBeginCaptureToGraph";
+        rc = begin(stream, a[0], NULL, NULL, 0, CU_STREAM_CAPTURE_MODE_RELAXED);
+        if (rc == 0) {
+            rc = slot_nodes(stream, (uintptr_t)a[1], &call);
+            void *captured = NULL;
+            int end = NHF_CU(cuStreamEndCapture)(stream, &captured);
+            if (rc == 0 && end != 0) {
+                rc = end;
+                call = "cuStreamEndCapture";
+            }
+        }
+        (void)NHF_CU(cuStreamDestroy)(stream);
+    }
+    Py_END_ALLOW_THREADS
+    return answer(Py_NewRef(Py_None), rc, call);
+}
+
+static PyMethodDef cuda_methods[] = {
     {"cuda_graph_record", (PyCFunction)(void (*)(void))py_cuda_graph_record, METH_FASTCALL,
      "cuda_graph_record($module, graph, fn, arg, owner, /)\n--\n\n"
-     "Returns (record, CUresult, call)"},
+     "A record for fn(arg) owning owner, owned by graph: (record, CUresult, call)."},
+    {"cuda_capture_info", py_cuda_capture_info, METH_O,
+     "cuda_capture_info($module, stream, /)\n--\n\n"
+     "The stream's capture status and graph: ((status, graph), CUresult, call)."},
+    {"cuda_captured_host_node", (PyCFunction)(void (*)(void))py_cuda_captured_host_node,
+     METH_FASTCALL,
+     "cuda_captured_host_node($module, stream, fn, arg, /)\n--\n\n"
+     "fn(arg) as a host node of the capture on stream: (None, CUresult, call)."},
+    {"cuda_exchange_capture_mode", py_cuda_exchange_capture_mode, METH_O,
+     "cuda_exchange_capture_mode($module, mode, /)\n--\n\n"
+     "Set this thread's capture mode: (the mode before, CUresult, call)."},
+    {"cuda_pinned_words", py_cuda_pinned_words, METH_O,
+     "cuda_pinned_words($module, nbytes, /)\n--\n\n"
+     "Zeroed pinned host memory for an executor's words: (address, CUresult, call)."},
+    {"cuda_slot_nodes", (PyCFunction)(void (*)(void))py_cuda_slot_nodes, METH_FASTCALL,
+     "cuda_slot_nodes($module, stream, words, /)\n--\n\n"
+     "A graph slot's three operations, captured on stream: (None, CUresult, call)."},
+    {"cuda_slot_graph", (PyCFunction)(void (*)(void))py_cuda_slot_graph, METH_FASTCALL,
+     "cuda_slot_graph($module, graph, words, /)\n--\n\n"
+     "A graph slot's three operations, added to an empty graph: (None, CUresult, call)."},
     {NULL, NULL, 0, NULL},
 };
 
 
 int nhf_cuda_init(PyObject *module) {
-    if (PyModule_AddFunctions(module, graph_methods) < 0)
+    if (PyModule_AddFunctions(module, cuda_methods) < 0)
+        return -1;
+    if (PyModule_AddIntConstant(module, "CU_STREAM_CAPTURE_STATUS_ACTIVE",
+                                CU_STREAM_CAPTURE_STATUS_ACTIVE) < 0 ||
+        PyModule_AddIntConstant(module, "CU_STREAM_CAPTURE_STATUS_INVALIDATED",
+                                CU_STREAM_CAPTURE_STATUS_INVALIDATED) < 0 ||
+        PyModule_AddIntConstant(module, "CU_STREAM_CAPTURE_MODE_RELAXED",
+                                CU_STREAM_CAPTURE_MODE_RELAXED) < 0)
         return -1;
     return nhf_add_address(module, "CUDA_ENQUEUE", (void *)(uintptr_t)nhf_cuda_enqueue);
 }

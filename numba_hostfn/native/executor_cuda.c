@@ -1,34 +1,9 @@
 /* The HostExecutor's enqueue on a CUDA stream: a lane's task, and its two stream
- * memory operations through the driver (executor.h; cuda.c's entry points).
+ * memory operations through the driver (executor.h; driver.h's table and layouts).
  */
 #include "executor.h"
 
 #include <string.h>
-
-/* The driver's constants (cuda.h), and CUstreamBatchMemOpParams as cuda.h
- * declares its writeValue and waitValue members: a 48-byte union. */
-enum {
-    CU_STREAM_WAIT_VALUE_GEQ = 0x0,
-    CU_STREAM_WRITE_VALUE_DEFAULT = 0x0,
-    CU_STREAM_MEM_OP_WAIT_VALUE_32 = 1,
-    CU_STREAM_MEM_OP_WRITE_VALUE_32 = 2,
-    CUDA_ERROR_NOT_SUPPORTED = 801,
-};
-typedef union {
-    unsigned operation;
-    struct {
-        unsigned operation;
-        uint64_t address; /* CUdeviceptr */
-        union {
-            uint32_t value;
-            uint64_t value64;
-        };
-        unsigned flags;
-        uint64_t alias; /* unused */
-    } value_op;       /* waitValue and writeValue have this layout */
-    uint64_t pad[6];
-} cu_batch_mem_op;
-
 
 /* Any thread: on a CUDA stream, refuse a capturing stream, append the task,
  * write "reached", wait for "done" (one cuStreamBatchMemOp, or two calls if the
@@ -41,7 +16,7 @@ uint64_t nhf_exec_cuda_enqueue(void *lane_, nhf_hostfn trampoline, void *record)
     if (fault != 0)
         return fault;
     int capture = 0;
-    int rc = atomic_load(&nhf_cuda.is_capturing)(l->stream, &capture);
+    int rc = NHF_CU(cuStreamIsCapturing)(l->stream, &capture);
     if (rc != 0)
         return NHF_CAPTURE_CHECK_FAILED | (uint32_t)rc;
     if (capture != 0)
@@ -59,9 +34,9 @@ uint64_t nhf_exec_cuda_enqueue(void *lane_, nhf_hostfn trampoline, void *record)
      * the driver's documentation says, to run.  A call the driver refuses
      * enqueues nothing (the rule every step here relies on: a refused write is
      * taken back); the two single calls then follow. */
-    nhf_cu_batch_mem_op batch = atomic_load(&nhf_cuda.batch_mem_op);
+    nhf_cuStreamBatchMemOp_fn batch = NHF_CU(cuStreamBatchMemOp);
     if (batch != NULL) {
-        cu_batch_mem_op ops[2];
+        nhf_cu_batch_mem_op_params ops[2];
         memset(ops, 0, sizeof ops);
         ops[0].value_op.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
         ops[0].value_op.address = reached;
@@ -77,16 +52,15 @@ uint64_t nhf_exec_cuda_enqueue(void *lane_, nhf_hostfn trampoline, void *record)
             return 0;
         }
         if (rc == CUDA_ERROR_NOT_SUPPORTED) /* a driver without the batch: says so once */
-            atomic_store(&nhf_cuda.batch_mem_op, NULL);
+            atomic_store(&nhf_driver.cuStreamBatchMemOp, NULL);
     }
-    rc = atomic_load(&nhf_cuda.write_value32)(l->stream, reached, t->seq,
-                                              CU_STREAM_WRITE_VALUE_DEFAULT);
+    rc = NHF_CU(cuStreamWriteValue32)(l->stream, reached, t->seq, CU_STREAM_WRITE_VALUE_DEFAULT);
     if (rc != 0) {
         nhf_lane_unlink_task(l, t);
         pthread_mutex_unlock(&l->enqueue_mutex);
         return (uint32_t)rc;
     }
-    rc = atomic_load(&nhf_cuda.wait_value32)(l->stream, done, t->seq, CU_STREAM_WAIT_VALUE_GEQ);
+    rc = NHF_CU(cuStreamWaitValue32)(l->stream, done, t->seq, CU_STREAM_WAIT_VALUE_GEQ);
     pthread_mutex_unlock(&l->enqueue_mutex);
     return rc == 0 ? 0 : NHF_KEPT | (uint32_t)rc;
 }

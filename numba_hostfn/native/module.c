@@ -38,7 +38,8 @@ PyMODINIT_FUNC PyInit__core(void) {
         add_status(module, "IN_HOST_FUNCTION", NHF_IN_HOST_FUNCTION) < 0 ||
         add_status(module, "FAULTED", NHF_FAULTED) < 0 ||
         /* Bottom-up, as nhf.h lists the layers. */
-        nhf_guard_init(module) < 0 || nhf_compiled_init(module) < 0 ||
+        nhf_driver_init(module) < 0 || nhf_guard_init(module) < 0 ||
+        nhf_compiled_init(module) < 0 ||
         nhf_buffer_ref_init(module) < 0 || nhf_records_init(module) < 0 ||
         nhf_trampolines_init(module) < 0 || nhf_kinds_init(module) < 0 ||
         nhf_watchdog_init(module) < 0 ||

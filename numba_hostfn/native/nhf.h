@@ -18,6 +18,7 @@
  * nhf_fault_on_stream_faulted, the enqueue's nhf_enqueue_add_lanes).  Bottom up:
  *
  *    0  util.c          argument helpers, nhf_add_address
+ *    1  driver.c        the CUDA driver's entry points: one table (driver.h)
  *    1  guard.c         the interpreter guard, the GIL on foreign threads, fork
  *    1  compiled.c      CompiledBase: compiled code and its launch kind
  *    1  buffer_ref.c    BufferRef, format_holds_objects
@@ -26,7 +27,7 @@
  *    4  kinds.c         the table of launch kinds, the owner rule
  *    4  watchdog.c      device faults
  *    5  enqueue.c       the enqueue every launch goes through
- *    6  cuda.c          the CUDA backend: driver entry points, its enqueue, graphs
+ *    6  cuda.c          the CUDA backend: its enqueue, graphs, captures, pinned words
  *    6  simulator.c     the simulator: streams, graphs, its word operations
  *    6  notify.c        signals to Python, the dispatcher
  *    7  parallel_copy.c the executor's shared copies      (executor.h: 7 to 11)
@@ -56,6 +57,8 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+
+#include "driver.h"
 
 /* ---- shared helpers (util.c) ------------------------------------------------- */
 
@@ -168,6 +171,11 @@ void nhf_records_each(void (*visit)(nhf_record *record, void *arg), void *arg);
 /* drain(), held(), schedule_failures(). */
 int nhf_records_init(PyObject *module);
 
+/* ---- the CUDA driver's table (driver.c; its types and constants: driver.h) ---- */
+
+/* GIL held, at module load: driver_entry_points(), driver_load(), driver_swap(). */
+int nhf_driver_init(PyObject *module);
+
 /* ---- the interpreter guard, and the GIL on foreign threads (guard.c) --------- */
 
 /* Any thread: count this thread in before touching CPython; false once the
@@ -235,24 +243,7 @@ int nhf_enqueue_init(PyObject *module);
 
 /* ---- the CUDA backend (cuda.c) ------------------------------------------------- */
 
-/* The CUDA driver's entry points, set once by the backend (cuGetProcAddress). */
-typedef int (*nhf_cu_is_capturing)(void *stream, int *status);
-typedef int (*nhf_cu_launch_host_func)(void *stream, nhf_hostfn fn, void *data);
-typedef int (*nhf_cu_write_value32)(void *stream, uint64_t address, uint32_t value,
-                                    unsigned flags);
-typedef int (*nhf_cu_wait_value32)(void *stream, uint64_t address, uint32_t value,
-                                   unsigned flags);
-typedef int (*nhf_cu_batch_mem_op)(void *stream, unsigned count, void *params, unsigned flags);
-
-struct nhf_cuda {
-    _Atomic(nhf_cu_is_capturing) is_capturing;
-    _Atomic(nhf_cu_launch_host_func) launch_host_func;
-    _Atomic(nhf_cu_write_value32) write_value32;
-    _Atomic(nhf_cu_wait_value32) wait_value32;
-    _Atomic(nhf_cu_batch_mem_op) batch_mem_op; /* NULL: two calls, never a batch */
-};
-extern struct nhf_cuda nhf_cuda;
-
+/* The driver's entry points are driver.h's table (driver.c). */
 uint64_t nhf_cuda_enqueue(void *stream, nhf_hostfn trampoline, void *record);
 int nhf_cuda_init(PyObject *module);
 

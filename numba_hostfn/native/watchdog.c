@@ -51,19 +51,6 @@
 #include <sys/prctl.h>
 #include <time.h>
 
-enum {
-    CUDA_SUCCESS = 0,
-    CUDA_ERROR_NOT_INITIALIZED = 3,
-    CUDA_ERROR_DEINITIALIZED = 4,
-    CUDA_ERROR_INVALID_CONTEXT = 201,
-    CUDA_ERROR_CONTEXT_ALREADY_IN_USE = 216,
-    CUDA_ERROR_INVALID_HANDLE = 400,
-    CUDA_ERROR_NOT_READY = 600,
-    CUDA_ERROR_CONTEXT_IS_DESTROYED = 709,
-    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
-    CU_STREAM_CAPTURE_MODE_RELAXED = 2,
-};
-
 /* An answer that says nothing about a fault: the context is busy or idle, or
  * it is gone (a reset context ran or dropped its work: tests/test_faults.py). */
 static bool not_a_fault(int rc) {
@@ -403,25 +390,8 @@ void nhf_watch_enqueued(nhf_record *record, unsigned long taken) {
 
 /* ---- the CUDA backend's query ------------------------------------------------------- */
 
-typedef int (*cu_stream_query)(void *stream);
-/* cuStreamGetCtx(stream, &ctx); a driver whose cuStreamGetCtx is the _v2 form
- * (CUDA 12.5+: a third out, the green context) writes it to the third pointer,
- * which the older form ignores (one argument too many is harmless in the C
- * calling conventions of x86-64 and AArch64, as for cuStreamGetCaptureInfo). */
-typedef int (*cu_stream_get_ctx)(void *stream, void **ctx, void **green_ctx);
-typedef int (*cu_exchange_capture_mode)(int *mode);
-typedef int (*cu_ctx_push)(void *ctx);
-typedef int (*cu_ctx_pop)(void **ctx);
-
-static struct {
-    _Atomic(cu_stream_query) query;
-    _Atomic(cu_stream_get_ctx) get_ctx;
-    _Atomic(cu_exchange_capture_mode) exchange_mode;
-    _Atomic(cu_ctx_push) push;
-    _Atomic(cu_ctx_pop) pop;
-} cuda_watch;
-
-#define CU_STREAM_PER_THREAD ((void *)0x2)
+/* Its entry points are the driver table's (driver.h): the backend configures
+ * the watchdog with these two only once the table has all five it calls. */
 
 /* The watchdog's thread: a CUDA context's state, as cuStreamQuery of the
  * watchdog thread's own per-thread default stream in it answers (after a fault,
@@ -435,16 +405,17 @@ static struct {
 static int nhf_cuda_query_context(void *ctx) {
     if (!watchdog_relaxed) {
         int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-        cu_exchange_capture_mode exchange = atomic_load(&cuda_watch.exchange_mode);
+        nhf_cuThreadExchangeStreamCaptureMode_fn exchange =
+            NHF_CU(cuThreadExchangeStreamCaptureMode);
         if (exchange == NULL || exchange(&mode) != 0)
             return CUDA_ERROR_NOT_READY; /* not queried: that could invalidate a capture */
         watchdog_relaxed = true;
     }
-    cu_ctx_push push = atomic_load(&cuda_watch.push);
-    cu_stream_query query = atomic_load(&cuda_watch.query);
-    cu_ctx_pop pop = atomic_load(&cuda_watch.pop);
+    nhf_cuCtxPushCurrent_fn push = NHF_CU(cuCtxPushCurrent);
+    nhf_cuStreamQuery_fn query = NHF_CU(cuStreamQuery);
+    nhf_cuCtxPopCurrent_fn pop = NHF_CU(cuCtxPopCurrent);
     if (push == NULL || query == NULL || pop == NULL)
-        return CUDA_ERROR_NOT_READY; /* configured before set_cuda_watch: nothing to ask */
+        return CUDA_ERROR_NOT_READY; /* a driver table without them: nothing to ask */
     int rc = push(ctx);
     if (rc != 0)
         return rc; /* a destroyed context: not a fault (not_a_fault) */
@@ -456,7 +427,7 @@ static int nhf_cuda_query_context(void *ctx) {
 
 /* Any thread: a CUDA stream's context (cuStreamGetCtx), or its green context. */
 static int nhf_cuda_context_of(void *stream, void **ctx) {
-    cu_stream_get_ctx get_ctx = atomic_load(&cuda_watch.get_ctx);
+    nhf_cuStreamGetCtx_fn get_ctx = NHF_CU(cuStreamGetCtx);
     if (get_ctx == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
     void *green = NULL;
@@ -468,32 +439,6 @@ static int nhf_cuda_context_of(void *stream, void **ctx) {
 }
 
 /* ---- from Python ------------------------------------------------------------------------ */
-
-/* set_cuda_watch(cuStreamQuery, cuStreamGetCtx, cuThreadExchangeStreamCaptureMode,
- * cuCtxPushCurrent, cuCtxPopCurrent). */
-static PyObject *py_set_cuda_watch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    void *a[5];
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError,
-                        "set_cuda_watch(query, get_ctx, exchange_capture_mode, push, pop)");
-        return NULL;
-    }
-    for (int i = 0; i < 5; i++) {
-        if (nhf_address_arg(args[i], &a[i]) < 0)
-            return NULL;
-        if (a[i] == NULL) {
-            PyErr_Format(PyExc_ValueError, "set_cuda_watch: entry point %d is NULL", i);
-            return NULL;
-        }
-    }
-    atomic_store(&cuda_watch.query, (cu_stream_query)(uintptr_t)a[0]);
-    atomic_store(&cuda_watch.get_ctx, (cu_stream_get_ctx)(uintptr_t)a[1]);
-    atomic_store(&cuda_watch.exchange_mode, (cu_exchange_capture_mode)(uintptr_t)a[2]);
-    atomic_store(&cuda_watch.push, (cu_ctx_push)(uintptr_t)a[3]);
-    atomic_store(&cuda_watch.pop, (cu_ctx_pop)(uintptr_t)a[4]);
-    Py_RETURN_NONE;
-}
 
 /* watchdog_configure(query, context_of[, first_us, max_us[, idle_ms]]): the
  * backend's query functions (addresses), the backoff, and how long a parked
@@ -581,10 +526,6 @@ static PyObject *py_stream_fault(PyObject *self, PyObject *arg) {
 }
 
 static PyMethodDef methods[] = {
-    {"set_cuda_watch", (PyCFunction)(void (*)(void))py_set_cuda_watch, METH_FASTCALL,
-     "set_cuda_watch($module, query, get_ctx, exchange_capture_mode, push, pop, /)\n--\n\n"
-     "set_cuda_watch(cuStreamQuery, cuStreamGetCtx, cuThreadExchangeStreamCaptureMode, "
-     "cuCtxPushCurrent, cuCtxPopCurrent)"},
     {"watchdog_configure", (PyCFunction)(void (*)(void))py_watchdog_configure, METH_FASTCALL,
      "watchdog_configure($module, query, context_of, first_us=<unrepresentable>, "
      "max_us=<unrepresentable>, idle_ms=<unrepresentable>, /)\n--\n\n"
