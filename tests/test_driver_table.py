@@ -1,0 +1,279 @@
+"""The native driver table (native/driver.h) and the CUDA backend's driver calls
+(native/cuda.c), with stand-in entry points (``_core.driver_swap``): what each call
+passes the driver, in which order, what it does when one fails, and how it answers
+(``(value, CUresult, call)``).  On either backend: the stand-ins replace the table's
+entries for one test and are put back; nothing here enqueues real work.  The real
+driver's side of the same calls is the GPU suite's (test_graphs, test_executor)."""
+
+import ctypes
+import gc
+import weakref
+from contextlib import contextmanager
+
+import pytest
+
+import numba_hostfn as nh
+from numba_hostfn import _core
+
+c_int, c_uint, c_uint64, vp = ctypes.c_int, ctypes.c_uint, ctypes.c_uint64, ctypes.c_void_p
+PROTOTYPES = {
+    "cuStreamGetCaptureInfo": ctypes.CFUNCTYPE(
+        c_int, vp, ctypes.POINTER(c_int), vp, ctypes.POINTER(vp), vp, vp, vp
+    ),
+    "cuLaunchHostFunc": ctypes.CFUNCTYPE(c_int, vp, vp, vp),
+    "cuStreamWriteValue32": ctypes.CFUNCTYPE(c_int, vp, c_uint64, c_uint, c_uint),
+    "cuStreamWaitValue32": ctypes.CFUNCTYPE(c_int, vp, c_uint64, c_uint, c_uint),
+    "cuStreamCreate": ctypes.CFUNCTYPE(c_int, ctypes.POINTER(vp), c_uint),
+    "cuStreamBeginCaptureToGraph": ctypes.CFUNCTYPE(c_int, vp, vp, vp, vp, ctypes.c_size_t, c_int),
+    "cuStreamEndCapture": ctypes.CFUNCTYPE(c_int, vp, ctypes.POINTER(vp)),
+    "cuStreamDestroy": ctypes.CFUNCTYPE(c_int, vp),
+    "cuMemHostAlloc": ctypes.CFUNCTYPE(c_int, ctypes.POINTER(vp), ctypes.c_size_t, c_uint),
+    "cuUserObjectCreate": ctypes.CFUNCTYPE(c_int, ctypes.POINTER(vp), vp, vp, c_uint, c_uint),
+    "cuUserObjectRelease": ctypes.CFUNCTYPE(c_int, vp, c_uint),
+    "cuGraphRetainUserObject": ctypes.CFUNCTYPE(c_int, vp, vp, c_uint, c_uint),
+}
+
+
+@contextmanager
+def stand_ins(**fakes):
+    """The table's entries named by ``fakes`` (Python functions, or 0 for none) for
+    the block; the real ones back after it, whatever happens."""
+    keep, before = [], {}
+    try:
+        for name, fake in fakes.items():
+            address = 0
+            if fake:
+                keep.append(PROTOTYPES[name](fake))
+                address = ctypes.cast(keep[-1], vp).value
+            before[name] = _core.driver_swap(name, address)
+        yield
+    finally:
+        for name, address in before.items():
+            _core.driver_swap(name, address)
+
+
+def test_capture_info_reads_status_and_graph_and_names_a_refusal():
+    calls = []
+
+    def info(stream, status, id_, graph, deps, edges, count):
+        calls.append((stream, bool(id_), deps, edges, count))
+        if stream == 0xBAD:
+            return 901  # CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+        status[0] = 1
+        graph[0] = 0x6A
+        return 0
+
+    with stand_ins(cuStreamGetCaptureInfo=info):
+        assert _core.cuda_capture_info(0xABC) == ((1, 0x6A), 0, None)
+        assert _core.cuda_capture_info(0xBAD) == ((0, 0), 901, "cuStreamGetCaptureInfo")
+    # The optional outs are NULL, the id too: only status and graph are asked for.
+    assert calls == [(0xABC, False, None, None, None), (0xBAD, False, None, None, None)]
+    assert _core.CU_STREAM_CAPTURE_STATUS_ACTIVE == 1
+    assert _core.CU_STREAM_CAPTURE_STATUS_INVALIDATED == 2
+
+
+def test_a_captured_host_node_is_cu_launch_host_func_on_the_capturing_stream():
+    calls = []
+    with stand_ins(cuLaunchHostFunc=lambda *a: calls.append(a) or (999 if a[0] == 2 else 0)):
+        assert _core.cuda_captured_host_node(1, 0xF0, 0xA0) == (None, 0, None)
+        assert _core.cuda_captured_host_node(2, 0xF0, 0) == (None, 999, "cuLaunchHostFunc")
+        with pytest.raises(ValueError, match="NULL host function"):
+            _core.cuda_captured_host_node(1, 0, 0xA0)
+    assert calls == [(1, 0xF0, 0xA0), (2, 0xF0, None)]
+
+
+def _slot_fakes(log, refuse=None):
+    """Stand-ins for a slot's three operations, logging (name, stream, address,
+    value, flags); ``refuse``: (name, n) refuses that entry point's n-th call with
+    CUDA_ERROR_INVALID_VALUE."""
+    counts = {}
+
+    def fake(name):
+        def call(stream, address, value, flags):
+            counts[name] = counts.get(name, 0) + 1
+            log.append((name, stream, address, value, flags))
+            return 1 if refuse == (name, counts[name]) else 0
+
+        return call
+
+    return {
+        "cuStreamWriteValue32": fake("cuStreamWriteValue32"),
+        "cuStreamWaitValue32": fake("cuStreamWaitValue32"),
+    }
+
+
+def test_slot_nodes_write_reached_wait_for_done_then_reset_it():
+    """A graph slot's nodes, in order: "reached" (the first word) = 1, wait until
+    "done" (the second) >= 1 (CU_STREAM_WAIT_VALUE_GEQ, 0), "done" = 0; the first
+    refusal stops them and is named."""
+    words, stream = 0x10000, 0x5
+    log = []
+    with stand_ins(**_slot_fakes(log)):
+        assert _core.cuda_slot_nodes(stream, words) == (None, 0, None)
+    assert log == [
+        ("cuStreamWriteValue32", stream, words, 1, 0),
+        ("cuStreamWaitValue32", stream, words + 4, 1, 0),
+        ("cuStreamWriteValue32", stream, words + 4, 0, 0),
+    ]
+    for refuse, made in (
+        (("cuStreamWriteValue32", 1), 1),
+        (("cuStreamWaitValue32", 1), 2),
+        (("cuStreamWriteValue32", 2), 3),
+    ):
+        log.clear()
+        with stand_ins(**_slot_fakes(log, refuse)):
+            assert _core.cuda_slot_nodes(stream, words) == (None, 1, refuse[0])
+        assert len(log) == made, (refuse, log)
+
+
+def test_a_slot_graph_is_captured_by_a_stream_of_its_own_that_is_always_destroyed():
+    """cuda_slot_graph: a non-blocking stream made, captured into the given graph in
+    relaxed mode, the slot's three nodes, the capture ended, the stream destroyed.
+    Whatever fails, the capture that began is ended and the stream destroyed, and
+    the answer names the first call that failed."""
+    graph, words, made = 0x7000, 0x20000, 0x99
+
+    def run(refuse=None, begin_rc=0, end_rc=0, create_rc=0):
+        log = []
+
+        def create(out, flags):
+            log.append(("cuStreamCreate", flags))
+            out[0] = made
+            return create_rc
+
+        def begin(stream, g, deps, data, count, mode):
+            log.append(("cuStreamBeginCaptureToGraph", stream, g, deps, data, count, mode))
+            return begin_rc
+
+        def end(stream, out):
+            log.append(("cuStreamEndCapture", stream))
+            out[0] = graph
+            return end_rc
+
+        fakes = dict(
+            _slot_fakes(log, refuse),
+            cuStreamCreate=create,
+            cuStreamBeginCaptureToGraph=begin,
+            cuStreamEndCapture=end,
+            cuStreamDestroy=lambda s: log.append(("cuStreamDestroy", s)) or 0,
+        )
+        with stand_ins(**fakes):
+            answer = _core.cuda_slot_graph(graph, words)
+        return answer, [entry[0] for entry in log], log
+
+    answer, names, log = run()
+    assert answer == (None, 0, None)
+    assert names == [
+        "cuStreamCreate",
+        "cuStreamBeginCaptureToGraph",
+        "cuStreamWriteValue32",
+        "cuStreamWaitValue32",
+        "cuStreamWriteValue32",
+        "cuStreamEndCapture",
+        "cuStreamDestroy",
+    ]
+    assert log[0] == ("cuStreamCreate", 1)  # CU_STREAM_NON_BLOCKING
+    assert log[1] == ("cuStreamBeginCaptureToGraph", made, graph, None, None, 0, 2)  # relaxed
+    assert all(entry[1] == made for entry in log[2:])
+    answer, names, _ = run(refuse=("cuStreamWaitValue32", 1))
+    assert answer == (None, 1, "cuStreamWaitValue32")
+    assert names[-2:] == ["cuStreamEndCapture", "cuStreamDestroy"] and len(names) == 6
+    answer, names, _ = run(end_rc=1)
+    assert answer == (None, 1, "cuStreamEndCapture") and names[-1] == "cuStreamDestroy"
+    answer, names, _ = run(begin_rc=1)
+    assert answer == (None, 1, "cuStreamBeginCaptureToGraph")
+    assert names == ["cuStreamCreate", "cuStreamBeginCaptureToGraph", "cuStreamDestroy"]
+    answer, names, _ = run(create_rc=2)
+    assert answer == (None, 2, "cuStreamCreate") and names == ["cuStreamCreate"]
+    with stand_ins(cuStreamBeginCaptureToGraph=0):  # a driver before CUDA 12.3
+        assert _core.cuda_slot_graph(graph, words) == (None, 801, "cuStreamBeginCaptureToGraph")
+
+
+def test_pinned_words_are_portable_mapped_and_zeroed():
+    block = (ctypes.c_ubyte * 64)(*([0xFF] * 64))
+    calls = []
+
+    def alloc(out, nbytes, flags):
+        calls.append((nbytes, flags))
+        if nbytes > 64:
+            return 2  # CUDA_ERROR_OUT_OF_MEMORY
+        out[0] = ctypes.addressof(block)
+        return 0
+
+    with stand_ins(cuMemHostAlloc=alloc):
+        assert _core.cuda_pinned_words(64) == (ctypes.addressof(block), 0, None)
+        assert _core.cuda_pinned_words(128) == (0, 2, "cuMemHostAlloc")
+    assert bytes(block) == bytes(64)
+    assert calls == [(64, 0x3), (128, 0x3)]  # CU_MEMHOSTALLOC_PORTABLE | _DEVICEMAP
+
+
+def test_the_capture_mode_is_exchanged_and_given_back():
+    """Real on CUDA (this thread's mode: global, then relaxed back); on the
+    simulator the table has no entry, and the mode comes back unchanged."""
+    relaxed = _core.CU_STREAM_CAPTURE_MODE_RELAXED
+    before, rc, call = _core.cuda_exchange_capture_mode(relaxed)
+    assert rc == 0 and call is None
+    assert _core.cuda_exchange_capture_mode(before) == (relaxed, 0, None)
+    assert before == (relaxed if nh.backend_name() == "simulator" else 0)
+    with pytest.raises(ValueError, match="not a CUstreamCaptureMode"):
+        _core.cuda_exchange_capture_mode(7)
+
+
+class _Owner:
+    pass
+
+
+def test_a_graph_record_is_owned_by_a_user_object_or_released_at_once():
+    """cuda_graph_record: the record is given to cuUserObjectCreate with the release
+    trampoline as its destructor (no destructor sync), moved to the graph
+    (cuGraphRetainUserObject, CU_GRAPH_USER_OBJECT_MOVE); a refused create releases
+    the record at once, a refused retain drops the user object, whose destructor
+    (called by the driver) releases it.  Either way nothing is leaked."""
+    objects = {}
+
+    def create(out, record, destroy, refcount, flags):
+        if record is None or objects.get("refuse") == "create":
+            return 2
+        objects["made"] = (record, destroy, refcount, flags)
+        out[0] = 0x0B
+        return 0
+
+    def retain(graph, obj, count, flags):
+        objects["retained"] = (graph, obj, count, flags)
+        return 3 if objects.get("refuse") == "retain" else 0
+
+    def release(obj, count):
+        record, destroy, _, _ = objects["made"]
+        ctypes.CFUNCTYPE(None, vp)(destroy)(record)  # the last reference: the destructor
+        return 0
+
+    fakes = dict(
+        cuUserObjectCreate=create, cuGraphRetainUserObject=retain, cuUserObjectRelease=release
+    )
+    for refuse, answer_rc, answer_call in (
+        (None, 0, None),
+        ("create", 2, "cuUserObjectCreate"),
+        ("retain", 3, "cuGraphRetainUserObject"),
+    ):
+        objects.clear()
+        objects["refuse"] = refuse
+        owner = _Owner()
+        alive = weakref.ref(owner)
+        with stand_ins(**fakes):
+            record, rc, call = _core.cuda_graph_record(0x6A, 0xF0, 0xA0, owner)
+        assert (rc, call) == (answer_rc, answer_call), refuse
+        del owner
+        nh.drain()
+        gc.collect()
+        if refuse is None:
+            assert record and alive() is not None  # the graph owns it now
+            made_record, destroy, refcount, flags = objects["made"]
+            assert made_record == record and destroy == _core.USER_OBJECT_RELEASE
+            assert (refcount, flags) == (1, 1)  # one reference; NO_DESTRUCTOR_SYNC
+            assert objects["retained"] == (0x6A, 0x0B, 1, 1)  # MOVE
+            ctypes.CFUNCTYPE(None, vp)(destroy)(record)  # the graph is destroyed
+            nh.drain()
+            gc.collect()
+        else:
+            assert record == 0
+        assert alive() is None, refuse
