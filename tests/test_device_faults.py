@@ -139,7 +139,7 @@ WAITS_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
             ex2.close()
         print("drain", nh.drain() >= 0)
         print("reports", reports)
-        print("failed by the watchdog", _core.watchdog_stats()["failed"] >= 8)
+        print("failed by the watchdog", _core._testing.watchdog_stats()["failed"] >= 8)
 
     asyncio.run(main())
 """)
@@ -337,7 +337,7 @@ def test_a_slow_stream_never_fails_its_waits_and_a_raising_callable_is_still_rep
     if rerun_on_simulator(request):
         return
     with nh.simulator.Stream() as s:
-        polls = _core.watchdog_stats()["polls"]
+        polls = _core._testing.watchdog_stats()["polls"]
         s.sleep(0.3)
         future = nh.done_future(s)
 
@@ -347,14 +347,14 @@ def test_a_slow_stream_never_fails_its_waits_and_a_raising_callable_is_still_rep
         nh.host_launch(s, boom)
         after = nh.done_future(s)
         assert future.result(timeout=60) is s and after.result(timeout=60) is s
-        assert _core.watchdog_stats()["polls"] > polls  # it did look, and found no fault
+        assert _core._testing.watchdog_stats()["polls"] > polls  # it did look, and found no fault
         s.sync()
     assert [type(u.exc_value) for u in unraisables] == [ValueError]
 
 
 def _watchdog_parked(rounds=3000):
     for _ in range(rounds):
-        if not _core.watchdog_stats()["active"]:
+        if not _core._testing.watchdog_stats()["active"]:
             return True
         time.sleep(0.01)
     return False
@@ -369,13 +369,14 @@ def test_the_watchdog_polls_only_while_launches_are_in_flight(request, stream):
     stream.sync()
     nh.drain()
     assert _watchdog_parked()
-    stats = _core.watchdog_stats()
+    stats = _core._testing.watchdog_stats()
     time.sleep(0.2)
-    assert _core.watchdog_stats()["polls"] == stats["polls"]  # parked: no poll
+    assert _core._testing.watchdog_stats()["polls"] == stats["polls"]  # parked: no poll
     stream.sleep(0.05)  # so that the launch is still in flight when host_launch returns
     nh.host_launch(stream, lambda: None)
     stream.sync()
-    assert _core.watchdog_stats()["wakes"] == stats["wakes"] + 1  # woken, then parked again
+    # Woken, then parked again.
+    assert _core._testing.watchdog_stats()["wakes"] == stats["wakes"] + 1
     assert _watchdog_parked()
 
 
@@ -499,11 +500,11 @@ RESOLUTION_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
             stream = device.create_stream()
         counter = np.zeros(1, np.int64)
         delay = 0.2
-        failed = _core.watchdog_stats()["failed"]
+        failed = _core._testing.watchdog_stats()["failed"]
         seen = []
         def watch():  # when the watchdog failed the first record (a 0.2 ms poll)
             while not seen and time.perf_counter() < start + 30:
-                if _core.watchdog_stats()["failed"] > failed:
+                if _core._testing.watchdog_stats()["failed"] > failed:
                     seen.append(time.perf_counter())
                 time.sleep(0.0002)
         # The simulator's clock is the host's: it faults delay s after fire().  On CUDA
@@ -574,7 +575,7 @@ IDLE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
         if watchdogs() == 0:
             break
         time.sleep(0.01)
-    print("idle", watchdogs(), _core.watchdog_stats()["running"])
+    print("idle", watchdogs(), _core._testing.watchdog_stats()["running"])
     device.delay(stream, 0.1)
     nh.host_launch(stream, lambda: None)
     print("again", watchdogs())

@@ -1,5 +1,5 @@
 """The native driver table (native/driver.h) and the CUDA backend's driver calls
-(native/cuda.c), with stand-in entry points (``_core.driver_swap``): what each call
+(native/cuda.c), with stand-in entry points (``_core._testing.driver_swap``): what each call
 passes the driver, in which order, what it does when one fails, and how it answers
 (``(value, CUresult, call)``).  On either backend: the stand-ins replace the table's
 entries for one test and are put back; nothing here enqueues real work.  The real
@@ -45,11 +45,11 @@ def stand_ins(**fakes):
             if fake:
                 keep.append(PROTOTYPES[name](fake))
                 address = ctypes.cast(keep[-1], vp).value
-            before[name] = _core.driver_swap(name, address)
+            before[name] = _core._testing.driver_swap(name, address)
         yield
     finally:
         for name, address in before.items():
-            _core.driver_swap(name, address)
+            _core._testing.driver_swap(name, address)
 
 
 def test_capture_info_reads_status_and_graph_and_names_a_refusal():

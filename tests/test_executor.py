@@ -268,7 +268,7 @@ CLOSE_RACING_A_LAUNCH_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     # 5 s between a launch's open check and its count: wide, so that on a loaded
     # machine (TSan, 2 cores) the launch reaches its pause in the 1 s below, and
     # close_it runs inside the pause.
-    _core.exec_test_pause(5_000_000_000)
+    _core._testing.exec_test_pause(5_000_000_000)
     entered = threading.Event()
 
     def launch():  # a task behind close_it, still uncounted when close_it checks
@@ -281,7 +281,7 @@ CLOSE_RACING_A_LAUNCH_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     time.sleep(1.0)  # the launch has seen the pool open, and has not counted its task
     hold.release()
     t.join()
-    _core.exec_test_pause(0)
+    _core._testing.exec_test_pause(0)
     stream.sync()
     ex.close()  # again, from here: it joins the threads
     nh.drain()
@@ -668,7 +668,7 @@ def test_executor_nodes_in_an_explicit_graph_chain(executor, device, stream):
 
 class _MemOps:
     """Stand-ins for the executor's driver entry points in the native driver table
-    (``_core.driver_swap``: ctypes callbacks that log each call and forward it, or
+    (``_core._testing.driver_swap``: ctypes callbacks that log each call and forward it, or
     refuse it with a CUresult); restored on exit."""
 
     _NAMES = ("cuStreamWriteValue32", "cuStreamWaitValue32", "cuStreamBatchMemOp")
@@ -682,7 +682,8 @@ class _MemOps:
 
     def __init__(self):
         # The table's own addresses: each swapped out and straight back.
-        self.real = tuple(_core.driver_swap(n, _core.driver_swap(n, 0)) for n in self._NAMES)
+        swap = _core._testing.driver_swap
+        self.real = tuple(swap(n, swap(n, 0)) for n in self._NAMES)
         assert self.real[2], "this driver has cuStreamBatchMemOp"
         self.log = []
         self._keep = []
@@ -712,14 +713,14 @@ class _MemOps:
             0 if no_batch else self._stand_in(self._BATCH, batch_real, "batch", batch),
         )
         for name, address in zip(self._NAMES, stand_ins, strict=True):
-            _core.driver_swap(name, address)
+            _core._testing.driver_swap(name, address)
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         for name, address in zip(self._NAMES, self.real, strict=True):
-            _core.driver_swap(name, address)
+            _core._testing.driver_swap(name, address)
 
 
 @pytest.mark.gpu

@@ -136,7 +136,9 @@ def _increment(p):
 def test_a_refused_drain_is_retried_by_the_next_completion(device, stream):
     """Invariant 14: the first completion finds the pending-call queue full; the next one
     schedules the drain again, with no drain() or launch from the main thread."""
-    from numba_hostfn._core import schedule_failures
+    from numba_hostfn import _core
+
+    schedule_failures = _core._testing.schedule_failures
 
     before = schedule_failures()
     first, second = np.zeros(1, np.int64), np.zeros(1, np.int64)

@@ -467,7 +467,7 @@ PREEMPTED_LAUNCH_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     ex = nh.HostExecutor(threads=2)
     nh.host_launch(stream, increment, user_data=nh.by_ref(cell), executor=ex)
     stream.sync()  # the lane exists and the threads have worked
-    _core.exec_test_pause(1_000_000_000)  # 1 s between a launch's open check and its count
+    _core._testing.exec_test_pause(1_000_000_000)  # 1 s between a launch's open check and its count
     entered = threading.Event()
     result = []
 
@@ -484,7 +484,7 @@ PREEMPTED_LAUNCH_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     entered.wait()
     time.sleep(0.2)  # the launch has seen the pool open, and has not counted its task
     ex.close()  # must finish that task, not stop the threads before it is counted
-    _core.exec_test_pause(0)
+    _core._testing.exec_test_pause(0)
     t.join()
     stream.sync()
     nh.drain()

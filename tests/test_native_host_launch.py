@@ -644,9 +644,9 @@ def test_both_paths_own_the_same_for_each_user_data(stream, case):
             stream.sync()
             nh.drain()
             with Hold(stream):  # nothing runs (and is released) before it is read
-                before = {id(o) for o in _core.held_owners()}
+                before = {id(o) for o in _core._testing.held_owners()}
                 nh.host_launch(stream, fn, **kwargs)
-                new = [o for o in _core.held_owners() if id(o) not in before]
+                new = [o for o in _core._testing.held_owners() if id(o) not in before]
                 assert len(new) == 1, new
                 shape = _owner_shape(new[0], fn, data)
                 del new
@@ -671,9 +671,9 @@ def test_an_executor_launch_owns_the_same_on_both_paths(stream):
                 stream.sync()
                 nh.drain()
                 with Hold(stream):
-                    before = {id(o) for o in _core.held_owners()}
+                    before = {id(o) for o in _core._testing.held_owners()}
                     nh.host_launch(stream, touch, user_data=b"ab", executor=executor)
-                    new = [o for o in _core.held_owners() if id(o) not in before]
+                    new = [o for o in _core._testing.held_owners() if id(o) not in before]
                     shape = [_owner_shape(o, touch, executor) for o in new]
                     del new
                 stream.sync()

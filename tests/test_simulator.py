@@ -158,7 +158,7 @@ def test_a_second_close_waits_until_the_queued_work_has_run(request):
     s.close()  # the second
     assert seen == ["ran"]
     first.join(60)
-    assert not first.is_alive() and _core.sim_pending(s.handle) == 0
+    assert not first.is_alive() and _core._testing.sim_pending(s.handle) == 0
 
 
 def test_a_stream_collected_after_its_modules_globals_are_cleared_still_closes(

@@ -148,10 +148,18 @@ static PyMethodDef driver_methods[] = {
      "driver_load($module, addresses, /)\n--\n\n"
      "Fill the driver table (one address per entry point, 0 where the driver lacks an "
      "optional one); returns the names missing."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMethodDef testing_methods[] = {
     {"driver_swap", (PyCFunction)(void (*)(void))py_driver_swap, METH_FASTCALL,
      "driver_swap($module, name, address, /)\n--\n\n"
      "Set one entry point (a test's stand-in); returns the address it had."},
     {NULL, NULL, 0, NULL},
 };
 
-int nhf_driver_init(PyObject *module) { return PyModule_AddFunctions(module, driver_methods); }
+int nhf_driver_init(PyObject *module) {
+    if (PyModule_AddFunctions(module, driver_methods) < 0)
+        return -1;
+    return nhf_add_testing(module, testing_methods);
+}

@@ -72,6 +72,9 @@ int nhf_check_nargs(const char *usage, Py_ssize_t nargs, Py_ssize_t expected);
 /* Exactly `expected` address arguments, into out. */
 int nhf_address_args(const char *usage, PyObject *const *args, Py_ssize_t nargs,
                      Py_ssize_t expected, void **out);
+/* Add methods to the module's _testing submodule (made by the first call): the
+ * hooks for tests only (counters, stand-ins, pauses), apart from the module's API. */
+int nhf_add_testing(PyObject *module, PyMethodDef *methods);
 /* Add name = address (an int) to the module. */
 int nhf_add_address(PyObject *module, const char *name, void *address);
 /* Relax the CPU in a spin-wait. */

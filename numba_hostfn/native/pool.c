@@ -420,4 +420,4 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-int nhf_pool_init(PyObject *module) { return PyModule_AddFunctions(module, methods); }
+int nhf_pool_init(PyObject *module) { return nhf_add_testing(module, methods); }

@@ -229,6 +229,10 @@ static PyMethodDef methods[] = {
      "Release the records that have run; return how many."},
     {"held", py_held, METH_NOARGS, "held($module, /)\n--\n\n"
      "Records taken and not released."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMethodDef testing_methods[] = {
     {"held_owners", py_held_owners, METH_NOARGS, "held_owners($module, /)\n--\n\n"
      "What each record taken and not released owns (for tests)."},
     {"schedule_failures", py_schedule_failures, METH_NOARGS,
@@ -237,4 +241,8 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-int nhf_records_init(PyObject *module) { return PyModule_AddFunctions(module, methods); }
+int nhf_records_init(PyObject *module) {
+    if (PyModule_AddFunctions(module, methods) < 0)
+        return -1;
+    return nhf_add_testing(module, testing_methods);
+}

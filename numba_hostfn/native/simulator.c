@@ -669,16 +669,6 @@ static PyObject *py_query(PyObject *self, PyObject *arg) {
     return stream == NULL ? NULL : PyLong_FromLong(nhf_sim_query(stream));
 }
 
-/* sim_fault_info(stream) -> (code, stream it was found on) of its context. */
-static PyObject *py_fault_info(PyObject *self, PyObject *arg) {
-    (void)self;
-    nhf_sim_stream *stream = stream_arg(arg);
-    if (stream == NULL)
-        return NULL;
-    return Py_BuildValue("(IN)", atomic_load(&stream->ctx->fault),
-                         PyLong_FromVoidPtr(atomic_load(&stream->ctx->found)));
-}
-
 /* sim_new_context(): streams made from now on belong to a new, healthy context. */
 static PyObject *py_new_context(PyObject *self, PyObject *unused) {
     (void)self, (void)unused;
@@ -940,23 +930,15 @@ static PyMethodDef methods[] = {
      "Returns zeroed memory, never freed"},
     {"sim_context_start", py_context_start, METH_NOARGS, "sim_context_start($module, /)\n--\n\n"
      "Start the host-function thread."},
-    {"sim_watchdog_stream_uses", py_watchdog_stream_uses, METH_NOARGS,
-     "sim_watchdog_stream_uses($module, /)\n--\n\n"
-     "Stream handles the watchdog's thread touched (0 by design)."},
     {"sim_set_capturing", (PyCFunction)(void (*)(void))py_set_capturing, METH_FASTCALL,
      "sim_set_capturing($module, stream, capturing, /)\n--\n\n"},
     {"sim_sync", py_sync, METH_O, "sim_sync($module, stream, /)\n--\n\n"
      "Wait (GIL released) until the stream's work has run."},
-    {"sim_pending", py_pending, METH_O, "sim_pending($module, stream, /)\n--\n\n"
-     "Items enqueued on the stream and not yet finished."},
     {"sim_in_host_function", py_in_host_function, METH_NOARGS,
      "sim_in_host_function($module, /)\n--\n\n"
      "True on the simulated host-function thread (a host function's call)."},
     {"sim_query", py_query, METH_O, "sim_query($module, stream, /)\n--\n\n"
      "Returns 0, 600 (not ready) or the fault."},
-    {"sim_fault_info", py_fault_info, METH_O,
-     "sim_fault_info($module, stream, /)\n--\n\n"
-     "Returns (fault, stream it ran on) of the stream's context."},
     {"sim_new_context", py_new_context, METH_NOARGS,
      "sim_new_context($module, /)\n--\n\n"
      "Streams made from now on belong to a new, healthy simulated context."},
@@ -977,8 +959,18 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyMethodDef testing_methods[] = {
+    {"sim_watchdog_stream_uses", py_watchdog_stream_uses, METH_NOARGS,
+     "sim_watchdog_stream_uses($module, /)\n--\n\n"
+     "Stream handles the watchdog's thread touched (0 by design)."},
+    {"sim_pending", py_pending, METH_O, "sim_pending($module, stream, /)\n--\n\n"
+     "Items enqueued on the stream and not yet finished."},
+    {NULL, NULL, 0, NULL},
+};
+
 int nhf_simulator_init(PyObject *module) {
-    if (PyModule_AddFunctions(module, methods) < 0 || PyType_Ready(&sim_graph_type) < 0 ||
+    if (PyModule_AddFunctions(module, methods) < 0 || nhf_add_testing(module, testing_methods) < 0 ||
+        PyType_Ready(&sim_graph_type) < 0 ||
         PyModule_AddObjectRef(module, "SimGraph", (PyObject *)&sim_graph_type) < 0 ||
         PyType_Ready(&sim_stream_type) < 0 ||
         PyModule_AddObjectRef(module, "SimStreamBase", (PyObject *)&sim_stream_type) < 0)

@@ -43,6 +43,28 @@ int nhf_address_args(const char *usage, PyObject *const *args, Py_ssize_t nargs,
     return 0;
 }
 
+int nhf_add_testing(PyObject *module, PyMethodDef *methods) {
+    PyObject *testing = PyObject_GetAttrString(module, "_testing");
+    if (testing == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear();
+        testing = PyModule_New("numba_hostfn._core._testing");
+        if (testing == NULL)
+            return -1;
+        if (PyModule_AddStringConstant(testing, "__doc__",
+                                       "The native core's hooks for tests only: counters, "
+                                       "stand-ins, pauses.  Not an API.") < 0 ||
+            PyModule_AddObjectRef(module, "_testing", testing) < 0) {
+            Py_DECREF(testing);
+            return -1;
+        }
+    }
+    int rc = PyModule_AddFunctions(testing, methods);
+    Py_DECREF(testing);
+    return rc;
+}
+
 int nhf_add_address(PyObject *module, const char *name, void *address) {
     PyObject *value = PyLong_FromVoidPtr(address);
     if (value == NULL)

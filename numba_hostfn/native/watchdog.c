@@ -533,17 +533,21 @@ static PyMethodDef methods[] = {
     {"fault_info", py_fault_info, METH_NOARGS,
      "fault_info($module, /)\n--\n\n"
      "The faulted contexts: (context, code, stream)."},
-    {"watchdog_stats", py_watchdog_stats, METH_NOARGS,
-     "watchdog_stats($module, /)\n--\n\n"
-     "The watchdog's counters."},
     {"stream_fault", py_stream_fault, METH_O,
      "stream_fault($module, stream, /)\n--\n\n"
      "The noted fault of a stream's context, or 0."},
     {NULL, NULL, 0, NULL},
 };
 
+static PyMethodDef testing_methods[] = {
+    {"watchdog_stats", py_watchdog_stats, METH_NOARGS,
+     "watchdog_stats($module, /)\n--\n\n"
+     "The watchdog's counters."},
+    {NULL, NULL, 0, NULL},
+};
+
 int nhf_watchdog_init(PyObject *module) {
-    if (PyModule_AddFunctions(module, methods) < 0)
+    if (PyModule_AddFunctions(module, methods) < 0 || nhf_add_testing(module, testing_methods) < 0)
         return -1;
     if (nhf_add_address(module, "CUDA_QUERY", (void *)(uintptr_t)nhf_cuda_query_context) < 0 ||
         nhf_add_address(module, "CUDA_CONTEXT_OF", (void *)(uintptr_t)nhf_cuda_context_of) < 0)
