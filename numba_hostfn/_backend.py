@@ -53,22 +53,24 @@ class Launch(NamedTuple):
 
     @property
     def trampoline(self) -> int:
-        """The native trampoline that runs it on a stream."""
+        """The number of the native trampoline that runs it on a stream
+        (``_core.RUN_COMPILED``, ...: the core picks the function it names)."""
         if self.copy:
             return _core.EXEC_COPY  # finds the executor's pool in the record's context
         return _RUN[self.kind]  # the native table of launch kinds (native/kinds.c)
 
 
 class Backend:
-    """What host_launch needs from a backend: an enqueue function, stream checks,
+    """What host_launch needs from a backend: its routes to a stream, stream checks,
     and a way to make the graph being captured own a record.
     """
 
     name = ""
-    #: Address of the native enqueue function, u64 (*)(handle, trampoline, record).
-    enqueue_fn = 0
-    #: The same for simulated device work (the simulator's own; else enqueue_fn).
-    device_enqueue_fn = 0
+    #: The native core's route to a stream of this backend (``_core.ROUTE_*``: the
+    #: core picks the enqueue function it names).
+    route = 0
+    #: The same for simulated device work (the simulator's own; else ``route``).
+    device_route = 0
     #: The backend's own stream type, whose launches the native host_launch takes.
     stream_type: Any = None
 
@@ -191,19 +193,19 @@ class Backend:
         self,
         target: int,
         launch: Launch,
-        enqueue_fn: int = 0,
+        route: int = 0,
         call: str = "cuLaunchHostFunc",
         context: tuple = (),
     ) -> bool:
         """Enqueue ``launch`` on ``target`` (a stream's handle, an executor's lane).
 
         Returns False, having enqueued nothing, if the stream is capturing.
-        ``enqueue_fn`` replaces the backend's own (simulated device work, an
+        ``route`` replaces the backend's own (simulated device work, an
         executor's lane); ``call`` names the driver call in errors; ``context`` is
         the record's context (an executor's copy: its pool).
         """
         status = _core.enqueue(
-            enqueue_fn or self.enqueue_fn,
+            route or self.route,
             target,
             launch.trampoline,
             launch.fn,
@@ -244,8 +246,8 @@ class Backend:
 
     # ---- the HostExecutor (``_executor``) ----
 
-    #: The native enqueue function of executor tasks, u64 (*)(lane, trampoline, record).
-    executor_enqueue_fn = 0
+    #: The native core's route to an executor's lane on a stream of this backend.
+    executor_route = 0
 
     def check_executor(self) -> None:
         """Raise RuntimeError if a HostExecutor cannot work here."""

@@ -42,7 +42,7 @@ class LaunchKind(NamedTuple):
 
     number: int  # nhf.h's enum nhf_kind (a CompiledBase's ``_kind``)
     name: str  # what classify_function returns
-    run: int  # the trampoline of a launch on a stream
+    run: int  # the trampoline of a launch on a stream (its number, _core.RUN_*)
     replay: int  # a graph node's call at each replay, given the record; 0: none
     graph_node: bool  # fn(arg) can itself be a graph node
     owns: str  # "fn": the callable, also the argument; "fn, user_data"

@@ -26,22 +26,24 @@ EXECUTOR_CLOSED: Final[int]
 IN_HOST_FUNCTION: Final[int]
 FAULTED: Final[int]
 
-# ---- addresses of native functions (trampolines, enqueue and query functions) ----
+# ---- routes and trampolines: numbers the core maps to its own functions ----
+ROUTE_CUDA: Final[int]
+ROUTE_SIM: Final[int]
+ROUTE_SIM_DEVICE: Final[int]
+ROUTE_CUDA_LANE: Final[int]
+ROUTE_SIM_LANE: Final[int]
 RUN_COMPILED: Final[int]
 RUN_PYTHON: Final[int]
+EXEC_COPY: Final[int]
+
+# ---- addresses of native functions (graph replays, the simulator's and watchdog's) ----
 REPLAY_PYTHON: Final[int]
 USER_OBJECT_RELEASE: Final[int]
-CUDA_ENQUEUE: Final[int]
 CUDA_QUERY: Final[int]
 CUDA_CONTEXT_OF: Final[int]
-EXEC_COPY: Final[int]
-EXEC_CUDA_ENQUEUE: Final[int]
-EXEC_SIM_ENQUEUE: Final[int]
 EXEC_SIM_SET: Final[int]
 EXEC_SIM_AWAIT: Final[int]
 SIGNAL: Final[int]
-SIM_ENQUEUE: Final[int]
-SIM_ENQUEUE_DEVICE: Final[int]
 SIM_DELAY: Final[int]
 SIM_FAULT: Final[int]
 SIM_GRAPH_RELEASE: Final[int]
@@ -51,7 +53,7 @@ SIM_CONTEXT_OF: Final[int]
 # ---- module.c: records, the enqueue, the exit guard, the driver ----
 def host_words(nbytes: int, /) -> int: ...
 def enqueue(
-    enqueue_fn: int,
+    route: int,
     target: int,
     trampoline: int,
     fn: int,
@@ -134,8 +136,8 @@ def configure_launch(
     *,
     fallback: Callable[..., None] | None = ...,
     raise_status: Callable[[int, Any], object] | None = ...,
-    enqueue_fn: int = ...,
-    executor_enqueue_fn: int = ...,
+    route: int = ...,
+    executor_route: int = ...,
     sim_stream_type: type | None = ...,
     cuda_stream_type: type | None = ...,
     cuhostfn_type: type | None = ...,
@@ -161,7 +163,7 @@ class SimGraph:  # SimGraph(): object's __init__, no arguments
     def release(self) -> None: ...
     def share(self) -> SimGraph: ...
 
-def sim_context_start() -> int: ...
+def sim_context_start() -> None: ...
 def sim_set_capturing(stream: int, capturing: bool, /) -> None: ...
 def sim_sync(stream: int, /) -> int: ...
 def sim_in_host_function() -> bool: ...
@@ -216,9 +218,7 @@ class Dispatcher:
         on_fault: Callable[[Any, int], object] | None = None,
     ) -> None: ...
     def run(self, block: bool = True, /) -> int: ...
-    def launch(
-        self, enqueue_fn: int, target: int, trampoline: int, owner: object, entry: object, /
-    ) -> int: ...
+    def launch(self, route: int, target: int, owner: object, entry: object, /) -> int: ...
     def outstanding(self) -> int: ...
     def due(self) -> int: ...
     def faulted(self) -> int: ...

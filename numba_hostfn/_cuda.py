@@ -91,9 +91,9 @@ class CudaBackend(Backend):
         watch = os.environ.get(WATCHDOG_ENV, "").strip().lower() not in ("0", "false", "no")
         if watch and not _WATCHDOG_ENTRY_POINTS & self.missing:
             _core.watchdog_configure(_core.CUDA_QUERY, _core.CUDA_CONTEXT_OF)
-        self.enqueue_fn = _core.CUDA_ENQUEUE
-        self.device_enqueue_fn = _core.CUDA_ENQUEUE
-        self.executor_enqueue_fn = _core.EXEC_CUDA_ENQUEUE
+        self.route = _core.ROUTE_CUDA
+        self.device_route = _core.ROUTE_CUDA
+        self.executor_route = _core.ROUTE_CUDA_LANE
         self._executor_checked = False
 
     def _proc(self, name: str) -> int:

@@ -31,10 +31,10 @@ __all__ = [
 
 def signal_route(
     target: Any, executor: Any, refusal: str, default_lane: bool = True
-) -> tuple[tuple[int, int, int, Any], tuple[int, int, int, Any] | None]:
-    """Where a signal of ``target`` goes: ``(route, fallback)``, each route
-    ``(enqueue_fn, target, trampoline, owner)`` for the native dispatcher's launch
-    (``native/notify.c``).
+) -> tuple[tuple[int, int, Any], tuple[int, int, Any] | None]:
+    """Where a signal of ``target`` goes: ``(route, fallback)``, each
+    ``(route, target, owner)`` for the native dispatcher's launch
+    (``native/notify.c``; ``route`` a ``_core.ROUTE_*``).
 
     A signal says "the stream got here" once, so it is only for streams: a graph
     target raises ``RuntimeError(refusal)``, having enqueued nothing (a capturing
@@ -52,15 +52,14 @@ def signal_route(
     backend = get_backend()
     handle = backend.stream_handle(target, stream_handle(target))
     if executor is None:
-        driver = (backend.enqueue_fn, handle, _core.RUN_COMPILED, None)
+        driver = (backend.route, handle, None)
         found = default_lane_of(handle) if default_lane else None
         if found is None:
             return driver, None
         lane, address = found
-        return (backend.executor_enqueue_fn, address, _core.RUN_COMPILED, lane), driver
+        return (backend.executor_route, address, lane), driver
     # An executor's task owns the executor: it is collected only with nothing outstanding.
-    route = (backend.executor_enqueue_fn, lane_of(executor, handle), _core.RUN_COMPILED, executor)
-    return route, None
+    return (backend.executor_route, lane_of(executor, handle), executor), None
 
 
 def refuse_signal(status: int, executor: Any, refusal: str) -> None:
@@ -127,11 +126,11 @@ def enqueue(
     if kind_of_target == "node":
         return add_graph_node(backend, target, launch)
     builder = kind_of_target == "builder"
-    enqueue_fn = backend.device_enqueue_fn if as_device_work else 0
+    route = backend.device_route if as_device_work else 0
     while True:
         if not builder:
             if executor is None:
-                enqueued = backend.enqueue(handle, launch, enqueue_fn)
+                enqueued = backend.enqueue(handle, launch, route)
             else:
                 enqueued = _executor_enqueue(backend, handle, launch)
             if enqueued:
@@ -157,6 +156,4 @@ def _executor_enqueue(backend: Backend, handle: int, launch: Launch) -> bool:
     # The executor's copy trampoline finds its pool in the record's context.
     context = copy_context_of(executor) if launch.copy else ()
     lane = lane_of(executor, handle)
-    return backend.enqueue(
-        lane, launch, backend.executor_enqueue_fn, "cuStreamWriteValue32", context
-    )
+    return backend.enqueue(lane, launch, backend.executor_route, "cuStreamWriteValue32", context)

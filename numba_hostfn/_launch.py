@@ -139,8 +139,8 @@ def _configure_native(backend: Any) -> None:
     """Point the native host_launch at ``backend`` (when the backend is made)."""
     _core.configure_launch(
         raise_status=raise_refused,
-        enqueue_fn=backend.enqueue_fn,
-        executor_enqueue_fn=backend.executor_enqueue_fn or 0,
+        route=backend.route,
+        executor_route=backend.executor_route,
         sim_stream_type=backend.stream_type if backend.name == "simulator" else None,
         cuda_stream_type=backend.stream_type if backend.name == "cuda" else None,
         cuhostfn_type=CUhostFn,

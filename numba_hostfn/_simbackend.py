@@ -26,13 +26,12 @@ class SimulatorBackend(Backend):
         #: Why it is in use when the program asked, as errors say it (``_process``,
         #: which owns the switch, names it).
         self.requested = requested
-        if _core.sim_context_start():
-            raise RuntimeError("the simulator could not start its host-function thread")
+        _core.sim_context_start()  # RuntimeError if its thread cannot be started
         # Device faults: the watchdog queries the simulated streams (native/watchdog.c).
         _core.watchdog_configure(_core.SIM_QUERY, _core.SIM_CONTEXT_OF)
-        self.enqueue_fn = _core.SIM_ENQUEUE
-        self.device_enqueue_fn = _core.SIM_ENQUEUE_DEVICE
-        self.executor_enqueue_fn = _core.EXEC_SIM_ENQUEUE
+        self.route = _core.ROUTE_SIM
+        self.device_route = _core.ROUTE_SIM_DEVICE
+        self.executor_route = _core.ROUTE_SIM_LANE
         self.streams: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         #: handle -> the simulator's capture object, while that stream captures.
         self.captures: dict[int, Any] = {}

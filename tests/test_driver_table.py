@@ -277,3 +277,24 @@ def test_a_graph_record_is_owned_by_a_user_object_or_released_at_once():
         else:
             assert record == 0
         assert alive() is None, refuse
+
+
+def test_routes_and_trampolines_are_numbers_the_core_checks():
+    """Python names where a launch goes and what runs it by number (_core.ROUTE_*,
+    _core.RUN_*); the core picks the functions.  A number that names none is a
+    ValueError, before any record is taken: no int from Python becomes a call target
+    (before, these were function addresses, called as given)."""
+    held = _core.held()
+    routes = [_core.ROUTE_CUDA, _core.ROUTE_SIM, _core.ROUTE_SIM_DEVICE]
+    routes += [_core.ROUTE_CUDA_LANE, _core.ROUTE_SIM_LANE]
+    assert sorted(routes) == list(range(1, 6))
+    assert {_core.RUN_COMPILED, _core.RUN_PYTHON, _core.EXEC_COPY} == {1, 2, 3}
+    for route in (0, 6, -1, 1 << 40):
+        with pytest.raises((ValueError, OverflowError)):
+            _core.enqueue(route, 1, _core.RUN_COMPILED, 0xF0, 0, None)
+    for trampoline in (0, 4, 0x7F0000001000):
+        with pytest.raises((ValueError, OverflowError), match="trampoline|too large|convert"):
+            _core.enqueue(_core.ROUTE_SIM, 1, trampoline, 0xF0, 0, None)
+    with pytest.raises(TypeError, match="takes 6 or 7 arguments"):
+        _core.enqueue(_core.ROUTE_SIM, 1, _core.RUN_COMPILED)
+    assert _core.held() == held

@@ -270,5 +270,6 @@ int nhf_cuda_init(PyObject *module) {
         PyModule_AddIntConstant(module, "CU_STREAM_CAPTURE_MODE_RELAXED",
                                 CU_STREAM_CAPTURE_MODE_RELAXED) < 0)
         return -1;
-    return nhf_add_address(module, "CUDA_ENQUEUE", (void *)(uintptr_t)nhf_cuda_enqueue);
+    nhf_enqueue_add_route(NHF_ROUTE_CUDA, nhf_cuda_enqueue, NULL);
+    return 0;
 }

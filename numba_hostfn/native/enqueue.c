@@ -3,50 +3,51 @@
  * and returns a status word: 0, or NHF_* flags with a CUresult in the low 32
  * bits where a driver call failed.  Each backend's is next to it: the driver's
  * in cuda.c, the simulator's in simulator.c, an executor lane's in
- * executor_cuda.c and executor_sim.c.
+ * executor_cuda.c and executor_sim.c; each is a *route* (nhf.h's enum
+ * nhf_route), which is what Python names: a number, never an address.
  */
 #include "nhf.h"
 
-/* The enqueue functions whose target is an executor's lane, and the stream of
- * such a target (nhf_enqueue_add_lanes): written at module load, with the GIL,
- * before any launch; read with the GIL. */
-#define MAX_LANE_KINDS 4
+/* The routes (nhf.h's enum nhf_route): each one's enqueue function, and the
+ * stream of its target where the target is not the stream (an executor's lane).
+ * Written at module load, with the GIL, before any launch (nhf_enqueue_add_route,
+ * by the layer that owns each); read after. */
 static struct {
     nhf_enqueue_fn enqueue_fn;
     void *(*stream_of)(void *target);
-} lane_kinds[MAX_LANE_KINDS];
-static int nlane_kinds;
+} routes[NHF_NROUTES];
 
-int nhf_enqueue_add_lanes(nhf_enqueue_fn enqueue_fn, void *(*stream_of)(void *target)) {
-    if (nlane_kinds == MAX_LANE_KINDS) {
-        PyErr_SetString(PyExc_RuntimeError, "numba_hostfn: too many lane enqueue functions");
-        return -1;
-    }
-    lane_kinds[nlane_kinds].enqueue_fn = enqueue_fn;
-    lane_kinds[nlane_kinds].stream_of = stream_of;
-    nlane_kinds++;
-    return 0;
+void nhf_enqueue_add_route(int route, nhf_enqueue_fn enqueue_fn,
+                           void *(*stream_of)(void *target)) {
+    routes[route].enqueue_fn = enqueue_fn;
+    routes[route].stream_of = stream_of;
 }
 
-/* GIL held: how to find the stream of enqueue_fn's target, or NULL if the
- * target is the stream. */
-static void *(*lane_stream_of(nhf_enqueue_fn enqueue_fn))(void *target) {
-    for (int i = 0; i < nlane_kinds; i++)
-        if (lane_kinds[i].enqueue_fn == enqueue_fn)
-            return lane_kinds[i].stream_of;
-    return NULL;
+int nhf_route_arg(PyObject *value) {
+    long route = PyLong_AsLong(value);
+    if (route == -1 && PyErr_Occurred())
+        return NHF_ROUTE_NONE;
+    if (route <= NHF_ROUTE_NONE || route >= NHF_NROUTES || routes[route].enqueue_fn == NULL) {
+        PyErr_Format(PyExc_ValueError,
+                     "%ld names no route (_core.ROUTE_CUDA, ROUTE_SIM, ROUTE_SIM_DEVICE, "
+                     "ROUTE_CUDA_LANE or ROUTE_SIM_LANE)",
+                     route);
+        return NHF_ROUTE_NONE;
+    }
+    return (int)route;
 }
 
 /* GIL held on entry and exit; dropped only around the enqueue function, so no
  * driver call holds it (invariant 10).  Shared by host_launch, the enqueue
  * builtin (below) and the signals' (notify.c). */
-uint64_t nhf_enqueue_record(nhf_enqueue_fn enqueue_fn, void *target, nhf_hostfn trampoline,
-                            nhf_hostfn fn, void *arg, void *context, PyObject *owner) {
+uint64_t nhf_enqueue_record(int route, void *target, nhf_hostfn trampoline, nhf_hostfn fn,
+                            void *arg, void *context, PyObject *owner) {
+    nhf_enqueue_fn enqueue_fn = routes[route].enqueue_fn;
+    void *(*stream_of)(void *target) = routes[route].stream_of;
     nhf_record *record = nhf_record_take(fn, arg, owner);
     if (record == NULL)
         return NHF_NO_RECORD;
     record->context = context;
-    void *(*stream_of)(void *target) = lane_stream_of(enqueue_fn);
     unsigned long taken = atomic_load_explicit(&record->state, memory_order_relaxed);
     uint64_t status;
     Py_BEGIN_ALLOW_THREADS
@@ -65,23 +66,31 @@ uint64_t nhf_enqueue_record(nhf_enqueue_fn enqueue_fn, void *target, nhf_hostfn 
     return status;
 }
 
-/* enqueue(enqueue_fn, target, trampoline, fn, arg, owner[, context]) -> status,
- * for the Python implementation of host_launch (and host_copy, release_after,
- * the executor's): nhf_enqueue_record. */
+/* enqueue(route, target, trampoline, fn, arg, owner[, context]) -> status, for
+ * the Python implementation of host_launch (and host_copy, release_after, the
+ * executor's): nhf_enqueue_record.  route and trampoline are numbers
+ * (_core.ROUTE_*, _core.RUN_*): the core picks the functions they name. */
 static PyObject *py_enqueue(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    void *a[5], *context = NULL;
+    void *target, *fn, *arg, *context = NULL;
     if (nargs != 6 && nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "enqueue(enqueue_fn, handle, trampoline, fn, arg, owner"
+        PyErr_SetString(PyExc_TypeError, "enqueue(route, target, trampoline, fn, arg, owner"
                                          "[, context]) takes 6 or 7 arguments");
         return NULL;
     }
-    if (nhf_address_args("enqueue", args, 5, 5, a) < 0 ||
+    int route = nhf_route_arg(args[0]);
+    if (route == NHF_ROUTE_NONE || nhf_address_arg(args[1], &target) < 0)
+        return NULL;
+    long id = PyLong_AsLong(args[2]);
+    if (id == -1 && PyErr_Occurred())
+        return NULL;
+    nhf_hostfn trampoline = nhf_trampoline_of(id);
+    if (trampoline == NULL || nhf_address_arg(args[3], &fn) < 0 ||
+        nhf_address_arg(args[4], &arg) < 0 ||
         (nargs == 7 && nhf_address_arg(args[6], &context) < 0))
         return NULL;
-    uint64_t status = nhf_enqueue_record((nhf_enqueue_fn)(uintptr_t)a[0], a[1],
-                                         (nhf_hostfn)(uintptr_t)a[2], (nhf_hostfn)(uintptr_t)a[3],
-                                         a[4], context, args[5]);
+    uint64_t status = nhf_enqueue_record(route, target, trampoline, (nhf_hostfn)(uintptr_t)fn,
+                                         arg, context, args[5]);
     if (status == NHF_NO_RECORD)
         return NULL;
     return PyLong_FromUnsignedLongLong(status);
@@ -89,9 +98,19 @@ static PyObject *py_enqueue(PyObject *self, PyObject *const *args, Py_ssize_t na
 
 static PyMethodDef methods[] = {
     {"enqueue", (PyCFunction)(void (*)(void))py_enqueue, METH_FASTCALL,
-     "enqueue($module, enqueue_fn, target, trampoline, fn, arg, owner, context=0, /)\n--\n\n"
+     "enqueue($module, route, target, trampoline, fn, arg, owner, context=0, /)\n--\n\n"
      "Returns status"},
     {NULL, NULL, 0, NULL},
 };
 
-int nhf_enqueue_init(PyObject *module) { return PyModule_AddFunctions(module, methods); }
+int nhf_enqueue_init(PyObject *module) {
+    if (PyModule_AddFunctions(module, methods) < 0)
+        return -1;
+    if (PyModule_AddIntConstant(module, "ROUTE_CUDA", NHF_ROUTE_CUDA) < 0 ||
+        PyModule_AddIntConstant(module, "ROUTE_SIM", NHF_ROUTE_SIM) < 0 ||
+        PyModule_AddIntConstant(module, "ROUTE_SIM_DEVICE", NHF_ROUTE_SIM_DEVICE) < 0 ||
+        PyModule_AddIntConstant(module, "ROUTE_CUDA_LANE", NHF_ROUTE_CUDA_LANE) < 0 ||
+        PyModule_AddIntConstant(module, "ROUTE_SIM_LANE", NHF_ROUTE_SIM_LANE) < 0)
+        return -1;
+    return 0;
+}

@@ -185,17 +185,15 @@ int nhf_executor_init(PyObject *module) {
     if (PyType_Ready(&nhf_executor_type) < 0 ||
         PyModule_AddObjectRef(module, "ExecutorBase", (PyObject *)&nhf_executor_type) < 0)
         return -1;
-    if (nhf_add_address(module, "EXEC_COPY", (void *)(uintptr_t)nhf_exec_copy) < 0 ||
-        nhf_add_address(module, "EXEC_CUDA_ENQUEUE", (void *)(uintptr_t)nhf_exec_cuda_enqueue) < 0 ||
-        nhf_add_address(module, "EXEC_SIM_ENQUEUE", (void *)(uintptr_t)nhf_exec_sim_enqueue) < 0 ||
-        nhf_add_address(module, "EXEC_SIM_SET", (void *)(uintptr_t)nhf_sim_set) < 0 ||
+    if (nhf_add_address(module, "EXEC_SIM_SET", (void *)(uintptr_t)nhf_sim_set) < 0 ||
         nhf_add_address(module, "EXEC_SIM_AWAIT", (void *)(uintptr_t)nhf_sim_await) < 0)
         return -1;
     /* The layers below call up through these (no call cycle among the files): the
-     * enqueue finds a lane's stream, the watchdog fails a faulted stream's lanes. */
-    if (nhf_enqueue_add_lanes(nhf_exec_cuda_enqueue, nhf_exec_lane_stream) < 0 ||
-        nhf_enqueue_add_lanes(nhf_exec_sim_enqueue, nhf_exec_lane_stream) < 0)
-        return -1;
+     * enqueue's routes to a lane, and its stream; the copy's trampoline; the
+     * watchdog fails a faulted stream's lanes. */
+    nhf_enqueue_add_route(NHF_ROUTE_CUDA_LANE, nhf_exec_cuda_enqueue, nhf_exec_lane_stream);
+    nhf_enqueue_add_route(NHF_ROUTE_SIM_LANE, nhf_exec_sim_enqueue, nhf_exec_lane_stream);
+    nhf_trampoline_add(NHF_TRAMPOLINE_EXEC_COPY, nhf_exec_copy);
     nhf_fault_on_stream_faulted(nhf_exec_fault_stream);
     return 0;
 }

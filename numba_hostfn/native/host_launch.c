@@ -249,9 +249,8 @@ static int fast_launch(PyObject *stream, PyObject *fn, PyObject *data, PyObject 
     if (owner == NULL)
         goto error;
     nhf_hostfn trampoline = info->run;
-    nhf_enqueue_fn enqueue_fn =
-        pool != NULL ? nhf_launch.executor_enqueue_fn : nhf_launch.enqueue_fn;
-    uint64_t status = nhf_enqueue_record(enqueue_fn, target, trampoline,
+    int route = pool != NULL ? nhf_launch.executor_route : nhf_launch.route;
+    uint64_t status = nhf_enqueue_record(route, target, trampoline,
                                          (nhf_hostfn)address, (void *)arg, NULL, owner);
     if (status == NHF_NO_RECORD)
         goto error;

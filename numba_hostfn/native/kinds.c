@@ -58,14 +58,16 @@ static PyObject *py_launch_owner(PyObject *self, PyObject *const *args, Py_ssize
     return nhf_launch_owner(args[0], args[1], args[2], args[3]);
 }
 
-/* launch_kinds() -> ((number, name, run, replay, graph_node, owns), ...). */
+/* launch_kinds() -> ((number, name, run, replay, graph_node, owns), ...): run is
+ * the trampoline's number (_core.RUN_COMPILED, ...), replay an address (a graph
+ * node's function, or 0). */
 static PyObject *py_launch_kinds(PyObject *self, PyObject *unused) {
     (void)self, (void)unused;
     PyObject *rows = PyTuple_New(NHF_NKINDS - 1);
     for (int kind = NHF_KIND_NONE + 1; rows != NULL && kind < NHF_NKINDS; kind++) {
         const nhf_kind_info *info = &nhf_kinds[kind];
-        PyObject *row = Py_BuildValue("(isKKOs)", kind, info->name,
-                                      (unsigned long long)(uintptr_t)info->run,
+        PyObject *row = Py_BuildValue("(isiKOs)", kind, info->name,
+                                      nhf_trampoline_id_of(info->run),
                                       (unsigned long long)(uintptr_t)info->replay,
                                       info->graph_node ? Py_True : Py_False,
                                       owns_names[info->owns]);

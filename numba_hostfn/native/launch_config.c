@@ -18,10 +18,10 @@ static int set_object(PyObject **slot, PyObject *value) {
     return 0;
 }
 
-/* configure_launch(*, fallback=, raise_status=, enqueue_fn=, executor_enqueue_fn=,
+/* configure_launch(*, fallback=, raise_status=, route=, executor_route=,
  * sim_stream_type=, cuda_stream_type=, cuhostfn_type=, c_void_p=, wanted=):
- * each given keyword sets what host_launch uses; the fast path is on once
- * raise_status and enqueue_fn are set.  wanted=False sends every call to Python. */
+ * each given keyword sets what host_launch uses; the fast path is on once all
+ * but the stream types are set.  wanted=False sends every call to Python. */
 PyObject *nhf_py_configure_launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                                   PyObject *kwnames) {
     (void)self;
@@ -33,7 +33,6 @@ PyObject *nhf_py_configure_launch(PyObject *self, PyObject *const *args, Py_ssiz
     for (Py_ssize_t i = 0; i < nkw; i++) {
         const char *name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, i));
         PyObject *value = args[i];
-        void *address;
         if (name == NULL)
             return NULL;
         if (!strcmp(name, "fallback"))
@@ -48,16 +47,17 @@ PyObject *nhf_py_configure_launch(PyObject *self, PyObject *const *args, Py_ssiz
             set_object(&nhf_launch.cuhostfn_type, value);
         else if (!strcmp(name, "c_void_p"))
             set_object(&nhf_launch.c_void_p, value);
-        else if (!strcmp(name, "enqueue_fn")) {
-            if (nhf_address_arg(value, &address) < 0)
+        else if (!strcmp(name, "route")) {
+            int route = nhf_route_arg(value);
+            if (route == NHF_ROUTE_NONE)
                 return NULL;
-            nhf_launch.enqueue_fn = (nhf_enqueue_fn)(uintptr_t)address;
-            if (address != 0)
-                nhf_mark_used(); /* the backend is made: a forked child refuses */
-        } else if (!strcmp(name, "executor_enqueue_fn")) {
-            if (nhf_address_arg(value, &address) < 0)
+            nhf_launch.route = route;
+            nhf_mark_used(); /* the backend is made: a forked child refuses */
+        } else if (!strcmp(name, "executor_route")) {
+            int route = nhf_route_arg(value);
+            if (route == NHF_ROUTE_NONE)
                 return NULL;
-            nhf_launch.executor_enqueue_fn = (nhf_enqueue_fn)(uintptr_t)address;
+            nhf_launch.executor_route = route;
         } else if (!strcmp(name, "wanted")) {
             int wanted = PyObject_IsTrue(value);
             if (wanted < 0)
@@ -69,7 +69,8 @@ PyObject *nhf_py_configure_launch(PyObject *self, PyObject *const *args, Py_ssiz
         }
     }
     nhf_launch.configured = nhf_launch.fallback != NULL && nhf_launch.raise_status != NULL &&
-                        nhf_launch.enqueue_fn != NULL && nhf_launch.executor_enqueue_fn != NULL &&
+                        nhf_launch.route != NHF_ROUTE_NONE &&
+                        nhf_launch.executor_route != NHF_ROUTE_NONE &&
                         nhf_launch.cuhostfn_type != NULL &&
                         nhf_launch.c_void_p != NULL;
     Py_RETURN_NONE;
@@ -98,8 +99,8 @@ static PyMethodDef methods[] = {
     {"configure_launch", (PyCFunction)(void (*)(void))nhf_py_configure_launch,
      METH_FASTCALL | METH_KEYWORDS,
      "configure_launch($module, /, *, fallback=<unrepresentable>, "
-     "raise_status=<unrepresentable>, enqueue_fn=<unrepresentable>, "
-     "executor_enqueue_fn=<unrepresentable>, sim_stream_type=<unrepresentable>, "
+     "raise_status=<unrepresentable>, route=<unrepresentable>, "
+     "executor_route=<unrepresentable>, sim_stream_type=<unrepresentable>, "
      "cuda_stream_type=<unrepresentable>, cuhostfn_type=<unrepresentable>, "
      "c_void_p=<unrepresentable>, wanted=<unrepresentable>)\n--\n\n"
      "Each keyword given sets what host_launch uses; an omitted one is left as it is."},

@@ -15,7 +15,8 @@
  * docs/design.md's C map numbers them and tests/test_native_layers.py checks;
  * where a lower file must reach a higher one, the higher one registers a hook
  * at module load (the watchdog's nhf_fault_on_record_failed and
- * nhf_fault_on_stream_faulted, the enqueue's nhf_enqueue_add_lanes).  Bottom up:
+ * nhf_fault_on_stream_faulted, the enqueue's nhf_enqueue_add_route, the
+ * trampolines' nhf_trampoline_add).  Bottom up:
  *
  *    0  util.c          argument helpers, nhf_add_address
  *    1  driver.c        the CUDA driver's entry points: one table (driver.h)
@@ -39,6 +40,16 @@
  *   12  launch_config.c configure_launch, launch counts, interned names
  *   13  host_launch.c   host_launch's common cases (the fast path)
  *   14  module.c        the module root: calls every *_init, called by none
+ *
+ * Errors.  One rule for what crosses to Python.  A builtin raises (sets an
+ * exception and returns NULL) for its own arguments and for memory (a record
+ * not taken: NHF_NO_RECORD).  An enqueue's answer, whoever refused (the driver's
+ * CUresult, a capturing stream, a closed executor or queue, a host function that
+ * may not enqueue, a faulted context), is a status word (NHF_* flags, a CUresult
+ * in the low 32 bits), which Python reads in one place (Backend.refusal_error);
+ * any other driver call answers (value, CUresult, call) (cuda.c), which the
+ * backend reads in one place (CudaBackend._answer).  The two never mix: a status
+ * word or an answer comes with no exception set.
  *
  * Locks.  Native data has its own locks or atomics, never the GIL alone: the
  * free list of launch records has a mutex, the completed stack is lock-free,
@@ -209,6 +220,23 @@ void nhf_gil_give_back_leaked(void);
 
 /* ---- trampolines (trampolines.c): what the driver calls ------------------------ */
 
+/* The trampolines a launch record can be enqueued with, as Python names them
+ * (_core.RUN_COMPILED, ...): a small number, never an address, so no int from
+ * Python becomes a call target.  The executor's copy is registered by its layer. */
+enum nhf_trampoline_id {
+    NHF_TRAMPOLINE_NONE = 0,
+    NHF_TRAMPOLINE_RUN_COMPILED, /* nhf_run_compiled: fn(arg), no GIL */
+    NHF_TRAMPOLINE_RUN_PYTHON,   /* nhf_run_python: the owner's callable, with the GIL */
+    NHF_TRAMPOLINE_EXEC_COPY,    /* nhf_exec_copy: a copy shared among a pool's threads */
+    NHF_NTRAMPOLINES
+};
+/* GIL held: the trampoline numbered id, or NULL with a ValueError set. */
+nhf_hostfn nhf_trampoline_of(long id);
+/* The number of trampoline fn, or NHF_TRAMPOLINE_NONE (a kind's run, for Python). */
+int nhf_trampoline_id_of(nhf_hostfn fn);
+/* GIL held, at module load: a higher layer's trampoline (the executor's copy). */
+void nhf_trampoline_add(int id, nhf_hostfn fn);
+
 void nhf_run_compiled(void *record);
 void nhf_run_python(void *record);
 void nhf_replay_python(void *record);
@@ -221,26 +249,43 @@ PyObject *nhf_call_reporting(PyObject *callable);
  * (the driver's, the simulator's, or a HostExecutor's task or graph node): a
  * wait for stream work from there may wait for itself, and is refused. */
 int nhf_in_host_function(void);
-/* The trampolines' addresses (RUN_COMPILED, ...). */
+/* The trampolines' numbers (RUN_COMPILED, ...) and the replays' addresses. */
 int nhf_trampolines_init(PyObject *module);
 
 /* ---- the enqueue (enqueue.c) --------------------------------------------------- */
 
+/* Where a launch goes, as Python names it (_core.ROUTE_CUDA, ...): each route is
+ * an enqueue function and what its target is, registered at module load by the
+ * layer that owns it (nhf_enqueue_add_route): a small number, never an address. */
+enum nhf_route {
+    NHF_ROUTE_NONE = 0,
+    NHF_ROUTE_CUDA,        /* a CUDA stream (cuda.c) */
+    NHF_ROUTE_SIM,         /* a simulated stream's host-function thread (simulator.c) */
+    NHF_ROUTE_SIM_DEVICE,  /* a simulated stream's device work (simulator.c) */
+    NHF_ROUTE_CUDA_LANE,   /* an executor's lane on a CUDA stream (executor_cuda.c) */
+    NHF_ROUTE_SIM_LANE,    /* an executor's lane on a simulated stream (executor_sim.c) */
+    NHF_NROUTES
+};
+
 /* GIL held on entry and exit.  Take a record owning `owner`, drop the GIL only
- * for enqueue_fn(target, trampoline, record), release the record if that
- * refused, and drain what has run meanwhile.  The record's context is given
- * (the executor's copy finds its pool there).  Returns the status word;
- * NHF_NO_RECORD with a Python error set if no record could be taken. */
-uint64_t nhf_enqueue_record(nhf_enqueue_fn enqueue_fn, void *target, nhf_hostfn trampoline,
-                            nhf_hostfn fn, void *arg, void *context, PyObject *owner);
+ * for the route's enqueue function (target, trampoline, record), release the
+ * record if that refused, and drain what has run meanwhile.  The record's
+ * context is given (the executor's copy finds its pool there).  Returns the
+ * status word; NHF_NO_RECORD with a Python error set if no record could be taken. */
+uint64_t nhf_enqueue_record(int route, void *target, nhf_hostfn trampoline, nhf_hostfn fn,
+                            void *arg, void *context, PyObject *owner);
 /* A flag of its own, sharing no bit with the others (not NHF_KEPT's: a failed
  * record allocation is a refusal, and what the caller made for it is freed). */
 #define NHF_NO_RECORD (UINT64_C(1) << 39)
 
-/* GIL held, at module load: enqueue_fn's target is not a stream but holds one
- * (an executor's lane): stream_of(target) is the stream a device fault would be
- * found on.  Registered by the layer that owns the target (executor.c). */
-int nhf_enqueue_add_lanes(nhf_enqueue_fn enqueue_fn, void *(*stream_of)(void *target));
+/* GIL held, at module load: route's enqueue function, and, where its target is
+ * not a stream but holds one (an executor's lane), stream_of(target): the stream
+ * a device fault would be found on (NULL: the target is the stream). */
+void nhf_enqueue_add_route(int route, nhf_enqueue_fn enqueue_fn,
+                           void *(*stream_of)(void *target));
+/* GIL held: a route argument from Python; NHF_ROUTE_NONE with a ValueError set
+ * if it names none (or one not registered). */
+int nhf_route_arg(PyObject *value);
 /* enqueue(...), for the Python paths. */
 int nhf_enqueue_init(PyObject *module);
 
@@ -362,8 +407,8 @@ struct nhf_launch_config {
     PyObject *cuda_stream_type; /* cuda.core's Stream (and its subclasses) */
     PyObject *cuhostfn_type;    /* ctypes.CFUNCTYPE(None, ctypes.c_void_p) */
     PyObject *c_void_p;         /* ctypes.c_void_p */
-    nhf_enqueue_fn enqueue_fn;
-    nhf_enqueue_fn executor_enqueue_fn;
+    int route;          /* the backend's route for a stream (NHF_ROUTE_CUDA, _SIM) */
+    int executor_route; /* and for an executor's lane (NHF_ROUTE_CUDA_LANE, _SIM_LANE) */
     int configured;
     int wanted; /* tests may send every call to Python */
     PyObject *s_stream, *s_fn, *s_user_data, *s_executor, *s_blocking; /* interned */

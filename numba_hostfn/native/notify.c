@@ -213,15 +213,17 @@ static void take_locked(channel *ch) {
  * enqueue refused it, freed here: it never reaches Python, so no exception raised
  * in Python around this call (a Ctrl-C, or one a pending call raises, after the
  * enqueue) can free a signal that the stream, and then the channel's reader,
- * owns.  Returns the status word; NHF_NO_RECORD with an error set. */
-static uint64_t enqueue_signal(nhf_enqueue_fn enqueue_fn, void *target, nhf_hostfn trampoline,
-                               channel *ch, uint64_t key, PyObject *owner) {
+ * owns.  The signal is compiled code (nhf_signal): its trampoline is
+ * nhf_run_compiled.  Returns the status word; NHF_NO_RECORD with an error set. */
+static uint64_t enqueue_signal(int route, void *target, channel *ch, uint64_t key,
+                               PyObject *owner) {
     signal_node *node = malloc(sizeof(signal_node));
     if (node == NULL)
         return NHF_OUT_OF_MEMORY;
     atomic_fetch_add(&ch->refs, 1);
     *node = (signal_node){NULL, ch, key, 0};
-    uint64_t status = nhf_enqueue_record(enqueue_fn, target, trampoline, nhf_signal, node, NULL, owner);
+    uint64_t status =
+        nhf_enqueue_record(route, target, nhf_run_compiled, nhf_signal, node, NULL, owner);
     if (status != 0 && !(status & NHF_KEPT)) {
         free(node);
         channel_release(ch);
@@ -427,26 +429,25 @@ static PyObject *dispatcher_run(PyObject *self_, PyObject *const *args, Py_ssize
     return failed ? NULL : PyLong_FromLong(ran);
 }
 
-/* launch(enqueue_fn, target, trampoline, owner, entry) -> status: register entry
- * under a new key and enqueue that key's signal, as one step: refused, the entry
- * is dropped again (nothing will come); enqueued, the entry is the batch's to act
- * on, whatever Python raises afterwards. */
+/* launch(route, target, owner, entry) -> status: register entry under a new key
+ * and enqueue that key's signal on target by route (_core.ROUTE_*), as one step:
+ * refused, the entry is dropped again (nothing will come); enqueued, the entry is
+ * the batch's to act on, whatever Python raises afterwards. */
 static PyObject *dispatcher_launch(PyObject *self_, PyObject *const *args, Py_ssize_t nargs) {
     dispatcher *d = (dispatcher *)self_;
-    void *enqueue_fn, *target, *trampoline;
-    if (nhf_check_nargs("launch(enqueue_fn, target, trampoline, owner, entry)", nargs, 5) < 0)
+    void *target;
+    if (nhf_check_nargs("launch(route, target, owner, entry)", nargs, 4) < 0)
         return NULL;
-    if (nhf_address_arg(args[0], &enqueue_fn) < 0 || nhf_address_arg(args[1], &target) < 0 ||
-        nhf_address_arg(args[2], &trampoline) < 0)
+    int route = nhf_route_arg(args[0]);
+    if (route == NHF_ROUTE_NONE || nhf_address_arg(args[1], &target) < 0)
         return NULL;
     uint64_t key = ++d->next_key;
     PyObject *k = PyLong_FromUnsignedLongLong(key);
-    if (k == NULL || PyDict_SetItem(d->waiting, k, args[4]) < 0) {
+    if (k == NULL || PyDict_SetItem(d->waiting, k, args[3]) < 0) {
         Py_XDECREF(k);
         return NULL;
     }
-    uint64_t status = enqueue_signal((nhf_enqueue_fn)(uintptr_t)enqueue_fn, target,
-                                     (nhf_hostfn)(uintptr_t)trampoline, d->ch, key, args[3]);
+    uint64_t status = enqueue_signal(route, target, d->ch, key, args[2]);
     if (status != 0 && !(status & NHF_KEPT)) {
         PyObject *type, *value, *traceback;
         PyErr_Fetch(&type, &value, &traceback); /* a no-record error, if any */
@@ -544,7 +545,7 @@ static PyMethodDef dispatcher_methods[] = {
      "run($self, block=True, /)\n--\n\n"
      "Returns how many entries the batch acted on, oldest first."},
     {"launch", (PyCFunction)(void (*)(void))dispatcher_launch, METH_FASTCALL,
-     "launch($self, enqueue_fn, target, trampoline, owner, entry, /)\n--\n\n"
+     "launch($self, route, target, owner, entry, /)\n--\n\n"
      "Returns status: register and enqueue."},
     {"outstanding", dispatcher_outstanding, METH_NOARGS,
      "outstanding($self, /)\n--\n\n"

@@ -14,6 +14,7 @@
 #include "nhf.h"
 
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -432,7 +433,8 @@ static sim_graph *graph_arg(PyObject *value) {
     return k;
 }
 
-/* Start the host-function thread (once per process); returns 0 or an errno. */
+/* Start the host-function thread (once per process); a RuntimeError saying why
+ * if it could not be started. */
 static PyObject *py_context_start(PyObject *self, PyObject *unused) {
     (void)self, (void)unused;
     int rc = 0;
@@ -442,7 +444,11 @@ static PyObject *py_context_start(PyObject *self, PyObject *unused) {
         context.started = rc == 0;
     }
     pthread_mutex_unlock(&context.mutex);
-    return PyLong_FromLong(rc);
+    if (rc != 0)
+        return PyErr_Format(PyExc_RuntimeError,
+                            "the simulator could not start its host-function thread: %s",
+                            strerror(rc));
+    Py_RETURN_NONE;
 }
 
 /* A new stream with its thread running; NULL if that failed.  Its memory is
@@ -975,10 +981,9 @@ int nhf_simulator_init(PyObject *module) {
         PyType_Ready(&sim_stream_type) < 0 ||
         PyModule_AddObjectRef(module, "SimStreamBase", (PyObject *)&sim_stream_type) < 0)
         return -1;
-    if (nhf_add_address(module, "SIM_ENQUEUE", (void *)(uintptr_t)nhf_sim_enqueue) < 0 ||
-        nhf_add_address(module, "SIM_ENQUEUE_DEVICE",
-                        (void *)(uintptr_t)nhf_sim_enqueue_device) < 0 ||
-        nhf_add_address(module, "SIM_DELAY", (void *)(uintptr_t)nhf_sim_delay) < 0 ||
+    nhf_enqueue_add_route(NHF_ROUTE_SIM, nhf_sim_enqueue, NULL);
+    nhf_enqueue_add_route(NHF_ROUTE_SIM_DEVICE, nhf_sim_enqueue_device, NULL);
+    if (nhf_add_address(module, "SIM_DELAY", (void *)(uintptr_t)nhf_sim_delay) < 0 ||
         nhf_add_address(module, "SIM_FAULT", (void *)(uintptr_t)sim_fault) < 0 ||
         nhf_add_address(module, "SIM_GRAPH_RELEASE",
                         (void *)(uintptr_t)nhf_sim_graph_release) < 0 ||

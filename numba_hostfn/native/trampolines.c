@@ -151,10 +151,38 @@ void nhf_replay_python(void *record_) {
  * the graph and all its executable instances are gone (invariant 8). */
 void nhf_user_object_release(void *record) { nhf_record_complete(record); }
 
-/* The trampolines' addresses, which Python hands back to the enqueue. */
+/* ---- the trampolines by number (nhf.h's enum nhf_trampoline_id) ------------------- */
+
+/* Written at module load, with the GIL, before any launch; read after. */
+static nhf_hostfn trampolines[NHF_NTRAMPOLINES] = {
+    [NHF_TRAMPOLINE_RUN_COMPILED] = nhf_run_compiled,
+    [NHF_TRAMPOLINE_RUN_PYTHON] = nhf_run_python,
+};
+
+void nhf_trampoline_add(int id, nhf_hostfn fn) { trampolines[id] = fn; }
+
+nhf_hostfn nhf_trampoline_of(long id) {
+    if (id <= NHF_TRAMPOLINE_NONE || id >= NHF_NTRAMPOLINES || trampolines[id] == NULL) {
+        PyErr_Format(PyExc_ValueError,
+                     "%ld names no trampoline (_core.RUN_COMPILED, RUN_PYTHON or EXEC_COPY)", id);
+        return NULL;
+    }
+    return trampolines[id];
+}
+
+int nhf_trampoline_id_of(nhf_hostfn fn) {
+    for (int id = NHF_TRAMPOLINE_NONE + 1; id < NHF_NTRAMPOLINES; id++)
+        if (trampolines[id] == fn)
+            return id;
+    return NHF_TRAMPOLINE_NONE;
+}
+
+/* The trampolines' numbers, which Python hands back to the enqueue, and the
+ * addresses of what a graph's node or user object calls (a record's fn). */
 int nhf_trampolines_init(PyObject *module) {
-    if (nhf_add_address(module, "RUN_COMPILED", (void *)(uintptr_t)nhf_run_compiled) < 0 ||
-        nhf_add_address(module, "RUN_PYTHON", (void *)(uintptr_t)nhf_run_python) < 0 ||
+    if (PyModule_AddIntConstant(module, "RUN_COMPILED", NHF_TRAMPOLINE_RUN_COMPILED) < 0 ||
+        PyModule_AddIntConstant(module, "RUN_PYTHON", NHF_TRAMPOLINE_RUN_PYTHON) < 0 ||
+        PyModule_AddIntConstant(module, "EXEC_COPY", NHF_TRAMPOLINE_EXEC_COPY) < 0 ||
         nhf_add_address(module, "REPLAY_PYTHON", (void *)(uintptr_t)nhf_replay_python) < 0 ||
         nhf_add_address(module, "USER_OBJECT_RELEASE",
                         (void *)(uintptr_t)nhf_user_object_release) < 0)
