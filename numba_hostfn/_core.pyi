@@ -36,19 +36,15 @@ RUN_COMPILED: Final[int]
 RUN_PYTHON: Final[int]
 EXEC_COPY: Final[int]
 
-# ---- addresses of native functions (graph replays, the simulator's and watchdog's) ----
+# ---- addresses of native functions: what a record or a simulated node calls ----
 REPLAY_PYTHON: Final[int]
 USER_OBJECT_RELEASE: Final[int]
-CUDA_QUERY: Final[int]
-CUDA_CONTEXT_OF: Final[int]
 EXEC_SIM_SET: Final[int]
 EXEC_SIM_AWAIT: Final[int]
 SIGNAL: Final[int]
 SIM_DELAY: Final[int]
 SIM_FAULT: Final[int]
 SIM_GRAPH_RELEASE: Final[int]
-SIM_QUERY: Final[int]
-SIM_CONTEXT_OF: Final[int]
 
 # ---- module.c: records, the enqueue, the exit guard, the driver ----
 def host_words(nbytes: int, /) -> int: ...
@@ -226,12 +222,10 @@ class Dispatcher:
 
 # ---- watchdog.c ----
 @overload
-def watchdog_configure(query: int, context_of: int, /) -> None: ...
+def watchdog_configure(route: int, /) -> None: ...
 @overload
-def watchdog_configure(query: int, context_of: int, first_us: int, max_us: int, /) -> None: ...
+def watchdog_configure(route: int, first_us: int, max_us: int, /) -> None: ...
 @overload
-def watchdog_configure(
-    query: int, context_of: int, first_us: int, max_us: int, idle_ms: int, /
-) -> None: ...
+def watchdog_configure(route: int, first_us: int, max_us: int, idle_ms: int, /) -> None: ...
 def fault_info() -> list[tuple[int, int, int]]: ...
 def stream_fault(stream: int, /) -> int: ...

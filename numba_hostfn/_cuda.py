@@ -90,7 +90,7 @@ class CudaBackend(Backend):
         # queries contexts, through its own per-thread stream, never a user's handle.
         watch = os.environ.get(WATCHDOG_ENV, "").strip().lower() not in ("0", "false", "no")
         if watch and not _WATCHDOG_ENTRY_POINTS & self.missing:
-            _core.watchdog_configure(_core.CUDA_QUERY, _core.CUDA_CONTEXT_OF)
+            _core.watchdog_configure(_core.ROUTE_CUDA)
         self.route = _core.ROUTE_CUDA
         self.device_route = _core.ROUTE_CUDA
         self.executor_route = _core.ROUTE_CUDA_LANE

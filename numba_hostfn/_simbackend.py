@@ -28,7 +28,7 @@ class SimulatorBackend(Backend):
         self.requested = requested
         _core.sim_context_start()  # RuntimeError if its thread cannot be started
         # Device faults: the watchdog queries the simulated streams (native/watchdog.c).
-        _core.watchdog_configure(_core.SIM_QUERY, _core.SIM_CONTEXT_OF)
+        _core.watchdog_configure(_core.ROUTE_SIM)
         self.route = _core.ROUTE_SIM
         self.device_route = _core.ROUTE_SIM_DEVICE
         self.executor_route = _core.ROUTE_SIM_LANE

@@ -560,11 +560,8 @@ IDLE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
 
     from _device import watchdog_threads as watchdogs
 
-    query, context_of = (
-        (_core.SIM_QUERY, _core.SIM_CONTEXT_OF) if device.simulator
-        else (_core.CUDA_QUERY, _core.CUDA_CONTEXT_OF)
-    )
-    _core.watchdog_configure(query, context_of, 1000, 20000, 200)  # ends after 0.2 s idle
+    route = _core.ROUTE_SIM if device.simulator else _core.ROUTE_CUDA
+    _core.watchdog_configure(route, 1000, 20000, 200)  # ends after 0.2 s idle
     print("before any launch", watchdogs())
     device.delay(stream, 0.1)
     nh.host_launch(stream, lambda: None)

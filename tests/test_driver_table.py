@@ -298,3 +298,7 @@ def test_routes_and_trampolines_are_numbers_the_core_checks():
     with pytest.raises(TypeError, match="takes 6 or 7 arguments"):
         _core.enqueue(_core.ROUTE_SIM, 1, _core.RUN_COMPILED)
     assert _core.held() == held
+    # The watchdog queries the backend a route names; a lane's route names none.
+    for route in (0, _core.ROUTE_CUDA_LANE, _core.ROUTE_SIM_DEVICE, 99):
+        with pytest.raises(ValueError, match="no backend's route"):
+            _core.watchdog_configure(route)

@@ -80,7 +80,7 @@ RESTART_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     from numba_hostfn import _core
     from _device import Capture, watchdog_polled as polled, watchdog_threads as watchdogs
 
-    _core.watchdog_configure(_core.CUDA_QUERY, _core.CUDA_CONTEXT_OF, 1000, 20000, 50)
+    _core.watchdog_configure(_core.ROUTE_CUDA, 1000, 20000, 50)
     other = device.create_stream()
     counter = np.zeros(1, np.int64)
     for round in range(3):  # each round's watchdog thread replaces the last's

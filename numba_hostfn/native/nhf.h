@@ -319,6 +319,10 @@ bool nhf_fault_fail_record(nhf_record *record, unsigned code, unsigned long stat
  * healthy; else its error), and the context of a stream, like cuStreamGetCtx. */
 typedef int (*nhf_query_fn)(void *ctx);
 typedef int (*nhf_context_fn)(void *stream, void **ctx);
+/* GIL held, at module load: the query functions of the backend whose route is
+ * route (NHF_ROUTE_CUDA: watchdog.c's own; NHF_ROUTE_SIM: simulator.c's), which
+ * watchdog_configure(route) selects. */
+void nhf_watchdog_add_backend(int route, nhf_query_fn query, nhf_context_fn context_of);
 /* Any thread: whether it is the watchdog's (the simulator counts the stream
  * handles the watchdog touches: none, by design). */
 bool nhf_on_watchdog_thread(void);

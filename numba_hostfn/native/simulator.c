@@ -986,9 +986,8 @@ int nhf_simulator_init(PyObject *module) {
     if (nhf_add_address(module, "SIM_DELAY", (void *)(uintptr_t)nhf_sim_delay) < 0 ||
         nhf_add_address(module, "SIM_FAULT", (void *)(uintptr_t)sim_fault) < 0 ||
         nhf_add_address(module, "SIM_GRAPH_RELEASE",
-                        (void *)(uintptr_t)nhf_sim_graph_release) < 0 ||
-        nhf_add_address(module, "SIM_QUERY", (void *)(uintptr_t)nhf_sim_query_context) < 0 ||
-        nhf_add_address(module, "SIM_CONTEXT_OF", (void *)(uintptr_t)nhf_sim_context_of) < 0)
+                        (void *)(uintptr_t)nhf_sim_graph_release) < 0)
         return -1;
+    nhf_watchdog_add_backend(NHF_ROUTE_SIM, nhf_sim_query_context, nhf_sim_context_of);
     return 0;
 }

@@ -440,24 +440,43 @@ static int nhf_cuda_context_of(void *stream, void **ctx) {
 
 /* ---- from Python ------------------------------------------------------------------------ */
 
-/* watchdog_configure(query, context_of[, first_us, max_us[, idle_ms]]): the
- * backend's query functions (addresses), the backoff, and how long a parked
- * watchdog keeps its thread (tests change them). */
+/* The backends' query functions, by route (nhf_watchdog_add_backend): written at
+ * module load, with the GIL, before watchdog_configure reads them. */
+static struct {
+    nhf_query_fn query;
+    nhf_context_fn context_of;
+} backends[NHF_NROUTES];
+
+void nhf_watchdog_add_backend(int route, nhf_query_fn query, nhf_context_fn context_of) {
+    backends[route].query = query;
+    backends[route].context_of = context_of;
+}
+
+/* watchdog_configure(route[, first_us, max_us[, idle_ms]]): query the backend
+ * whose route is route (its functions, picked here), with the backoff, and how
+ * long a parked watchdog keeps its thread (tests change them). */
 static PyObject *py_watchdog_configure(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    void *query, *context_of;
-    if (nargs != 2 && nargs != 4 && nargs != 5) {
+    if (nargs != 1 && nargs != 3 && nargs != 4) {
         PyErr_SetString(PyExc_TypeError,
-                        "watchdog_configure(query, context_of[, first_us, max_us[, idle_ms]])");
+                        "watchdog_configure(route[, first_us, max_us[, idle_ms]])");
         return NULL;
     }
-    if (nhf_address_arg(args[0], &query) < 0 || nhf_address_arg(args[1], &context_of) < 0)
+    long route = PyLong_AsLong(args[0]);
+    if (route == -1 && PyErr_Occurred())
         return NULL;
-    if (nargs >= 4) {
-        long first = PyLong_AsLong(args[2]);
+    if (route <= NHF_ROUTE_NONE || route >= NHF_NROUTES || backends[route].query == NULL) {
+        PyErr_Format(PyExc_ValueError,
+                     "watchdog_configure: %ld is no backend's route (_core.ROUTE_CUDA or "
+                     "ROUTE_SIM)",
+                     route);
+        return NULL;
+    }
+    if (nargs >= 3) {
+        long first = PyLong_AsLong(args[1]);
         if (first == -1 && PyErr_Occurred())
             return NULL;
-        long max = PyLong_AsLong(args[3]);
+        long max = PyLong_AsLong(args[2]);
         if (max == -1 && PyErr_Occurred())
             return NULL;
         if (first < 1 || max < first) {
@@ -467,8 +486,8 @@ static PyObject *py_watchdog_configure(PyObject *self, PyObject *const *args, Py
         atomic_store(&dog.first_ns, first * 1000);
         atomic_store(&dog.max_ns, max * 1000);
     }
-    if (nargs == 5) {
-        long idle = PyLong_AsLong(args[4]);
+    if (nargs == 4) {
+        long idle = PyLong_AsLong(args[3]);
         if (idle < 1) {
             if (!PyErr_Occurred())
                 PyErr_SetString(PyExc_ValueError, "expected idle_ms >= 1");
@@ -476,8 +495,8 @@ static PyObject *py_watchdog_configure(PyObject *self, PyObject *const *args, Py
         }
         atomic_store(&dog.idle_ms, idle);
     }
-    atomic_store(&dog.context_of, (nhf_context_fn)(uintptr_t)context_of);
-    atomic_store(&dog.query, (nhf_query_fn)(uintptr_t)query);
+    atomic_store(&dog.context_of, backends[route].context_of);
+    atomic_store(&dog.query, backends[route].query);
     Py_RETURN_NONE;
 }
 
@@ -527,9 +546,9 @@ static PyObject *py_stream_fault(PyObject *self, PyObject *arg) {
 
 static PyMethodDef methods[] = {
     {"watchdog_configure", (PyCFunction)(void (*)(void))py_watchdog_configure, METH_FASTCALL,
-     "watchdog_configure($module, query, context_of, first_us=<unrepresentable>, "
+     "watchdog_configure($module, route, first_us=<unrepresentable>, "
      "max_us=<unrepresentable>, idle_ms=<unrepresentable>, /)\n--\n\n"
-     "watchdog_configure(query, context_of[, first_us, max_us[, idle_ms]])"},
+     "watchdog_configure(route[, first_us, max_us[, idle_ms]]): query the backend of route."},
     {"fault_info", py_fault_info, METH_NOARGS,
      "fault_info($module, /)\n--\n\n"
      "The faulted contexts: (context, code, stream)."},
@@ -549,8 +568,6 @@ static PyMethodDef testing_methods[] = {
 int nhf_watchdog_init(PyObject *module) {
     if (PyModule_AddFunctions(module, methods) < 0 || nhf_add_testing(module, testing_methods) < 0)
         return -1;
-    if (nhf_add_address(module, "CUDA_QUERY", (void *)(uintptr_t)nhf_cuda_query_context) < 0 ||
-        nhf_add_address(module, "CUDA_CONTEXT_OF", (void *)(uintptr_t)nhf_cuda_context_of) < 0)
-        return -1;
+    nhf_watchdog_add_backend(NHF_ROUTE_CUDA, nhf_cuda_query_context, nhf_cuda_context_of);
     return 0;
 }
