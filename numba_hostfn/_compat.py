@@ -82,11 +82,13 @@ a function pointer's buffer            a ctypes function pointer's buffer is the
                                        with a CPython wrapper)
 **the CUDA driver** (``native/driver.h``)
 ``cuStreamGetCaptureInfo``'s outs,     each called with one NULL more than its older form
-``cuStreamGetCtx``'s                   takes (cuStreamGetCaptureInfo: CUDA 13 has three
-                                       optional outs after the graph, CUDA 12 two;
+``cuStreamGetCtx``'s                   takes (cuStreamGetCaptureInfo: CUDA 12.3+ has three
+                                       optional outs after the graph, 12.0-12.2 two;
                                        cuStreamGetCtx's _v2, CUDA 12.5+, a green context):
                                        harmless in the C calling conventions of x86-64 and
-                                       AArch64
+                                       AArch64; only a driver older than the version the
+                                       entry points are asked at (DRIVER_ABI_VERSION)
+                                       gives the older forms
 =====================================  =====================================================
 """
 

@@ -98,9 +98,11 @@ class CudaBackend(Backend):
 
     def _proc(self, name: str) -> int:
         d = self._driver
+        # The version whose signatures native/driver.h declares, or the driver's own
+        # if older: a newer driver that changes an entry point still gives that one.
         result = d.cuGetProcAddress(
             name.encode(),
-            self.driver_version,
+            min(self.driver_version, _core.DRIVER_ABI_VERSION),
             d.CUdriverProcAddress_flags.CU_GET_PROC_ADDRESS_DEFAULT,
         )
         self._check(result[0], f"cuGetProcAddress({name!r})")

@@ -11,6 +11,7 @@ import weakref
 from contextlib import contextmanager
 
 import pytest
+from _device import child_env, run_child
 
 import numba_hostfn as nh
 from numba_hostfn import _core
@@ -282,8 +283,8 @@ def test_a_graph_record_is_owned_by_a_user_object_or_released_at_once():
 def test_routes_and_trampolines_are_numbers_the_core_checks():
     """Python names where a launch goes and what runs it by number (_core.ROUTE_*,
     _core.RUN_*); the core picks the functions.  A number that names none is a
-    ValueError, before any record is taken: no int from Python becomes a call target
-    (before, these were function addresses, called as given)."""
+    ValueError, before any record is taken (before, these were function addresses,
+    called as given)."""
     held = _core.held()
     routes = [_core.ROUTE_CUDA, _core.ROUTE_SIM, _core.ROUTE_SIM_DEVICE]
     routes += [_core.ROUTE_CUDA_LANE, _core.ROUTE_SIM_LANE]
@@ -302,3 +303,44 @@ def test_routes_and_trampolines_are_numbers_the_core_checks():
     for route in (0, _core.ROUTE_CUDA_LANE, _core.ROUTE_SIM_DEVICE, 99):
         with pytest.raises(ValueError, match="no backend's route"):
             _core.watchdog_configure(route)
+
+
+UNLOADED_SCRIPT = """
+import pytest
+from numba_hostfn import _core
+import numba_hostfn as nh
+
+assert nh.backend_name() == "simulator"
+
+
+class Owner:
+    pass
+
+
+with pytest.raises(ValueError):
+    _core.driver_load((0,) * len(_core.driver_entry_points()))
+for route in (_core.ROUTE_CUDA, _core.ROUTE_CUDA_LANE):
+    with pytest.raises(ValueError, match="before the CUDA backend loaded"):
+        _core.enqueue(route, 1, _core.RUN_COMPILED, 0xF0, 0, None)
+    with pytest.raises(ValueError, match="before the CUDA backend loaded"):
+        _core.configure_launch(route=route)
+not_loaded = 3  # CUDA_ERROR_NOT_INITIALIZED
+assert _core.cuda_capture_info(1) == ((0, 0), not_loaded, "cuStreamGetCaptureInfo")
+assert _core.cuda_captured_host_node(1, 0xF0, 0) == (None, not_loaded, "cuLaunchHostFunc")
+assert _core.cuda_pinned_words(64) == (0, not_loaded, "cuMemHostAlloc")
+assert _core.cuda_slot_nodes(1, 0x1000) == (None, not_loaded, "cuStreamWriteValue32")
+assert _core.cuda_slot_graph(1, 0x1000) == (None, 801, "cuStreamBeginCaptureToGraph")
+held = _core.held()
+assert _core.cuda_graph_record(1, 0xF0, 0, Owner()) == (0, not_loaded, "cuUserObjectCreate")
+assert _core.held() == held
+print("ok")
+"""
+
+
+def test_before_the_table_is_loaded_nothing_of_it_is_called():
+    """On the simulator (a child Python on it, whatever this one runs on) the driver
+    table stays empty: a CUDA route is refused (before: its enqueue called address
+    0), each driver call answers CUDA_ERROR_NOT_INITIALIZED naming its entry point,
+    and a refused driver_load leaves it so."""
+    out = run_child(UNLOADED_SCRIPT, env=child_env(NUMBA_HOSTFN_SIMULATOR="1"))
+    assert out.strip() == "ok", out

@@ -32,6 +32,14 @@ uint64_t nhf_cuda_enqueue(void *stream, nhf_hostfn trampoline, void *record) {
     return (uint32_t)NHF_CU(cuLaunchHostFunc)(stream, trampoline, record);
 }
 
+/* GIL held, at the top of a builtin: the answer for an entry point the driver
+ * table does not have (not loaded: the simulator's; or a test's stand-in of 0). */
+#define NHF_CU_OR_ANSWER(name, value)                                                      \
+    do {                                                                                   \
+        if (NHF_CU(name) == NULL)                                                          \
+            return answer(value, CUDA_ERROR_NOT_INITIALIZED, #name);                       \
+    } while (0)
+
 /* GIL held: the (value, CUresult, call) answer; call is NULL when rc is 0. */
 static PyObject *answer(PyObject *value, int rc, const char *call) {
     if (value == NULL)
@@ -62,6 +70,9 @@ static PyObject *py_cuda_graph_record(PyObject *self, PyObject *const *args, Py_
     if (nhf_address_arg(args[0], &graph) < 0 || nhf_address_arg(args[1], &fn) < 0 ||
         nhf_address_arg(args[2], &arg) < 0)
         return NULL;
+    NHF_CU_OR_ANSWER(cuUserObjectCreate, PyLong_FromLong(0));
+    NHF_CU_OR_ANSWER(cuGraphRetainUserObject, PyLong_FromLong(0));
+    NHF_CU_OR_ANSWER(cuUserObjectRelease, PyLong_FromLong(0));
     nhf_record *record = nhf_record_take((nhf_hostfn)(uintptr_t)fn, arg, args[3]);
     if (record == NULL)
         return NULL;
@@ -92,6 +103,7 @@ static PyObject *py_cuda_capture_info(PyObject *self, PyObject *stream_) {
     void *stream, *graph = NULL;
     if (nhf_address_arg(stream_, &stream) < 0)
         return NULL;
+    NHF_CU_OR_ANSWER(cuStreamGetCaptureInfo, Py_BuildValue("(ii)", 0, 0));
     int status = CU_STREAM_CAPTURE_STATUS_NONE, rc;
     Py_BEGIN_ALLOW_THREADS
     rc = NHF_CU(cuStreamGetCaptureInfo)(stream, &status, NULL, &graph, NULL, NULL, NULL);
@@ -113,6 +125,7 @@ static PyObject *py_cuda_captured_host_node(PyObject *self, PyObject *const *arg
         PyErr_SetString(PyExc_ValueError, "cuda_captured_host_node: a NULL host function");
         return NULL;
     }
+    NHF_CU_OR_ANSWER(cuLaunchHostFunc, Py_NewRef(Py_None));
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = NHF_CU(cuLaunchHostFunc)(a[0], (nhf_cu_host_fn)(uintptr_t)a[1], a[2]);
@@ -153,12 +166,17 @@ static PyObject *py_cuda_pinned_words(PyObject *self, PyObject *nbytes_) {
     size_t nbytes = PyLong_AsSize_t(nbytes_);
     if (nbytes == (size_t)-1 && PyErr_Occurred())
         return NULL;
+    if (nbytes == 0) {
+        PyErr_SetString(PyExc_ValueError, "cuda_pinned_words: nbytes must be positive");
+        return NULL;
+    }
+    NHF_CU_OR_ANSWER(cuMemHostAlloc, PyLong_FromLong(0));
     void *words = NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = NHF_CU(cuMemHostAlloc)(&words, nbytes,
                                 CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
-    if (rc == 0)
+    if (rc == 0 && words != NULL)
         memset(words, 0, nbytes);
     Py_END_ALLOW_THREADS
     return answer(PyLong_FromVoidPtr(rc == 0 ? words : NULL), rc, "cuMemHostAlloc");
@@ -188,6 +206,8 @@ static PyObject *py_cuda_slot_nodes(PyObject *self, PyObject *const *args, Py_ss
     void *a[2];
     if (nhf_address_args("cuda_slot_nodes(stream, words)", args, nargs, 2, a) < 0)
         return NULL;
+    NHF_CU_OR_ANSWER(cuStreamWriteValue32, Py_NewRef(Py_None));
+    NHF_CU_OR_ANSWER(cuStreamWaitValue32, Py_NewRef(Py_None));
     const char *call;
     int rc;
     Py_BEGIN_ALLOW_THREADS
@@ -210,6 +230,11 @@ static PyObject *py_cuda_slot_graph(PyObject *self, PyObject *const *args, Py_ss
     nhf_cuStreamBeginCaptureToGraph_fn begin = NHF_CU(cuStreamBeginCaptureToGraph);
     if (begin == NULL)
         return answer(Py_NewRef(Py_None), CUDA_ERROR_NOT_SUPPORTED, "cuStreamBeginCaptureToGraph");
+    NHF_CU_OR_ANSWER(cuStreamCreate, Py_NewRef(Py_None));
+    NHF_CU_OR_ANSWER(cuStreamEndCapture, Py_NewRef(Py_None));
+    NHF_CU_OR_ANSWER(cuStreamDestroy, Py_NewRef(Py_None));
+    NHF_CU_OR_ANSWER(cuStreamWriteValue32, Py_NewRef(Py_None));
+    NHF_CU_OR_ANSWER(cuStreamWaitValue32, Py_NewRef(Py_None));
     const char *call = "cuStreamCreate";
     int rc;
     Py_BEGIN_ALLOW_THREADS

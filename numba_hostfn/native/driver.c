@@ -10,6 +10,11 @@
 
 struct nhf_driver nhf_driver;
 
+/* Set once driver_load has filled the table: the CUDA routes serve from then on. */
+static atomic_bool loaded;
+
+bool nhf_driver_loaded(void) { return atomic_load_explicit(&loaded, memory_order_acquire); }
+
 static const struct {
     const char *name;
     int required;
@@ -105,28 +110,29 @@ static PyObject *py_driver_load(PyObject *self, PyObject *addresses) {
         }
     }
     Py_DECREF(seq);
-    PyObject *missing = PyList_New(0);
-    if (missing == NULL)
-        return NULL;
-    for (int i = 0; i < NENTRY_POINTS; i++) {
-        store(i, a[i]);
-        if (a[i] == NULL) {
-            PyObject *name = PyUnicode_FromString(entry_points[i].name);
-            if (name == NULL || PyList_Append(missing, name) < 0) {
-                Py_XDECREF(name);
-                Py_DECREF(missing);
-                return NULL;
-            }
-            Py_DECREF(name);
-        }
+    PyObject *missing = PyList_New(0); /* made whole before anything is stored */
+    for (int i = 0; missing != NULL && i < NENTRY_POINTS; i++) {
+        if (a[i] != NULL)
+            continue;
+        PyObject *name = PyUnicode_FromString(entry_points[i].name);
+        if (name == NULL || PyList_Append(missing, name) < 0)
+            Py_CLEAR(missing);
+        Py_XDECREF(name);
     }
-    PyObject *out = PyList_AsTuple(missing);
-    Py_DECREF(missing);
+    PyObject *out = missing == NULL ? NULL : PyList_AsTuple(missing);
+    Py_XDECREF(missing);
+    if (out == NULL)
+        return NULL;
+    for (int i = 0; i < NENTRY_POINTS; i++)
+        store(i, a[i]);
+    atomic_store_explicit(&loaded, true, memory_order_release);
     return out;
 }
 
 /* driver_swap(name, address) -> the address it had: a test's stand-in for one
- * entry point (0 for none), put back by a second swap. */
+ * entry point, put back by a second swap.  0 (none) only for an optional entry
+ * point, or before the table is loaded (the simulator's): a required one that
+ * is NULL in a loaded table would be called. */
 static PyObject *py_driver_swap(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     void *address;
@@ -135,9 +141,22 @@ static PyObject *py_driver_swap(PyObject *self, PyObject *const *args, Py_ssize_
     int i = index_of(args[0]);
     if (i < 0 || nhf_address_arg(args[1], &address) < 0)
         return NULL;
+    if (address == NULL && entry_points[i].required && nhf_driver_loaded()) {
+        PyErr_Format(PyExc_ValueError,
+                     "driver_swap: %s is required, and the table is loaded: it may not be NULL",
+                     entry_points[i].name);
+        return NULL;
+    }
     void *before = load(i);
     store(i, address);
     return PyLong_FromVoidPtr(before);
+}
+
+/* driver_address(name) -> the entry point's address now (0 for none). */
+static PyObject *py_driver_address(PyObject *self, PyObject *name) {
+    (void)self;
+    int i = index_of(name);
+    return i < 0 ? NULL : PyLong_FromVoidPtr(load(i));
 }
 
 static PyMethodDef driver_methods[] = {
@@ -155,11 +174,15 @@ static PyMethodDef testing_methods[] = {
     {"driver_swap", (PyCFunction)(void (*)(void))py_driver_swap, METH_FASTCALL,
      "driver_swap($module, name, address, /)\n--\n\n"
      "Set one entry point (a test's stand-in); returns the address it had."},
+    {"driver_address", py_driver_address, METH_O,
+     "driver_address($module, name, /)\n--\n\n"
+     "One entry point's address now (0 for none)."},
     {NULL, NULL, 0, NULL},
 };
 
 int nhf_driver_init(PyObject *module) {
-    if (PyModule_AddFunctions(module, driver_methods) < 0)
+    if (PyModule_AddFunctions(module, driver_methods) < 0 ||
+        PyModule_AddIntConstant(module, "DRIVER_ABI_VERSION", NHF_DRIVER_ABI_VERSION) < 0)
         return -1;
     return nhf_add_testing(module, testing_methods);
 }

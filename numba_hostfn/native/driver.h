@@ -85,6 +85,12 @@ typedef union {
 
 /* ---- the entry points -------------------------------------------------------------- */
 
+/* The CUDA version whose entry points the types below declare (cuda.h of CUDA 13.0):
+ * the backend asks cuGetProcAddress for each at this version (or the driver's own,
+ * if older), so a newer driver that changes a signature still gives the one
+ * declared here. */
+#define NHF_DRIVER_ABI_VERSION 13000
+
 /* What the driver calls back (CUhostFn). */
 typedef void (*nhf_cu_host_fn)(void *user_data);
 
@@ -97,10 +103,11 @@ typedef int (*nhf_cuUserObjectCreate_fn)(void **object_out, void *ptr, nhf_cu_ho
 typedef int (*nhf_cuUserObjectRelease_fn)(void *object, unsigned count);
 typedef int (*nhf_cuGraphRetainUserObject_fn)(void *graph, void *object, unsigned count,
                                               unsigned flags);
-/* (stream, status, id, graph, then optional outs): CUDA 12's form has two
- * optional outs after graph (dependencies, their count), CUDA 13's three (edge
- * data between them).  Both take NULL for each, and passing one NULL more than a
- * form reads is harmless in the C calling conventions of x86-64 and AArch64. */
+/* (stream, status, id, graph, then optional outs): the form of CUDA 12.0 to 12.2
+ * has two optional outs after graph (dependencies, their count), that of 12.3 and
+ * later three (edge data between them).  Both take NULL for each, and passing one
+ * NULL more than a form reads is harmless in the C calling conventions of x86-64
+ * and AArch64. */
 typedef int (*nhf_cuStreamGetCaptureInfo_fn)(void *hStream, int *captureStatus_out,
                                              uint64_t *id_out, void **graph_out,
                                              const void **dependencies_out,

@@ -34,6 +34,11 @@ int nhf_route_arg(PyObject *value) {
                      route);
         return NHF_ROUTE_NONE;
     }
+    if ((route == NHF_ROUTE_CUDA || route == NHF_ROUTE_CUDA_LANE) && !nhf_driver_loaded()) {
+        PyErr_SetString(PyExc_ValueError, "a CUDA route before the CUDA backend loaded the "
+                                          "driver table (driver_load): nothing to call");
+        return NHF_ROUTE_NONE;
+    }
     return (int)route;
 }
 

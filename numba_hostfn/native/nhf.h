@@ -15,8 +15,8 @@
  * docs/design.md's C map numbers them and tests/test_native_layers.py checks;
  * where a lower file must reach a higher one, the higher one registers a hook
  * at module load (the watchdog's nhf_fault_on_record_failed and
- * nhf_fault_on_stream_faulted, the enqueue's nhf_enqueue_add_route, the
- * trampolines' nhf_trampoline_add).  Bottom up:
+ * nhf_fault_on_stream_faulted and nhf_watchdog_add_backend, the enqueue's
+ * nhf_enqueue_add_route, the trampolines' nhf_trampoline_add).  Bottom up:
  *
  *    0  util.c          argument helpers, nhf_add_address
  *    1  driver.c        the CUDA driver's entry points: one table (driver.h)
@@ -187,8 +187,12 @@ int nhf_records_init(PyObject *module);
 
 /* ---- the CUDA driver's table (driver.c; its types and constants: driver.h) ---- */
 
-/* GIL held, at module load: driver_entry_points(), driver_load(), driver_swap(). */
+/* GIL held, at module load: driver_entry_points(), driver_load(), and in
+ * _core._testing driver_swap() and driver_address(). */
 int nhf_driver_init(PyObject *module);
+/* Any thread: whether driver_load has filled the table (the CUDA backend is made);
+ * until then a CUDA route names nothing that could be called. */
+bool nhf_driver_loaded(void);
 
 /* ---- the interpreter guard, and the GIL on foreign threads (guard.c) --------- */
 
@@ -221,8 +225,8 @@ void nhf_gil_give_back_leaked(void);
 /* ---- trampolines (trampolines.c): what the driver calls ------------------------ */
 
 /* The trampolines a launch record can be enqueued with, as Python names them
- * (_core.RUN_COMPILED, ...): a small number, never an address, so no int from
- * Python becomes a call target.  The executor's copy is registered by its layer. */
+ * (_core.RUN_COMPILED, ...): a small number, never an address, which the core
+ * checks.  The executor's copy is registered by its layer. */
 enum nhf_trampoline_id {
     NHF_TRAMPOLINE_NONE = 0,
     NHF_TRAMPOLINE_RUN_COMPILED, /* nhf_run_compiled: fn(arg), no GIL */
