@@ -44,6 +44,12 @@ def _positive_number(name: str, value: Any, minimum: float, maximum: float) -> f
     return float(value)
 
 
+#: CUDA's default-stream handles, 0 to 2 (0 and CU_STREAM_LEGACY name a stream in
+#: each context, CU_STREAM_PER_THREAD one in each context and thread): see
+#: HostExecutor._lane and default_lane_of.
+_DEFAULT_STREAM_HANDLES = 2
+
+
 class HostExecutor(_core.ExecutorBase):
     """A pool of native threads that runs host functions in stream order.
 
@@ -98,7 +104,8 @@ class HostExecutor(_core.ExecutorBase):
         self.threads = int(threads)
         self.spin_us = spin
         self.poll_us = poll
-        self._lanes: dict[int, int] = {}
+        # Stream handle -> lane; (default-stream handle, lane) -> lane (see _lane).
+        self._lanes: dict[int | tuple[int, int], int] = {}
         self._block = 0
         self._block_used = _WORDS_PER_BLOCK
         self._lock = threading.Lock()
@@ -126,9 +133,22 @@ class HostExecutor(_core.ExecutorBase):
 
     def _lane(self, handle: int, most: int = 0) -> int:
         """The lane (its words and task queue) for stream ``handle``, made on first use
-        (``lane_of``); 0 if it has none and already ``most`` lanes (where given)."""
+        (``lane_of``); 0 if it has none and already ``most`` lanes (where given).
+
+        A CUDA default-stream handle (0, 0x1, 0x2) names one stream in each context
+        (0x2: in each thread too): the native core keys its lanes by that context
+        (and thread), so one lane never serves two streams, whose arrivals would
+        release each other's tasks (before: one lane per handle)."""
         if self._closed:
             raise RuntimeError("the HostExecutor is closed; create a new one")
+        if handle <= _DEFAULT_STREAM_HANDLES:
+            lane = self._find_lane(handle)  # this thread's stream of that handle
+            if lane:
+                return lane
+            with self._lock:
+                lane = self._find_lane(handle) or self._lane_new(handle, self._words())
+                self._lanes[handle, lane] = lane
+            return lane
         lane = self._lanes.get(handle)
         if lane is not None:
             return lane
@@ -271,8 +291,6 @@ DEFAULT_LANE_STREAMS = 256
 #: host function waits for the loop (tests/test_notify.py's bursts did); waits on
 #: the driver's thread only add host functions, as before the lane.
 DEFAULT_LANE_DEPTH = 64
-#: CUDA's default-stream handles, 0 to 2: see default_lane_of.
-_DEFAULT_STREAM_HANDLES = 2
 
 
 class _DefaultLane(HostExecutor):

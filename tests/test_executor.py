@@ -90,6 +90,119 @@ def test_runs_between_prior_and_later_stream_work(executor, stream, device):
     assert list(cell) == [1, 10, 7]
 
 
+def test_a_default_stream_handle_has_a_lane_per_stream_it_names(executor):
+    """A CUDA default-stream handle names another stream in each context (0, 0x1), and
+    in each thread too (0x2): the core keys its lanes by the stream's unique id
+    (cuStreamGetId) and context (before: one lane per handle, whose "reached" word
+    two streams then wrote, releasing each other's tasks).  Any other handle names one
+    stream everywhere: one lane.  The driver's two answers are stand-ins here, so this
+    runs on either backend; the lanes are made, never enqueued on."""
+    import ctypes
+
+    from numba_hostfn import _core
+
+    context = [0xC0]
+    ids = {}
+    each_thread = threading.local()  # the driver makes each thread a new per-thread stream
+    threads_seen = []
+
+    def this_thread():
+        if not hasattr(each_thread, "token"):
+            threads_seen.append(1)
+            each_thread.token = len(threads_seen)
+        return each_thread.token
+
+    def get_current(out):
+        out[0] = context[0]
+        return 0
+
+    def get_id(stream, out):  # as the driver: one stream per context (and thread, for 0x2)
+        which = (stream, context[0], this_thread() if stream == 2 else 0)
+        out[0] = ids.setdefault(which, len(ids) + 1)
+        return 0
+
+    vp = ctypes.c_void_p
+    keep = [
+        ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(vp))(get_current),
+        ctypes.CFUNCTYPE(ctypes.c_int, vp, ctypes.POINTER(ctypes.c_ulonglong))(get_id),
+    ]
+    names = ("cuCtxGetCurrent", "cuStreamGetId")
+
+    def lanes_on_threads(handle):
+        out = []
+        for _ in range(2):  # one after the other: the second may reuse the first's id
+            t = threading.Thread(target=lambda: out.append(executor._lane(handle)))
+            t.start()
+            t.join()
+        return out
+
+    swap = _core._testing.driver_swap
+    real = [swap(n, ctypes.cast(f, vp).value) for n, f in zip(names, keep, strict=True)]
+    try:
+        created = 0x7FFF0000  # a created stream's handle: not one of the default three
+        a, b = lanes_on_threads(created)
+        assert a == b
+        a, b = lanes_on_threads(2)  # CU_STREAM_PER_THREAD: each thread's own stream
+        assert a != b and executor._lane(2) not in (a, b)
+        for handle in (0, 1):  # the legacy default stream: one per context
+            a, b = lanes_on_threads(handle)
+            assert a == b == executor._lane(handle)
+            context[0] = 0xC1
+            assert executor._lane(handle) != a
+            context[0] = 0xC0
+            assert executor._lane(handle) == a
+    finally:
+        for name, address in zip(names, real, strict=True):
+            swap(name, address)
+
+
+@pytest.mark.gpu
+def test_per_thread_default_streams_of_two_threads_do_not_release_each_others_tasks(
+    executor, device
+):
+    """Two threads, each on its own per-thread default stream (handle 0x2), one
+    executor: thread A's task comes after a kernel that stores a value half a second
+    later; thread B's stream reaches its own task at once.  A's task sees the value
+    (before: both shared one lane, B's arrival ran A's task before A's kernel had
+    stored it)."""
+    from cuda.core import Stream
+
+    cell = device.host_array(3)
+    enqueued = threading.Event()
+    errors = []
+
+    def thread_a():
+        try:
+            s = Stream.from_handle(0x2)
+            device.store(s, cell, 0, 1, delay=0.5)
+            nh.host_launch(s, observe, user_data=nh.by_ref(cell), executor=executor)
+            enqueued.set()
+            s.sync()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+            enqueued.set()
+
+    def thread_b():
+        try:
+            enqueued.wait(30)
+            s = Stream.from_handle(0x2)
+            counter = np.zeros(1, np.int64)
+            nh.host_launch(s, increment, user_data=nh.by_ref(counter), executor=executor)
+            s.sync()
+            assert counter[0] == 1
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    nh.drain()
+    assert cell[1] == 10, list(cell)  # A's task saw its kernel's store
+
+
 def test_every_function_kind_and_user_data_form(executor, stream, device):
     counter = np.zeros(1, np.int64)
     by_address = np.zeros(1, np.int64)

@@ -32,6 +32,19 @@ uint64_t nhf_cuda_enqueue(void *stream, nhf_hostfn trampoline, void *record) {
     return (uint32_t)NHF_CU(cuLaunchHostFunc)(stream, trampoline, record);
 }
 
+void nhf_cuda_stream_key(void *stream, void **ctx, unsigned long long *id) {
+    *ctx = NULL;
+    *id = 0;
+    if ((uintptr_t)stream > (uintptr_t)CU_STREAM_PER_THREAD)
+        return;
+    nhf_cuCtxGetCurrent_fn current = NHF_CU(cuCtxGetCurrent);
+    if (current == NULL || current(ctx) != 0)
+        *ctx = NULL;
+    nhf_cuStreamGetId_fn get_id = NHF_CU(cuStreamGetId);
+    if (get_id == NULL || get_id(stream, id) != 0)
+        *id = 0;
+}
+
 /* GIL held, at the top of a builtin: the answer for an entry point the driver
  * table does not have (not loaded: the simulator's; or a test's stand-in of 0). */
 #define NHF_CU_OR_ANSWER(name, value)                                                      \

@@ -62,8 +62,10 @@ enum { /* cuMemHostAlloc's flags */
     CU_MEMHOSTALLOC_PORTABLE = 0x01,
     CU_MEMHOSTALLOC_DEVICEMAP = 0x02,
 };
-/* CUstream's per-thread default stream: the stream a thread's work goes to with
- * no stream named, one for each thread in each context. */
+/* CUstream's default streams: the NULL stream (0) and CU_STREAM_LEGACY (0x1) name
+ * the legacy default stream of the current context, CU_STREAM_PER_THREAD (0x2) the
+ * per-thread default stream of the calling thread in the current context. */
+#define CU_STREAM_LEGACY ((void *)0x1)
 #define CU_STREAM_PER_THREAD ((void *)0x2)
 
 /* CUstreamBatchMemOpParams as cuda.h declares its writeValue and waitValue
@@ -133,6 +135,8 @@ typedef int (*nhf_cuStreamQuery_fn)(void *hStream);
  * which the older form ignores (one argument too many is harmless, as above). */
 typedef int (*nhf_cuStreamGetCtx_fn)(void *hStream, void **pctx, void **pGreenCtx);
 typedef int (*nhf_cuThreadExchangeStreamCaptureMode_fn)(int *mode);
+typedef int (*nhf_cuCtxGetCurrent_fn)(void **pctx);
+typedef int (*nhf_cuStreamGetId_fn)(void *hStream, unsigned long long *streamId);
 typedef int (*nhf_cuCtxPushCurrent_fn)(void *ctx);
 typedef int (*nhf_cuCtxPopCurrent_fn)(void **pctx);
 
@@ -155,6 +159,8 @@ typedef int (*nhf_cuCtxPopCurrent_fn)(void **pctx);
     X(cuStreamCreate, 1)                                                                    \
     X(cuStreamDestroy, 1)                                                                   \
     X(cuStreamEndCapture, 1)                                                                \
+    X(cuCtxGetCurrent, 1)                                                                   \
+    X(cuStreamGetId, 1)                                                                     \
     X(cuStreamBeginCaptureToGraph, 0)                                                       \
     X(cuStreamBatchMemOp, 0)                                                                \
     X(cuStreamQuery, 0)                                                                     \

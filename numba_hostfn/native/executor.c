@@ -96,6 +96,16 @@ static PyObject *executor_live_slots(PyObject *self_, PyObject *unused) {
     return pool == NULL ? NULL : PyLong_FromLong(atomic_load(&pool->live_slots));
 }
 
+/* _find_lane(stream): the pool's lane for stream, as this thread names it (a
+ * default-stream handle: in its current context, and thread), or 0 if none. */
+static PyObject *executor_find_lane(PyObject *self_, PyObject *stream_) {
+    nhf_pool *pool = started((nhf_executor_object *)self_);
+    void *stream;
+    if (pool == NULL || nhf_address_arg(stream_, &stream) < 0)
+        return NULL;
+    return PyLong_FromVoidPtr(nhf_exec_find_lane(pool, stream));
+}
+
 /* _lane_new(stream, words): a lane for stream, its words at words (two zeroed
  * 32-bit words of pinned memory); its address. */
 static PyObject *executor_lane_new(PyObject *self_, PyObject *const *args, Py_ssize_t nargs) {
@@ -153,6 +163,9 @@ static PyMethodDef executor_methods[] = {
      "Tasks enqueued and not yet run."},
     {"_live_slots", executor_live_slots, METH_NOARGS, "_live_slots($self, /)\n--\n\n"
      "Graph slots armed."},
+    {"_find_lane", executor_find_lane, METH_O,
+     "_find_lane($self, stream, /)\n--\n\n"
+     "The lane for stream as this thread names it, or 0"},
     {"_lane_new", (PyCFunction)(void (*)(void))executor_lane_new, METH_FASTCALL,
      "_lane_new($self, stream, words, /)\n--\n\n"
      "Returns lane address"},

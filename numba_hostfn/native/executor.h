@@ -46,6 +46,12 @@ typedef struct lane {
     /* Read by spinning threads: on a cache line of their own. */
     struct lane *next;   /* the next lane of the pool (appended under its mutex) */
     void *stream;        /* the handle the stream operations go to */
+    /* With stream, which stream it is (nhf_cuda_stream_key): for a default-stream
+     * handle, the id of the stream it named where the lane was made, and that
+     * context (a fault of another context is not this lane's); 0 and NULL for any
+     * other handle. */
+    void *ctx;
+    unsigned long long id;
     _Atomic uint32_t *words; /* reached, then done */
     nhf_pool *pool;
     /* Written by the producer at each enqueue. */

@@ -297,6 +297,12 @@ int nhf_enqueue_init(PyObject *module);
 
 /* The driver's entry points are driver.h's table (driver.c). */
 uint64_t nhf_cuda_enqueue(void *stream, nhf_hostfn trampoline, void *record);
+/* Any thread: which stream a default-stream handle names for the calling thread (0
+ * and CU_STREAM_LEGACY: one in each context; CU_STREAM_PER_THREAD: one in each
+ * context and thread): its unique id (cuStreamGetId) and the current context
+ * (cuCtxGetCurrent); 0 and NULL where the table lacks them (not loaded).  (NULL,
+ * 0) for any other handle, which names one stream wherever it is used. */
+void nhf_cuda_stream_key(void *stream, void **ctx, unsigned long long *id);
 int nhf_cuda_init(PyObject *module);
 
 /* ---- device faults: the watchdog (watchdog.c) ---------------------------------- */
@@ -335,7 +341,7 @@ bool nhf_on_watchdog_thread(void);
  * failed) and for each stream of a faulted context with a launch in flight
  * (executor.c: the lanes on it fail their tasks).  Any thread (the watchdog's). */
 typedef void (*nhf_record_failed_fn)(nhf_record *record, unsigned code);
-typedef void (*nhf_stream_faulted_fn)(void *stream, unsigned code);
+typedef void (*nhf_stream_faulted_fn)(void *stream, void *ctx, unsigned code);
 void nhf_fault_on_record_failed(nhf_record_failed_fn hook);
 void nhf_fault_on_stream_faulted(nhf_stream_faulted_fn hook);
 int nhf_watchdog_init(PyObject *module);
@@ -475,7 +481,8 @@ typedef struct {
     nhf_pool *pool; /* NULL until started; never freed */
 } nhf_executor_object;
 extern PyTypeObject nhf_executor_type;
-/* GIL held: the lane of the pool for stream, or NULL (pool.c). */
+/* GIL held: the lane of the pool for stream, as the calling thread names it (a
+ * default-stream handle: nhf_cuda_stream_key), or NULL (pool.c). */
 void *nhf_exec_find_lane(nhf_pool *pool, void *stream);
 /* The enqueue functions of a lane (executor_cuda.c, executor_sim.c). */
 uint64_t nhf_exec_cuda_enqueue(void *lane, nhf_hostfn trampoline, void *record);
@@ -487,7 +494,7 @@ void *nhf_exec_lane_stream(void *lane);
 /* Any thread (the watchdog's, through its hook): the lanes on stream, of every
  * pool, fail their tasks that the stream has not reached from now on (it never
  * will; pool.c). */
-void nhf_exec_fault_stream(void *stream, unsigned code);
+void nhf_exec_fault_stream(void *stream, void *ctx, unsigned code);
 /* exec_slot_op, GraphSlot (graph_slots.c); exec_test_pause (pool.c); ExecutorBase. */
 int nhf_graph_slots_init(PyObject *module);
 int nhf_pool_init(PyObject *module);

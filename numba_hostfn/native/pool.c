@@ -334,12 +334,15 @@ static pthread_mutex_t all_pools_lock = PTHREAD_MUTEX_INITIALIZER;
 
 void *nhf_exec_lane_stream(void *lane_) { return ((lane *)lane_)->stream; }
 
-void nhf_exec_fault_stream(void *stream, unsigned code) {
+void nhf_exec_fault_stream(void *stream, void *ctx, unsigned code) {
     for (nhf_pool *pool = atomic_load(&all_pools); pool != NULL; pool = pool->next_pool) {
         bool marked = false;
         for (lane *l = atomic_load(&pool->lanes); l != NULL; l = l->next) {
             unsigned expected = 0;
-            if (l->stream == stream && atomic_compare_exchange_strong(&l->fault, &expected, code))
+            /* A default-stream handle's lane is another context's stream unless
+             * its context is the faulted one. */
+            bool same = l->stream == stream && (l->ctx == NULL || l->ctx == ctx);
+            if (same && atomic_compare_exchange_strong(&l->fault, &expected, code))
                 marked = true;
         }
         if (marked)
@@ -378,8 +381,11 @@ nhf_pool *nhf_pool_new(long nthreads, long spin_ns, long poll_ns) {
 
 /* GIL held: the lane of the pool for stream, or NULL if it has none yet. */
 void *nhf_exec_find_lane(nhf_pool *pool, void *stream) {
+    void *ctx;
+    unsigned long long id;
+    nhf_cuda_stream_key(stream, &ctx, &id);
     for (lane *l = atomic_load(&pool->lanes); l != NULL; l = l->next)
-        if (l->stream == stream)
+        if (l->stream == stream && l->id == id && l->ctx == ctx)
             return l;
     return NULL;
 }
@@ -394,6 +400,7 @@ lane *nhf_lane_new(nhf_pool *pool, void *stream, void *words) {
         return NULL;
     }
     l->stream = stream;
+    nhf_cuda_stream_key(stream, &l->ctx, &l->id); /* which stream, for a default handle */
     l->words = words;
     l->pool = pool;
     pthread_mutex_lock(&pool->mutex);

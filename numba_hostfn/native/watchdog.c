@@ -233,7 +233,7 @@ static void fail_context(const survey *s, void *ctx, unsigned code) {
     nhf_stream_faulted_fn stream_faulted = atomic_load(&hooks.stream_faulted);
     for (size_t i = 0; i < s->count && stream_faulted != NULL; i++)
         if (s->pairs[i].ctx == ctx)
-            stream_faulted(s->pairs[i].stream, code); /* executor.c: its lanes there */
+            stream_faulted(s->pairs[i].stream, ctx, code); /* executor.c: its lanes there */
 }
 
 /* One poll: query every context with a record in flight, once; fail the
