@@ -136,9 +136,10 @@ class HostExecutor(_core.ExecutorBase):
         (``lane_of``); 0 if it has none and already ``most`` lanes (where given).
 
         A CUDA default-stream handle (0, 0x1, 0x2) names one stream in each context
-        (0x2: in each thread too): the native core keys its lanes by that context
-        (and thread), so one lane never serves two streams, whose arrivals would
-        release each other's tasks (before: one lane per handle)."""
+        (0x2: in each thread too): the native core keys its lanes by the stream's id
+        and context as this thread names them, so one lane never serves two streams,
+        whose arrivals would release each other's tasks (before: one lane per
+        handle)."""
         if self._closed:
             raise RuntimeError("the HostExecutor is closed; create a new one")
         if handle <= _DEFAULT_STREAM_HANDLES:
