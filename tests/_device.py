@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import textwrap
 
@@ -382,3 +384,46 @@ def _wait_for_flag():
 
         _WAIT_FOR_FLAG.append(wait_for_flag)
     return _WAIT_FOR_FLAG[0]
+
+
+c_int, c_uint, c_uint64, vp = ctypes.c_int, ctypes.c_uint, ctypes.c_uint64, ctypes.c_void_p
+#: ctypes prototypes of the driver entry points the tests stand in for (driver.h).
+_PROTOTYPES = {
+    "cuStreamGetCaptureInfo": ctypes.CFUNCTYPE(
+        c_int, vp, ctypes.POINTER(c_int), vp, ctypes.POINTER(vp), vp, vp, vp
+    ),
+    "cuLaunchHostFunc": ctypes.CFUNCTYPE(c_int, vp, vp, vp),
+    "cuStreamWriteValue32": ctypes.CFUNCTYPE(c_int, vp, c_uint64, c_uint, c_uint),
+    "cuStreamWaitValue32": ctypes.CFUNCTYPE(c_int, vp, c_uint64, c_uint, c_uint),
+    "cuStreamCreate": ctypes.CFUNCTYPE(c_int, ctypes.POINTER(vp), c_uint),
+    "cuStreamBeginCaptureToGraph": ctypes.CFUNCTYPE(c_int, vp, vp, vp, vp, ctypes.c_size_t, c_int),
+    "cuStreamEndCapture": ctypes.CFUNCTYPE(c_int, vp, ctypes.POINTER(vp)),
+    "cuStreamDestroy": ctypes.CFUNCTYPE(c_int, vp),
+    "cuMemHostAlloc": ctypes.CFUNCTYPE(c_int, ctypes.POINTER(vp), ctypes.c_size_t, c_uint),
+    "cuUserObjectCreate": ctypes.CFUNCTYPE(c_int, ctypes.POINTER(vp), vp, vp, c_uint, c_uint),
+    "cuUserObjectRelease": ctypes.CFUNCTYPE(c_int, vp, c_uint),
+    "cuGraphRetainUserObject": ctypes.CFUNCTYPE(c_int, vp, vp, c_uint, c_uint),
+    "cuCtxGetCurrent": ctypes.CFUNCTYPE(c_int, ctypes.POINTER(vp)),
+    "cuStreamGetId": ctypes.CFUNCTYPE(c_int, vp, ctypes.POINTER(ctypes.c_ulonglong)),
+}
+
+
+@contextlib.contextmanager
+def driver_stand_ins(**fakes):
+    """The native driver table's entries named by ``fakes`` (Python functions, or 0
+    for none) for the block (``_core._testing.driver_swap``); the real ones back
+    after it, whatever happens.  Only while no other thread of the process launches."""
+    from numba_hostfn import _core
+
+    keep, before = [], {}
+    try:
+        for name, fake in fakes.items():
+            address = 0
+            if fake:
+                keep.append(_PROTOTYPES[name](fake))
+                address = ctypes.cast(keep[-1], vp).value
+            before[name] = _core._testing.driver_swap(name, address)
+        yield
+    finally:
+        for name, address in before.items():
+            _core._testing.driver_swap(name, address)

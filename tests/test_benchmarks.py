@@ -13,48 +13,33 @@ from _device import child_env
 ROOT = pathlib.Path(__file__).parent.parent
 
 
-def test_host_copy_benchmark_smoke():
+def _benchmark(script, *args, timeout=300, env=None):
+    """benchmarks/<script> run with args on the simulator; it must succeed."""
     run = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "host_copy.py"), "--smoke"],
-        env=child_env(NUMBA_HOSTFN_SIMULATOR="1"),
+        [sys.executable, str(ROOT / "benchmarks" / script), *map(str, args)],
+        env=env if env is not None else child_env(NUMBA_HOSTFN_SIMULATOR="1"),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
     )
     assert run.returncode == 0, run.stdout + run.stderr
+    return run
+
+
+def test_host_copy_benchmark_smoke():
+    run = _benchmark("host_copy.py", "--smoke")
     assert "| 4 KiB |" in run.stdout and "| 1 MiB |" in run.stdout
 
 
 def test_queue_depth_probe_smoke():
     """The probe runs every hold and every kind of work; the simulator blocks none."""
-    run = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "queue_depth.py"),
-            "--n",
-            "200",
-            "--wait",
-            "0.2",
-        ],
-        env=child_env(NUMBA_HOSTFN_SIMULATOR="1"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stdout + run.stderr
+    run = _benchmark("queue_depth.py", "--n", 200, "--wait", 0.2)
     lines = run.stdout.splitlines()
     assert len(lines) == 10 and all("all enqueued" in line for line in lines), run.stdout
 
 
 def test_benchmark_suite_smoke(tmp_path):
-    run = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--smoke", "--out", str(tmp_path)],
-        env=child_env(NUMBA_HOSTFN_SIMULATOR="1"),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stdout + run.stderr
+    _benchmark("run.py", "--smoke", "--out", tmp_path, timeout=600)
     report = (tmp_path / "benchmarks.md").read_text()
     for section in (
         "### enqueue",
@@ -74,22 +59,7 @@ def test_benchmark_suite_smoke(tmp_path):
 
 def test_benchmark_one_section(tmp_path):
     """--only runs that section alone: its table, the targets table, and its plot only."""
-    run = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "run.py"),
-            "--smoke",
-            "--only",
-            "graphs",
-            "--out",
-            str(tmp_path),
-        ],
-        env=child_env(NUMBA_HOSTFN_SIMULATOR="1"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stdout + run.stderr
+    _benchmark("run.py", "--smoke", "--only", "graphs", "--out", tmp_path)
     report = (tmp_path / "benchmarks.md").read_text()
     assert "### graph replay" in report and "### targets" in report
     assert "### enqueue" not in report and "### compile and import" not in report
@@ -105,25 +75,8 @@ def test_ab_runner_smoke(tmp_path):
     env = child_env(NUMBA_HOSTFN_SIMULATOR="1")
     env.pop("LD_PRELOAD", None)  # its two builds are plain: a sanitizer runtime would not fit
     out = tmp_path / "ab.md"
-    run = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "ab.py"),
-            "HEAD",
-            "--smoke",
-            "--only",
-            "graphs",
-            "--rounds",
-            "1",
-            "--out",
-            str(out),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stdout + run.stderr
+    args = ("HEAD", "--smoke", "--only", "graphs", "--rounds", 1, "--out", out)
+    run = _benchmark("ab.py", *args, timeout=600, env=env)
     report = out.read_text()
     assert report == run.stdout.rstrip("\n") + "\n"
     assert "A = HEAD (" in report and "1 round(s)" in report

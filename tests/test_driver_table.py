@@ -8,49 +8,15 @@ driver's side of the same calls is the GPU suite's (test_graphs, test_executor).
 import ctypes
 import gc
 import weakref
-from contextlib import contextmanager
 
 import pytest
 from _device import child_env, run_child
+from _device import driver_stand_ins as stand_ins
 
 import numba_hostfn as nh
 from numba_hostfn import _core
 
-c_int, c_uint, c_uint64, vp = ctypes.c_int, ctypes.c_uint, ctypes.c_uint64, ctypes.c_void_p
-PROTOTYPES = {
-    "cuStreamGetCaptureInfo": ctypes.CFUNCTYPE(
-        c_int, vp, ctypes.POINTER(c_int), vp, ctypes.POINTER(vp), vp, vp, vp
-    ),
-    "cuLaunchHostFunc": ctypes.CFUNCTYPE(c_int, vp, vp, vp),
-    "cuStreamWriteValue32": ctypes.CFUNCTYPE(c_int, vp, c_uint64, c_uint, c_uint),
-    "cuStreamWaitValue32": ctypes.CFUNCTYPE(c_int, vp, c_uint64, c_uint, c_uint),
-    "cuStreamCreate": ctypes.CFUNCTYPE(c_int, ctypes.POINTER(vp), c_uint),
-    "cuStreamBeginCaptureToGraph": ctypes.CFUNCTYPE(c_int, vp, vp, vp, vp, ctypes.c_size_t, c_int),
-    "cuStreamEndCapture": ctypes.CFUNCTYPE(c_int, vp, ctypes.POINTER(vp)),
-    "cuStreamDestroy": ctypes.CFUNCTYPE(c_int, vp),
-    "cuMemHostAlloc": ctypes.CFUNCTYPE(c_int, ctypes.POINTER(vp), ctypes.c_size_t, c_uint),
-    "cuUserObjectCreate": ctypes.CFUNCTYPE(c_int, ctypes.POINTER(vp), vp, vp, c_uint, c_uint),
-    "cuUserObjectRelease": ctypes.CFUNCTYPE(c_int, vp, c_uint),
-    "cuGraphRetainUserObject": ctypes.CFUNCTYPE(c_int, vp, vp, c_uint, c_uint),
-}
-
-
-@contextmanager
-def stand_ins(**fakes):
-    """The table's entries named by ``fakes`` (Python functions, or 0 for none) for
-    the block; the real ones back after it, whatever happens."""
-    keep, before = [], {}
-    try:
-        for name, fake in fakes.items():
-            address = 0
-            if fake:
-                keep.append(PROTOTYPES[name](fake))
-                address = ctypes.cast(keep[-1], vp).value
-            before[name] = _core._testing.driver_swap(name, address)
-        yield
-    finally:
-        for name, address in before.items():
-            _core._testing.driver_swap(name, address)
+vp = ctypes.c_void_p
 
 
 def test_capture_info_reads_status_and_graph_and_names_a_refusal():

@@ -19,6 +19,7 @@ from _device import (
     CHILD_PREAMBLE,
     Capture,
     Hold,
+    driver_stand_ins,
     released_eventually,
     rerun_on_simulator,
     run_child,
@@ -97,10 +98,6 @@ def test_a_default_stream_handle_has_a_lane_per_stream_it_names(executor):
     two streams then wrote, releasing each other's tasks).  Any other handle names one
     stream everywhere: one lane.  The driver's two answers are stand-ins here, so this
     runs on either backend; the lanes are made, never enqueued on."""
-    import ctypes
-
-    from numba_hostfn import _core
-
     context = [0xC0]
     ids = {}
     each_thread = threading.local()  # the driver makes each thread a new per-thread stream
@@ -121,13 +118,6 @@ def test_a_default_stream_handle_has_a_lane_per_stream_it_names(executor):
         out[0] = ids.setdefault(which, len(ids) + 1)
         return 0
 
-    vp = ctypes.c_void_p
-    keep = [
-        ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(vp))(get_current),
-        ctypes.CFUNCTYPE(ctypes.c_int, vp, ctypes.POINTER(ctypes.c_ulonglong))(get_id),
-    ]
-    names = ("cuCtxGetCurrent", "cuStreamGetId")
-
     def lanes_on_threads(handle):
         out = []
         for _ in range(2):  # one after the other: the second may reuse the first's id
@@ -136,9 +126,7 @@ def test_a_default_stream_handle_has_a_lane_per_stream_it_names(executor):
             t.join()
         return out
 
-    swap = _core._testing.driver_swap
-    real = [swap(n, ctypes.cast(f, vp).value) for n, f in zip(names, keep, strict=True)]
-    try:
+    with driver_stand_ins(cuCtxGetCurrent=get_current, cuStreamGetId=get_id):
         created = 0x7FFF0000  # a created stream's handle: not one of the default three
         a, b = lanes_on_threads(created)
         assert a == b
@@ -151,9 +139,6 @@ def test_a_default_stream_handle_has_a_lane_per_stream_it_names(executor):
             assert executor._lane(handle) != a
             context[0] = 0xC0
             assert executor._lane(handle) == a
-    finally:
-        for name, address in zip(names, real, strict=True):
-            swap(name, address)
 
 
 @pytest.mark.gpu
