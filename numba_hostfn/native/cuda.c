@@ -38,11 +38,13 @@ void nhf_cuda_stream_key(void *stream, void **ctx, unsigned long long *id) {
     if ((uintptr_t)stream > (uintptr_t)CU_STREAM_PER_THREAD)
         return;
     nhf_cuCtxGetCurrent_fn current = NHF_CU(cuCtxGetCurrent);
+    nhf_cuStreamGetId_fn get_id = NHF_CU(cuStreamGetId);
+    Py_BEGIN_ALLOW_THREADS /* no driver call holds the GIL (invariant 10) */
     if (current == NULL || current(ctx) != 0)
         *ctx = NULL;
-    nhf_cuStreamGetId_fn get_id = NHF_CU(cuStreamGetId);
     if (get_id == NULL || get_id(stream, id) != 0)
         *id = 0;
+    Py_END_ALLOW_THREADS
 }
 
 /* GIL held, at the top of a builtin: the answer for an entry point the driver

@@ -297,7 +297,8 @@ int nhf_enqueue_init(PyObject *module);
 
 /* The driver's entry points are driver.h's table (driver.c). */
 uint64_t nhf_cuda_enqueue(void *stream, nhf_hostfn trampoline, void *record);
-/* Any thread: which stream a default-stream handle names for the calling thread (0
+/* GIL held (dropped around the driver's answers; none is asked for any handle but
+ * the three): which stream a default-stream handle names for the calling thread (0
  * and CU_STREAM_LEGACY: one in each context; CU_STREAM_PER_THREAD: one in each
  * context and thread): its unique id (cuStreamGetId) and the current context
  * (cuCtxGetCurrent); 0 and NULL where the table lacks them (not loaded).  (NULL,

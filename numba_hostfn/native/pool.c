@@ -380,23 +380,10 @@ nhf_pool *nhf_pool_new(long nthreads, long spin_ns, long poll_ns) {
 }
 
 /* GIL held: the lane of the pool for stream, or NULL if it has none yet. */
-/* GIL held: which stream a default-stream handle names for this thread
- * (nhf_cuda_stream_key), the GIL dropped around the driver's answers (invariant
- * 10: no driver call holds it); no call for any other handle. */
-static void stream_key(void *stream, void **ctx, unsigned long long *id) {
-    *ctx = NULL;
-    *id = 0;
-    if ((uintptr_t)stream > (uintptr_t)CU_STREAM_PER_THREAD)
-        return;
-    Py_BEGIN_ALLOW_THREADS
-    nhf_cuda_stream_key(stream, ctx, id);
-    Py_END_ALLOW_THREADS
-}
-
 void *nhf_exec_find_lane(nhf_pool *pool, void *stream) {
     void *ctx;
     unsigned long long id;
-    stream_key(stream, &ctx, &id);
+    nhf_cuda_stream_key(stream, &ctx, &id);
     for (lane *l = atomic_load(&pool->lanes); l != NULL; l = l->next)
         if (l->stream == stream && l->id == id && l->ctx == ctx)
             return l;
@@ -413,7 +400,7 @@ lane *nhf_lane_new(nhf_pool *pool, void *stream, void *words) {
         return NULL;
     }
     l->stream = stream;
-    stream_key(stream, &l->ctx, &l->id); /* which stream, for a default handle */
+    nhf_cuda_stream_key(stream, &l->ctx, &l->id); /* which stream, for a default handle */
     l->words = words;
     l->pool = pool;
     pthread_mutex_lock(&pool->mutex);
