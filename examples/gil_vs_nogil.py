@@ -4,9 +4,11 @@
 #
 # For each kind it enqueues 2 ms of device work and one host function behind it,
 # spins in Python until the host function has run, and reports the median delay
-# beyond the device work. Runs on a GPU, or on the simulator with
-# NUMBA_HOSTFN_SIMULATOR=1.
+# from the end of the device work (which writes a flag the spin watches: on a GPU
+# shared with other processes the work can take longer than 2 ms) to the host
+# function's start. Runs on a GPU, or on the simulator with NUMBA_HOSTFN_SIMULATOR=1.
 
+import ctypes
 import statistics
 import sys
 import time
@@ -24,53 +26,80 @@ def count(p):
 
 HOLD = 0.002  # seconds of device work in front of each host function
 
+
+@nh.host_callback
+def mark_done(p):  # the simulator's "device work" ends with this (compiled: no GIL)
+    carray(p, (1,), np.int64)[0] += 1
+
+
 SPIN = r"""
-extern "C" __global__ void spin(unsigned long long ns)
+extern "C" __global__ void spin_then_mark(unsigned long long ns, volatile long long *done)
 {
     unsigned long long start, now;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
     do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now)); } while (now - start < ns);
+    *done += 1;
+    __threadfence_system();
 }
 """
 
 
 def new_stream():
-    """A stream, and a function that enqueues HOLD seconds of device work on it."""
+    """A stream, a flag in host memory, and a function that enqueues HOLD seconds of
+    device work on the stream which then adds 1 to the flag."""
     if nh.backend_name() == "simulator":
         stream = nh.simulator.Stream()
-        return stream, lambda: stream.sleep(HOLD)
-    from cuda.core import Device, LaunchConfig, Program, ProgramOptions, launch
+        done = np.zeros(1, np.int64)
+
+        def device_work():
+            stream.sleep(HOLD)
+            nh.host_launch(stream, mark_done, user_data=nh.by_ref(done))
+
+        return stream, done, device_work
+    from cuda.core import Device, LaunchConfig, LegacyPinnedMemoryResource, Program
+    from cuda.core import ProgramOptions, launch
 
     device = Device()
     device.set_current()
     stream = device.create_stream()
     arch = "sm_" + "".join(str(v) for v in device.compute_capability)
     kernel = Program(SPIN, code_type="c++", options=ProgramOptions(arch=arch))
-    kernel = kernel.compile("cubin").get_kernel("spin")
+    kernel = kernel.compile("cubin").get_kernel("spin_then_mark")
     config = LaunchConfig(grid=1, block=1)
-    return stream, lambda: launch(stream, config, kernel, np.uint64(int(HOLD * 1e9)))
+    buffer = LegacyPinnedMemoryResource().allocate(8)  # host memory the device can write
+    done = np.ndarray((1,), np.int64, buffer=(ctypes.c_char * 8).from_address(int(buffer.handle)))
+    done[0] = 0
+    ns = np.uint64(int(HOLD * 1e9))
+
+    def device_work():  # uses buffer: the allocation lives as long as this function
+        launch(stream, config, kernel, ns, np.uint64(int(buffer.handle)))
+
+    return stream, done, device_work
 
 
-def delay_us(stream, device_work, launch, progress, repeats=20):
-    """Median µs a host function starts late, while the main thread spins in Python."""
+def delay_us(stream, done, device_work, launch, progress, repeats=20):
+    """Median µs from the end of the device work to the host function's start, while
+    the main thread spins in Python."""
     samples = []
     for _ in range(repeats):
         stream.sync()
         nh.drain()  # start settled
-        before = progress()
-        start = time.perf_counter()
+        before, marks = progress(), int(done[0])
         device_work()
         launch()  # becomes runnable only when the device work ends, during the spin
-        while progress() == before:  # busy in Python: holds the GIL between switches
+        while int(done[0]) == marks:  # busy in Python: holds the GIL between switches
             pass
-        samples.append((time.perf_counter() - start - HOLD) * 1e6)
+        ended = time.perf_counter()  # the device work has just ended
+        while progress() == before:
+            pass
+        samples.append((time.perf_counter() - ended) * 1e6)
     stream.sync()
     nh.drain()
     return statistics.median(samples)
 
 
 def main() -> int:
-    stream, device_work = new_stream()
+    stream, done, device_work = new_stream()
     try:
         counter = np.zeros(1, np.int64)
         calls = [0]
@@ -80,12 +109,17 @@ def main() -> int:
 
         compiled = delay_us(
             stream,
+            done,
             device_work,
             lambda: nh.host_launch(stream, count, user_data=nh.by_ref(counter)),
             lambda: int(counter[0]),
         )
         python = delay_us(
-            stream, device_work, lambda: nh.host_launch(stream, python_callable), lambda: calls[0]
+            stream,
+            done,
+            device_work,
+            lambda: nh.host_launch(stream, python_callable),
+            lambda: calls[0],
         )
         interval = sys.getswitchinterval() * 1e3
         print(f"main thread busy in Python, switch interval {interval:.0f} ms:")
