@@ -158,6 +158,7 @@ def test_per_thread_default_streams_of_two_threads_do_not_release_each_others_ta
 
     def thread_a():
         try:
+            device.cuda.set_current()  # a new thread has no current context
             s = Stream.from_handle(0x2)
             device.store(s, cell, 0, 1, delay=0.5)
             nh.host_launch(s, observe, user_data=nh.by_ref(cell), executor=executor)
@@ -170,6 +171,7 @@ def test_per_thread_default_streams_of_two_threads_do_not_release_each_others_ta
     def thread_b():
         try:
             enqueued.wait(30)
+            device.cuda.set_current()
             s = Stream.from_handle(0x2)
             counter = np.zeros(1, np.int64)
             nh.host_launch(s, increment, user_data=nh.by_ref(counter), executor=executor)
