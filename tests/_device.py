@@ -48,6 +48,10 @@ CHILD_PREAMBLE = textwrap.dedent("""
 
 #: The folder above tests/: a checkout, or a copy of one without the package.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: The checkout whose files the tests marked ``checkout`` read: :data:`ROOT`, or the
+#: one NUMBA_HOSTFN_SOURCE_TREE names, where a copy of the tree without the package
+#: runs against an installed wheel beside a checkout (``bash .ci/gpu wheel``).
+SOURCES = os.path.abspath(os.environ.get("NUMBA_HOSTFN_SOURCE_TREE") or ROOT)
 
 
 def imported_from_root() -> bool:

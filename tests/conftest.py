@@ -32,14 +32,15 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, os.path.dirname(__file__))
 
-from _device import Device  # noqa: E402
+from _device import SOURCES, Device  # noqa: E402
 
 import numba_hostfn  # noqa: E402
 
-#: Whether the package's sources are beside tests/ (a checkout); a copy of tests/ run
-#: against an installed wheel (.ci/run's wheel stage) has none, and skips the tests
-#: marked ``checkout``, which read them.
-CHECKOUT = os.path.isdir(os.path.join(os.path.dirname(__file__), "..", "numba_hostfn", "native"))
+#: Whether the package's sources are at hand: beside tests/ (a checkout), or where
+#: NUMBA_HOSTFN_SOURCE_TREE says (_device.SOURCES).  A copy of tests/ run against an
+#: installed wheel with neither (.ci/run's wheel stage) skips the tests marked
+#: ``checkout``, which read them.
+CHECKOUT = os.path.isdir(os.path.join(SOURCES, "numba_hostfn", "native"))
 
 
 def pytest_report_header(config):

@@ -8,15 +8,15 @@ import subprocess
 import sys
 
 import pytest
-from _device import child_env
+from _device import SOURCES, child_env
 
 ROOT = pathlib.Path(__file__).parent.parent
 
 
-def _benchmark(script, *args, timeout=300, env=None):
-    """benchmarks/<script> run with args on the simulator; it must succeed."""
+def _benchmark(script, *args, timeout=300, env=None, root=ROOT):
+    """<root>/benchmarks/<script> run with args on the simulator; it must succeed."""
     run = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / script), *map(str, args)],
+        [sys.executable, str(root / "benchmarks" / script), *map(str, args)],
         env=env if env is not None else child_env(NUMBA_HOSTFN_SIMULATOR="1"),
         capture_output=True,
         text=True,
@@ -67,7 +67,7 @@ def test_benchmark_one_section(tmp_path):
 
 
 @pytest.mark.skipif(
-    not (ROOT / ".git").exists() or shutil.which("git") is None,
+    not (pathlib.Path(SOURCES) / ".git").exists() or shutil.which("git") is None,
     reason="benchmarks/ab.py builds a git ref: it needs a git checkout of the source",
 )
 def test_ab_runner_smoke(tmp_path):
@@ -76,7 +76,7 @@ def test_ab_runner_smoke(tmp_path):
     env.pop("LD_PRELOAD", None)  # its two builds are plain: a sanitizer runtime would not fit
     out = tmp_path / "ab.md"
     args = ("HEAD", "--smoke", "--only", "graphs", "--rounds", 1, "--out", out)
-    run = _benchmark("ab.py", *args, timeout=600, env=env)
+    run = _benchmark("ab.py", *args, timeout=600, env=env, root=pathlib.Path(SOURCES))
     report = out.read_text()
     assert report == run.stdout.rstrip("\n") + "\n"
     assert "A = HEAD (" in report and "1 round(s)" in report

@@ -5,10 +5,11 @@ import re
 from pathlib import Path
 
 import pytest
+from _device import SOURCES
 
 from numba_hostfn import _compat
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(SOURCES)  # the checkout (conftest: CHECKOUT)
 # How a private API of another package shows in Python source: a private name of
 # one of its modules, an import of one, numba's internal modules, the CFunc and
 # flags internals a host function is compiled with, a ctypes pointer's buffer

@@ -7,10 +7,11 @@ import re
 from pathlib import Path
 
 import pytest
+from _device import SOURCES
 
 pytestmark = pytest.mark.checkout  # reads the package's sources and notes in the repository
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(SOURCES)  # the checkout (conftest: CHECKOUT)
 NOTES = ("numba_hostfn/LIFETIME.md", "docs/design.md")
 #: Names of other projects that the notes quote: asyncio's, concurrent.futures', numba's
 #: and numpy's.  Everything else with an underscore is taken as ours.
@@ -21,7 +22,7 @@ def _source_words() -> set[str]:
     words: set[str] = set()
     for pattern in ("numba_hostfn/**/*.py", "numba_hostfn/native/*.[ch]", "tests/*.py"):
         for path in ROOT.glob(pattern):
-            if path.resolve() == Path(__file__).resolve():
+            if path.name == Path(__file__).name and path.parent.name == "tests":
                 continue  # this file names a removed name on purpose
             words.update(re.findall(r"\w+", path.read_text()))
     return words

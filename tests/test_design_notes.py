@@ -4,10 +4,11 @@ import pathlib
 import re
 
 import pytest
+from _device import SOURCES
 
 pytestmark = pytest.mark.checkout  # reads numba_hostfn/LIFETIME.md of the repository
 
-ROOT = pathlib.Path(__file__).parent.parent
+ROOT = pathlib.Path(SOURCES)  # the checkout (conftest: CHECKOUT)
 
 
 def test_every_test_named_in_lifetime_md_exists():

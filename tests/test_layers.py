@@ -9,10 +9,11 @@ import re
 from pathlib import Path
 
 import pytest
+from _device import SOURCES
 
 pytestmark = pytest.mark.checkout  # reads the package's modules in the repository
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(SOURCES)  # the checkout (conftest: CHECKOUT)
 PACKAGE = ROOT / "numba_hostfn"
 MODULES = sorted(p.stem for p in PACKAGE.glob("*.py"))
 

@@ -12,10 +12,11 @@ import re
 from pathlib import Path
 
 import pytest
+from _device import SOURCES
 
 pytestmark = pytest.mark.checkout  # reads the native sources in the repository
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(SOURCES)  # the checkout (conftest: CHECKOUT)
 NATIVE = ROOT / "numba_hostfn" / "native"
 
 _LEXEME = re.compile(
