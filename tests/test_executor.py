@@ -519,6 +519,22 @@ def test_bad_arguments_are_refused_with_nothing_enqueued(stream):
     assert nh.pending() == 0 and sys.getrefcount(counter) == refs
 
 
+def test_a_task_the_stream_has_passed_is_not_outstanding(stream):
+    """A pool thread counts a task out before its "done" write, so once stream.sync()
+    returned, outstanding() is 0.  Before, it counted it out after the write: a loaded
+    H200 run read 1 there (test_a_refused_stream_operation_takes_the_task_back); a
+    pause after the write (exec_done_pause) makes that window long."""
+    counter = np.zeros(1, np.int64)
+    _core._testing.exec_done_pause(300_000_000)  # 0.3 s after each task's "done" write
+    try:
+        with nh.HostExecutor(threads=1) as executor:
+            nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=executor)
+            stream.sync()
+            assert counter[0] == 1 and executor.outstanding() == 0
+    finally:
+        _core._testing.exec_done_pause(0)
+
+
 def test_a_refused_stream_operation_takes_the_task_back(request, device):
     """The task is queued before its "reached" write; if the stream refuses the write,
     the task is taken back: nothing outstanding, nothing kept, the lane still works.

@@ -73,7 +73,12 @@ static task *claim(nhf_pool *pool, lane **lane_out, bool *failing) {
     return NULL;
 }
 
-/* Run a claimed task, write its "done", and retire it.  A task claimed failing
+/* Tests only: a pause after each task's "done" write (exec_done_pause). */
+static atomic_long test_done_pause_ns;
+
+/* Run a claimed task, count it out, write its "done", and retire it.  Counted
+ * out first: a thread that saw the stream pass the task (its stream.sync()
+ * returned) finds it no longer outstanding.  A task claimed failing
  * (the stream has not reached it on a faulted lane, claim holds the lane's
  * enqueue mutex) never runs: its record is failed (the watchdog may have failed
  * it first), and the drain releases it. */
@@ -84,8 +89,14 @@ static void run(nhf_pool *pool, lane *l, task *t, bool failing) {
     } else {
         t->trampoline(t->record);
     }
+    /* The pool is never freed, and close() joins (or detaches) this thread after
+     * the count reaches 0, so what follows may still touch the lane and t. */
+    atomic_fetch_sub(&pool->outstanding, 1);
     atomic_thread_fence(memory_order_seq_cst); /* the task's writes before "done" */
     atomic_store(&l->words[1], t->seq);
+    long pause = atomic_load_explicit(&test_done_pause_ns, memory_order_relaxed);
+    if (pause > 0)
+        sleep_ns(pause);
     pthread_mutex_lock(&l->fifo_mutex);
     l->head = t->next;
     if (l->head == NULL)
@@ -95,7 +106,6 @@ static void run(nhf_pool *pool, lane *l, task *t, bool failing) {
     if (failing)
         pthread_mutex_unlock(&l->enqueue_mutex);
     free(t);
-    atomic_fetch_sub(&pool->outstanding, 1);
 }
 
 /* If this thread is the poller, give the role up and wake the parked threads
@@ -410,20 +420,33 @@ lane *nhf_lane_new(nhf_pool *pool, void *stream, void *words) {
     return l;
 }
 
-/* exec_test_pause(ns): tests only, see test_pause_ns. */
-static PyObject *py_test_pause(PyObject *self, PyObject *arg) {
-    (void)self;
+static PyObject *set_pause(atomic_long *pause, PyObject *arg) {
     long ns = PyLong_AsLong(arg);
     if (ns == -1 && PyErr_Occurred())
         return NULL;
-    atomic_store(&test_pause_ns, ns);
+    atomic_store(pause, ns);
     Py_RETURN_NONE;
+}
+
+/* exec_test_pause(ns), exec_done_pause(ns): tests only, see test_pause_ns and
+ * test_done_pause_ns. */
+static PyObject *py_test_pause(PyObject *self, PyObject *arg) {
+    (void)self;
+    return set_pause(&test_pause_ns, arg);
+}
+
+static PyObject *py_done_pause(PyObject *self, PyObject *arg) {
+    (void)self;
+    return set_pause(&test_done_pause_ns, arg);
 }
 
 static PyMethodDef methods[] = {
     {"exec_test_pause", py_test_pause, METH_O,
      "exec_test_pause($module, ns, /)\n--\n\n"
      "Tests only, pause each executor enqueue after its open check"},
+    {"exec_done_pause", py_done_pause, METH_O,
+     "exec_done_pause($module, ns, /)\n--\n\n"
+     "Tests only, pause each executor task after its done write"},
     {NULL, NULL, 0, NULL},
 };
 
