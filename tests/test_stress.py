@@ -157,7 +157,7 @@ def test_a_million_mixed_launches_from_two_threads_on_four_streams(device):
     each = ROUNDS * 2 * per_thread // 6
     assert list(counters[[0, 1, 2, 3, 4]]) == [each] * 5 and py_calls[0] == each
     assert nh.pending() == 0
-    in_use, blocks, rss = ([round[i] for round in settled] for i in range(3))
+    in_use, blocks, rss = ([after[i] for after in settled] for i in range(3))
     what = "the RSS" if None in in_use else "the memory malloc has in use"
     measured = rss if None in in_use else in_use
     grown = [measured[k + 1] - measured[k] for k in range(1, ROUNDS - 1)]
