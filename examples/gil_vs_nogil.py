@@ -27,11 +27,6 @@ def count(p):
 HOLD = 0.002  # seconds of device work in front of each host function
 
 
-@nh.host_callback
-def mark_done(p):  # the simulator's "device work" ends with this (compiled: no GIL)
-    carray(p, (1,), np.int64)[0] += 1
-
-
 SPIN = r"""
 extern "C" __global__ void spin_then_mark(unsigned long long ns, volatile long long *done)
 {
@@ -53,11 +48,17 @@ def new_stream():
 
         def device_work():
             stream.sleep(HOLD)
-            nh.host_launch(stream, mark_done, user_data=nh.by_ref(done))
+            nh.host_launch(stream, count, user_data=nh.by_ref(done))  # compiled: no GIL
 
         return stream, done, device_work
-    from cuda.core import Device, LaunchConfig, LegacyPinnedMemoryResource, Program
-    from cuda.core import ProgramOptions, launch
+    from cuda.core import (
+        Device,
+        LaunchConfig,
+        LegacyPinnedMemoryResource,
+        Program,
+        ProgramOptions,
+        launch,
+    )
 
     device = Device()
     device.set_current()
