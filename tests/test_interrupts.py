@@ -78,9 +78,9 @@ INJECT = textwrap.dedent("""
             try:
                 with open(f"/proc/self/task/{t}/comm") as f:
                     return f.read().strip()
-            except OSError:
-                return ""
-        return sum(name(t) != "nhf-watchdog" for t in tasks)
+            except OSError:  # it ended after the listing: the idle watchdog, say
+                return None
+        return sum(name(t) not in ("nhf-watchdog", None) for t in tasks)
 """)
 
 CALLBACKS_SCRIPT = (
@@ -195,6 +195,9 @@ CLOSE_SCRIPT = (
         executor.close()  # again: it finishes the job
         cases += 1
     stream.sync()
+    # A joined thread can stay listed in /proc/self/task for a moment after
+    # pthread_join returns: the kernel wakes the joiner before it unlists the task.
+    settle(lambda: native_threads() == threads, seconds=5)
     executors_left = native_threads() - threads
     simulated = nh.backend_name() == "simulator"
     if simulated:
