@@ -79,8 +79,7 @@ PyObject *nhf_py_configure_launch(PyObject *self, PyObject *const *args, Py_ssiz
         else if (!strcmp(name, "prototype")) {
             if (set_prototype(value) < 0)
                 return NULL;
-        }
-        else if (!strcmp(name, "route")) {
+        } else if (!strcmp(name, "route")) {
             int route = nhf_route_arg(value);
             if (route == NHF_ROUTE_NONE)
                 return NULL;
