@@ -15,6 +15,7 @@ __all__ = [
     "Hold",
     "armed_fault",
     "watchdog_polled",
+    "threads_but_watchdog",
     "watchdog_threads",
     "held_records",
     "assert_no_ignored_errors",
@@ -335,8 +336,9 @@ def armed_fault(device, stream, delay: float = 0.0):
     return device.armed_fault(stream, delay)
 
 
-def watchdog_threads() -> int:
-    """How many threads of this process are named nhf-watchdog (native/watchdog.c)."""
+def _thread_names() -> list[str]:
+    """The names of this process's threads, from one listing (a thread that ends
+    between the listing and the read of its name is left out)."""
     names = []
     for task in os.listdir("/proc/self/task"):
         try:
@@ -344,7 +346,19 @@ def watchdog_threads() -> int:
                 names.append(f.read().strip())
         except OSError:
             pass  # the thread ended meanwhile
-    return names.count("nhf-watchdog")
+    return names
+
+
+def watchdog_threads() -> int:
+    """How many threads of this process are named nhf-watchdog (native/watchdog.c)."""
+    return _thread_names().count("nhf-watchdog")
+
+
+def threads_but_watchdog() -> int:
+    """How many threads this process has, the device-fault watchdog's left out: it
+    starts at a watched launch and ends only after 10 s idle, so a count before and
+    after a test would see it come or go."""
+    return sum(name != "nhf-watchdog" for name in _thread_names())
 
 
 def watchdog_polled(more: int = 3, rounds: int = 5000) -> bool:

@@ -6,7 +6,6 @@ work (a write of "reached", a wait on "done").
 
 import ctypes
 import gc
-import os
 import sys
 import textwrap
 import threading
@@ -24,6 +23,7 @@ from _device import (
     rerun_on_simulator,
     run_child,
     thread_state_count,
+    threads_but_watchdog,
 )
 from numba import carray
 
@@ -573,10 +573,6 @@ class Token:
         self._released.append(threading.current_thread() is threading.main_thread())
 
 
-def _os_threads() -> int:
-    return len(os.listdir("/proc/self/task"))
-
-
 @pytest.mark.parametrize("how", ["builder", "capture"])
 def test_executor_nodes_in_a_graph_run_at_every_replay(executor, stream, device, how):
     """Every kind, in a GraphBuilder or a capture begun by someone else; owned by the graph."""
@@ -641,7 +637,7 @@ def test_executor_graph_nodes_follow_stream_order(executor, stream, device):
 def test_closed_executor_answers_its_graphs_until_they_are_gone(stream, device):
     """close() stops new launches; the pool still serves replays of live graphs, then quits."""
     gc.collect()  # pools and streams of earlier tests end their threads now, not during this one
-    threads = _os_threads()
+    threads = threads_but_watchdog()
     counter = np.zeros(1, np.int64)
     executor = nh.HostExecutor(threads=2)
     builder = stream.create_graph_builder().begin_building()
@@ -660,10 +656,10 @@ def test_closed_executor_answers_its_graphs_until_they_are_gone(stream, device):
     graph.close()
     assert released_eventually(alive, device)
     for _ in range(200):  # the detached threads quit once the last slot is disarmed
-        if _os_threads() <= threads:
+        if threads_but_watchdog() <= threads:
             break
         time.sleep(0.01)
-    assert _os_threads() <= threads
+    assert threads_but_watchdog() <= threads
 
 
 def test_graph_slots_are_reused(executor, stream):

@@ -72,15 +72,7 @@ INJECT = textwrap.dedent("""
             sys.settrace(None)
         return list(seen)
 
-    def native_threads():  # but the device-fault watchdog's (it ends when idle)
-        tasks = os.listdir("/proc/self/task")
-        def name(t):
-            try:
-                with open(f"/proc/self/task/{t}/comm") as f:
-                    return f.read().strip()
-            except OSError:  # it ended after the listing: the idle watchdog, say
-                return None
-        return sum(name(t) not in ("nhf-watchdog", None) for t in tasks)
+    from _device import threads_but_watchdog as native_threads
 """)
 
 CALLBACKS_SCRIPT = (
