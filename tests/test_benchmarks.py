@@ -53,6 +53,10 @@ def test_benchmark_suite_smoke(tmp_path):
     assert "| captured HostFunction node | -- " not in report  # it measured, did not fail
     assert "| captured Python callable node | -- " not in report
     assert "| captured Python node / captured compiled node |" in report
+    # done_future's samples split at the result set: every kind measured both parts
+    resolve = report.split("### done_future resolve")[1].split("### default lane")[0]
+    assert "### done_future, device end to the result set" in resolve
+    assert resolve.count("| µs |") == 8 and "| -- " not in resolve, resolve
     for plot in ("enqueue.png", "throughput.png", "dispatch.png", "compile.png", "graphs.png"):
         assert (tmp_path / plot).read_bytes().startswith(b"\x89PNG"), plot
 
