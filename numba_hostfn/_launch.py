@@ -17,7 +17,6 @@ from typing import Any
 
 from . import _core
 from ._classify import classify_function
-from ._compat import POINTER_PROTOTYPE
 from ._enqueue import check_target, enqueue, raise_refused, user_data_with_callable
 from ._hostfunction import CUhostFn
 from ._notify import launch_nonblocking
@@ -146,7 +145,6 @@ def _configure_native(backend: Any) -> None:
         cuda_stream_type=backend.stream_type if backend.name == "cuda" else None,
         cuhostfn_type=CUhostFn,
         c_void_p=ctypes.c_void_p,
-        prototype=POINTER_PROTOTYPE,
     )
 
 
