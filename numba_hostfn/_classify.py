@@ -30,6 +30,7 @@ from ._compat import (
     numba_hooks,
     pointer_address,
     pointer_flags,
+    pointer_prototype,
     text_signature,
 )
 from ._hostfunction import HostFunction
@@ -127,8 +128,9 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
         if flags != _CDECL:
             kind = "PYFUNCTYPE" if flags & FUNCFLAG_PYTHONAPI else f"flags {flags:#x}"
             raise _prototype_error(f"declared with {kind}")
-        if fn.restype is not None or tuple(fn.argtypes or ()) != (ctypes.c_void_p,):
-            raise _prototype_error(f"with restype={fn.restype!r}, argtypes={fn.argtypes!r}")
+        restype, argtypes = pointer_prototype(fn)  # as host_launch.c reads it
+        if restype is not None or tuple(argtypes or ()) != (ctypes.c_void_p,):
+            raise _prototype_error(f"with restype={restype!r}, argtypes={argtypes!r}")
         address = pointer_address(fn)
         if not address:
             raise ValueError("host_launch() got a NULL ctypes function pointer")

@@ -60,6 +60,9 @@ the GILState counter                   a foreign thread keeps the thread state i
 a function pointer's buffer            a ctypes function pointer's buffer is the pointer
                                        itself: its address is read there
                                        (:func:`pointer_address`; ``host_launch.c`` the same)
+``_CFuncPtr``'s ``restype`` and        read a pointer's prototype as its calls use it
+``argtypes`` descriptors               (:func:`pointer_prototype`; ``host_launch.c``
+                                       calls the same two descriptors)
 ``CFUNCTYPE`` caching                  ctypes returns one class for one prototype, so
                                        ``host_launch.c`` knows a ``CUhostFn`` by its type
 **numba** (:func:`numba_hooks`)
@@ -107,6 +110,7 @@ __all__ = [
     "CFuncPtr",
     "FUNCFLAG_CDECL",
     "FUNCFLAG_PYTHONAPI",
+    "POINTER_PROTOTYPE",
     "PointerBase",
     "any_thread_pending_call",
     "cfunc_signature",
@@ -117,6 +121,7 @@ __all__ = [
     "on_foreign_thread",
     "pointer_address",
     "pointer_flags",
+    "pointer_prototype",
     "register_first_atexit",
     "running_loop",
     "text_signature",
@@ -131,6 +136,20 @@ FUNCFLAG_CDECL: int = ctypes._FUNCFLAG_CDECL
 FUNCFLAG_PYTHONAPI: int = ctypes._FUNCFLAG_PYTHONAPI
 
 _c_void_p = ctypes.c_void_p
+
+
+#: ctypes' own reads of a function pointer's prototype, the one its calls use: the
+#: ``restype`` and ``argtypes`` data descriptors of ``_CFuncPtr``.  An attribute of that
+#: name set on a prototype class hides them from ``fn.restype``, not from ctypes' calls.
+POINTER_PROTOTYPE: tuple[Any, Any] = (vars(CFuncPtr)["restype"], vars(CFuncPtr)["argtypes"])
+
+
+def pointer_prototype(fn: Any) -> tuple[Any, Any]:
+    """A ctypes function pointer's ``(restype, argtypes)``, as its calls use them (the
+    instance's own, where it set them, else its prototype class's)."""
+    restype, argtypes = POINTER_PROTOTYPE
+    cls = type(fn)
+    return restype.__get__(fn, cls), argtypes.__get__(fn, cls)
 
 
 def pointer_flags(fn: Any) -> int:

@@ -140,6 +140,7 @@ def configure_launch(
     cuda_stream_type: type | None = ...,
     cuhostfn_type: type | None = ...,
     c_void_p: type | None = ...,
+    prototype: tuple[Any, Any] | None = ...,
     wanted: bool = ...,
 ) -> None: ...
 def launch_counts() -> dict[str, int]: ...

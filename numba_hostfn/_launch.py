@@ -17,6 +17,7 @@ from typing import Any
 
 from . import _core
 from ._classify import classify_function
+from ._compat import POINTER_PROTOTYPE
 from ._enqueue import check_target, enqueue, raise_refused, user_data_with_callable
 from ._hostfunction import CUhostFn
 from ._notify import launch_nonblocking
@@ -145,6 +146,7 @@ def _configure_native(backend: Any) -> None:
         cuda_stream_type=backend.stream_type if backend.name == "cuda" else None,
         cuhostfn_type=CUhostFn,
         c_void_p=ctypes.c_void_p,
+        prototype=POINTER_PROTOTYPE,
     )
 
 

@@ -288,6 +288,28 @@ def test_a_ctypes_prototype_changed_on_the_instance_is_seen(stream):
     assert _counts_of(lambda: nh.host_launch(stream, pointer)) == {"pointer": 1}
 
 
+def test_a_class_attribute_named_restype_does_not_change_the_prototype(stream):
+    """Both paths read a pointer's prototype through ctypes' own descriptors, as its calls
+    use it: an attribute ``restype`` set on the prototype class hides the real one from
+    ``fn.restype`` but not from ctypes, and neither path is misled by it."""
+    pointer = nh.CUhostFn(touch.address)
+    nh.CUhostFn.restype = ctypes.c_int  # the class ctypes.CFUNCTYPE gives everyone
+    try:
+        assert pointer.restype is ctypes.c_int
+        assert _counts_of(lambda: nh.host_launch(stream, pointer)) == {"pointer": 1}
+        with _launch.python_path():
+            assert _counts_of(lambda: nh.host_launch(stream, pointer)) == {"fell_through": 1}
+    finally:
+        del nh.CUhostFn.restype
+    stream.sync()
+
+
+def test_the_prototype_descriptors_are_checked_when_configured():
+    for bad in ((1, 2), ("restype",), (type.__dict__["__name__"], 3)):
+        with pytest.raises(TypeError, match="prototype="):
+            _core.configure_launch(prototype=bad)
+
+
 def test_a_function_is_checked_per_function_not_per_code_object(stream):
     """Two functions of one code object: one has a default for its argument, one has not."""
     nh.host_launch(stream, with_default)

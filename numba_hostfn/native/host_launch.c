@@ -76,10 +76,17 @@ static enum nhf_kind plain_function(PyObject *function, Py_ssize_t bound) {
     return code->co_argcount - bound - given > 0 ? UNKNOWN : NHF_KIND_PYTHON;
 }
 
+/* What ctypes' data descriptor descr gives for fn (its restype or argtypes, as
+ * fn's calls use it): a new reference, or NULL with an error set.  Called
+ * directly, as _compat.pointer_prototype calls it: no attribute lookup. */
+static PyObject *declared(PyObject *descr, PyObject *fn) {
+    return Py_TYPE(descr)->tp_descr_get(descr, fn, (PyObject *)Py_TYPE(fn));
+}
+
 /* A ctypes CUhostFn as the instance declares it now: restype None, argtypes
  * (c_void_p,), and its address (the pointer is the object's buffer). */
 static enum nhf_kind ctypes_pointer(PyObject *fn, uintptr_t *address) {
-    PyObject *restype = PyObject_GetAttr(fn, nhf_launch.s_restype);
+    PyObject *restype = declared(nhf_launch.restype_descr, fn);
     if (restype == NULL) {
         clear_ordinary_error();
         return UNKNOWN;
@@ -88,7 +95,7 @@ static enum nhf_kind ctypes_pointer(PyObject *fn, uintptr_t *address) {
     Py_DECREF(restype);
     if (!void_result)
         return UNKNOWN;
-    PyObject *argtypes = PyObject_GetAttr(fn, nhf_launch.s_argtypes);
+    PyObject *argtypes = declared(nhf_launch.argtypes_descr, fn);
     if (argtypes == NULL) {
         clear_ordinary_error();
         return UNKNOWN;

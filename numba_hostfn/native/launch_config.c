@@ -18,8 +18,37 @@ static int set_object(PyObject **slot, PyObject *value) {
     return 0;
 }
 
+/* The two data descriptors that read a ctypes pointer's (restype, argtypes), or
+ * None for neither: 0, or -1 with a TypeError set. */
+static int set_prototype(PyObject *value) {
+    if (value == Py_None) {
+        set_object(&nhf_launch.restype_descr, Py_None);
+        set_object(&nhf_launch.argtypes_descr, Py_None);
+        return 0;
+    }
+    if (!PyTuple_CheckExact(value) || PyTuple_GET_SIZE(value) != 2) {
+        PyErr_SetString(PyExc_TypeError, "configure_launch(prototype=) expected a tuple "
+                                         "(restype descriptor, argtypes descriptor) or None");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < 2; i++) {
+        PyObject *descr = PyTuple_GET_ITEM(value, i);
+        if (Py_TYPE(descr)->tp_descr_get == NULL || !PyDescr_IsData(descr)) {
+            PyErr_Format(PyExc_TypeError,
+                         "configure_launch(prototype=) expected data descriptors "
+                         "(vars(ctypes._CFuncPtr)['restype'], ['argtypes']), got %R",
+                         descr);
+            return -1;
+        }
+    }
+    set_object(&nhf_launch.restype_descr, PyTuple_GET_ITEM(value, 0));
+    set_object(&nhf_launch.argtypes_descr, PyTuple_GET_ITEM(value, 1));
+    return 0;
+}
+
 /* configure_launch(*, fallback=, raise_status=, route=, executor_route=,
- * sim_stream_type=, cuda_stream_type=, cuhostfn_type=, c_void_p=, wanted=):
+ * sim_stream_type=, cuda_stream_type=, cuhostfn_type=, c_void_p=, prototype=,
+ * wanted=):
  * each given keyword sets what host_launch uses; the fast path is on once all
  * but the stream types are set.  wanted=False sends every call to Python. */
 PyObject *nhf_py_configure_launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
@@ -47,7 +76,10 @@ PyObject *nhf_py_configure_launch(PyObject *self, PyObject *const *args, Py_ssiz
             set_object(&nhf_launch.cuhostfn_type, value);
         else if (!strcmp(name, "c_void_p"))
             set_object(&nhf_launch.c_void_p, value);
-        else if (!strcmp(name, "route")) {
+        else if (!strcmp(name, "prototype")) {
+            if (set_prototype(value) < 0)
+                return NULL;
+        } else if (!strcmp(name, "route")) {
             int route = nhf_route_arg(value);
             if (route == NHF_ROUTE_NONE)
                 return NULL;
@@ -72,7 +104,8 @@ PyObject *nhf_py_configure_launch(PyObject *self, PyObject *const *args, Py_ssiz
                         nhf_launch.route != NHF_ROUTE_NONE &&
                         nhf_launch.executor_route != NHF_ROUTE_NONE &&
                         nhf_launch.cuhostfn_type != NULL &&
-                        nhf_launch.c_void_p != NULL;
+                        nhf_launch.c_void_p != NULL && nhf_launch.restype_descr != NULL &&
+                        nhf_launch.argtypes_descr != NULL;
     Py_RETURN_NONE;
 }
 
@@ -102,7 +135,8 @@ static PyMethodDef methods[] = {
      "raise_status=<unrepresentable>, route=<unrepresentable>, "
      "executor_route=<unrepresentable>, sim_stream_type=<unrepresentable>, "
      "cuda_stream_type=<unrepresentable>, cuhostfn_type=<unrepresentable>, "
-     "c_void_p=<unrepresentable>, wanted=<unrepresentable>)\n--\n\n"
+     "c_void_p=<unrepresentable>, prototype=<unrepresentable>, "
+     "wanted=<unrepresentable>)\n--\n\n"
      "Each keyword given sets what host_launch uses; an omitted one is left as it is."},
     {"launch_counts", nhf_py_launch_counts, METH_NOARGS,
      "launch_counts($module, /)\n--\n\n"
@@ -121,11 +155,8 @@ int nhf_launch_config_init(PyObject *module) {
     nhf_launch.s_executor = interned("executor");
     nhf_launch.s_blocking = interned("blocking");
     nhf_launch.s_cuda_stream = interned("__cuda_stream__");
-    nhf_launch.s_restype = interned("restype");
-    nhf_launch.s_argtypes = interned("argtypes");
     if (!nhf_launch.s_stream || !nhf_launch.s_fn || !nhf_launch.s_user_data ||
-        !nhf_launch.s_executor || !nhf_launch.s_blocking || !nhf_launch.s_cuda_stream ||
-        !nhf_launch.s_restype || !nhf_launch.s_argtypes)
+        !nhf_launch.s_executor || !nhf_launch.s_blocking || !nhf_launch.s_cuda_stream)
         return -1;
     return 0;
 }

@@ -422,12 +422,15 @@ struct nhf_launch_config {
     PyObject *cuda_stream_type; /* cuda.core's Stream (and its subclasses) */
     PyObject *cuhostfn_type;    /* ctypes.CFUNCTYPE(None, ctypes.c_void_p) */
     PyObject *c_void_p;         /* ctypes.c_void_p */
+    /* ctypes' restype and argtypes data descriptors (_compat.POINTER_PROTOTYPE):
+     * a pointer's prototype as its calls use it, read as the Python path reads it */
+    PyObject *restype_descr, *argtypes_descr;
     int route;          /* the backend's route for a stream (NHF_ROUTE_CUDA, _SIM) */
     int executor_route; /* and for an executor's lane (NHF_ROUTE_CUDA_LANE, _SIM_LANE) */
     int configured;
     int wanted; /* tests may send every call to Python */
     PyObject *s_stream, *s_fn, *s_user_data, *s_executor, *s_blocking; /* interned */
-    PyObject *s_cuda_stream, *s_restype, *s_argtypes;
+    PyObject *s_cuda_stream;
 };
 extern struct nhf_launch_config nhf_launch;
 /* The launch counts: one per kind (indexed by enum nhf_kind), and these two. */
