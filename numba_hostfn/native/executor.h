@@ -57,7 +57,9 @@ typedef struct lane {
     /* Written by the producer at each enqueue. */
     _Alignas(CACHE_LINE) pthread_mutex_t fifo_mutex; /* guards head, tail */
     task *head, *tail;
-    atomic_int claimed;      /* a thread runs the head task (set by compare-and-swap) */
+    /* A thread took the lane's first task off the FIFO and runs it, until its
+     * "done" is written (set by compare-and-swap): a lane's tasks run in order. */
+    atomic_int claimed;
     uint32_t seq;            /* the last number given (under enqueue_mutex) */
     pthread_mutex_t enqueue_mutex; /* one producer at a time per lane */
     /* Set once by the watchdog: the stream has a device fault, and will never

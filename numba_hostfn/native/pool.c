@@ -63,6 +63,13 @@ static task *claim(nhf_pool *pool, lane **lane_out, bool *failing) {
         *failing = head != NULL && !reached_it && faulted &&
                    pthread_mutex_trylock(&l->enqueue_mutex) == 0;
         if (reached_it || *failing) {
+            /* Taken off the FIFO here, under the lock this claim holds anyway:
+             * run() needs no second turn of it.  The producer never takes back a
+             * task the stream reached (unlink_task: its write was refused) nor one
+             * claimed failing (this thread then holds its enqueue mutex). */
+            l->head = head->next;
+            if (l->head == NULL)
+                l->tail = NULL;
             pthread_mutex_unlock(&l->fifo_mutex);
             *lane_out = l;
             return head;
@@ -92,17 +99,15 @@ static void run(nhf_pool *pool, lane *l, task *t, bool failing) {
     /* The pool is never freed, and close() joins (or detaches) this thread after
      * the count reaches 0, so what follows may still touch the lane and t. */
     atomic_fetch_sub(&pool->outstanding, 1);
-    atomic_thread_fence(memory_order_seq_cst); /* the task's writes before "done" */
-    atomic_store(&l->words[1], t->seq);
+    /* A release store: the task's writes and the count above are visible before
+     * "done" (on x86 a plain store; the seq_cst fence and store it replaces cost
+     * an mfence and an xchg per task, and ordered nothing more). */
+    atomic_store_explicit(&l->words[1], t->seq, memory_order_release);
     long pause = atomic_load_explicit(&test_done_pause_ns, memory_order_relaxed);
     if (pause > 0)
         sleep_ns(pause);
-    pthread_mutex_lock(&l->fifo_mutex);
-    l->head = t->next;
-    if (l->head == NULL)
-        l->tail = NULL;
+    /* The next claim of this lane may start: claim() already took t off the FIFO. */
     atomic_store_explicit(&l->claimed, 0, memory_order_release);
-    pthread_mutex_unlock(&l->fifo_mutex);
     if (failing)
         pthread_mutex_unlock(&l->enqueue_mutex);
     free(t);
@@ -115,6 +120,10 @@ static void hand_on(nhf_pool *pool, int *me_poller) {
         return;
     *me_poller = 0;
     atomic_store(&pool->poller, 0);
+    /* As wake(): a thread that parks after this load sees poller == 0 under the
+     * mutex (both seq_cst), and becomes the poller instead of waiting. */
+    if (atomic_load(&pool->parked) == 0)
+        return;
     pthread_mutex_lock(&pool->mutex);
     pthread_cond_broadcast(&pool->wake);
     pthread_mutex_unlock(&pool->mutex);
