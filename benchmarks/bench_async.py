@@ -77,7 +77,7 @@ def run(nh, device, repeats: int, waits: int) -> None:
     gate = Gate(device)
     _await_latency(nh, device, stream, gate, repeats)
     _future_latency(nh, stream, gate, repeats)
-    _lane_cpu_time(nh, stream)
+    _lane_cpu_time(nh, stream, gate)
     _many_waits(nh, stream, gate, waits)
     _callback_delay(nh, device, stream, gate, repeats)
     _other_streams(nh, device, stream, gate, repeats)
@@ -258,19 +258,57 @@ def _future_latency(nh, stream, gate, repeats: int) -> None:
     ROWS.extend(set_rows.values())
 
 
-def _lane_cpu_time(nh, stream) -> None:
+LANE_CPU_GROUP = "default lane: process CPU time"
+
+
+def _lane_cpu_time(nh, stream, gate) -> None:
+    """The process's CPU time over 1 s: with the default lane idle (its waits
+    resolved, parked), and with one wait outstanding on a stream held by the gate,
+    past the lane's spin (it polls), against a thread blocked in ``stream.sync()``
+    on that stream (what the await's baseline costs meanwhile)."""
+
     def cpu_over(seconds: float) -> float:
-        nh.done_future(stream).result(timeout=TIMEOUT_S * 10)  # the lane exists, idle
-        time.sleep(0.05)  # past the spin budget of its last task
         c0, w0 = time.process_time(), time.perf_counter()
         time.sleep(seconds)
         return (time.process_time() - c0) / (time.perf_counter() - w0)
 
+    def idle() -> float:
+        nh.done_future(stream).result(timeout=TIMEOUT_S * 10)  # the lane exists, idle
+        time.sleep(0.05)  # past the spin budget of its last task
+        return cpu_over(1.0)
+
+    def waiting(kind: str) -> float:
+        gate.close_on(stream)
+        thread = future = None
+        try:
+            if kind == "lane":
+                future = nh.done_future(stream)
+            else:
+                thread = threading.Thread(target=stream.sync)
+                thread.start()
+            time.sleep(0.05)  # past the lane's spin: it polls
+            return cpu_over(1.0)
+        finally:
+            gate.open()
+            if thread is not None:
+                thread.join()
+            if future is not None:
+                future.result(timeout=TIMEOUT_S * 10)
+            stream.sync()
+
+    record(LANE_CPU_GROUP, "idle (its waits resolved): parked", "CPU s/s", idle, 1)
     record(
-        "default lane: process CPU time",
-        "idle (its waits resolved): parked",
+        LANE_CPU_GROUP,
+        "one done_future outstanding: the lane polls",
         "CPU s/s",
-        lambda: cpu_over(1.0),
+        lambda: waiting("lane"),
+        1,
+    )
+    record(
+        LANE_CPU_GROUP,
+        "a thread in stream.sync() on the same stream instead",
+        "CPU s/s",
+        lambda: waiting("sync"),
         1,
     )
 

@@ -292,6 +292,14 @@ DEFAULT_LANE_STREAMS = 256
 #: host function waits for the loop (tests/test_notify.py's bursts did); waits on
 #: the driver's thread only add host functions, as before the lane.
 DEFAULT_LANE_DEPTH = 64
+#: How often the default lane's thread checks its words while a wait is
+#: outstanding, once its 100 µs spin after the last wait's enqueue is spent.  An
+#: await of a stream that gets there after that spin is seen this late at most
+#: (half of it on average), so the executor's 100 µs would cost an idle loop's
+#: await about 50 µs more than a thread in ``stream.sync()`` (docs/benchmarks.md,
+#: "What bounds the missed ones"); the price, paid only while a wait is
+#: outstanding, is the lane's CPU row of the asyncio benchmark.
+DEFAULT_LANE_POLL_US = 20.0
 
 
 class _DefaultLane(HostExecutor):
@@ -305,7 +313,7 @@ class _DefaultLane(HostExecutor):
     """
 
     def __init__(self) -> None:
-        super().__init__(threads=1)
+        super().__init__(threads=1, poll_us=DEFAULT_LANE_POLL_US)
 
     def _reserve(self) -> None:
         with self._backend.relaxed_capture_mode():
