@@ -320,6 +320,21 @@ AFTER_ENQUEUE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
 """)
 
 
+def test_a_channel_has_one_dispatcher(stream):
+    """A channel's signals are taken under its one Dispatcher's batch lock (the
+    channel has no lock of its own): a second Dispatcher over it is refused, and
+    the first still acts on the channel's signals."""
+    channel = _notify._Channel(wake_main=False, nonblocking=False)
+    with pytest.raises(RuntimeError, match="has a Dispatcher already"):
+        nh._core.Dispatcher(channel.address)
+    ran = []
+    channel.launch(stream, None, "no graphs", lambda: ran.append(True), default_lane=False)
+    stream.sync()
+    os.read(channel.fd, 8)
+    assert channel.dispatcher.run(True) == 1
+    assert ran == [True]
+
+
 def test_an_exception_just_after_a_signal_is_enqueued_frees_nothing_twice():
     """A Ctrl-C (or an exception a pending call raises) that reaches host_launch(
     blocking=False) or done_future after its signal was enqueued: the signal stays

@@ -37,8 +37,10 @@ typedef struct channel {
     int fd;        /* an eventfd, closed by the last release */
     int wake_main; /* also schedule pending_notify on the main thread */
     _Atomic(signal_node *) pushed; /* signals run, newest first (lock-free) */
-    pthread_mutex_t take_lock;     /* one reader at a time; guards taken */
-    signal_node *taken;            /* signals taken, oldest first */
+    /* Its one reader: set once by the Dispatcher made over it, whose batch lock
+     * then guards taken (no lock of the channel's own). */
+    atomic_int has_reader;
+    signal_node *taken; /* signals taken, oldest first */
 } channel;
 
 static void free_all(signal_node *node) {
@@ -57,7 +59,6 @@ static void channel_release(channel *ch) {
     free_all(atomic_load(&ch->pushed));
     free_all(ch->taken);
     close(ch->fd);
-    pthread_mutex_destroy(&ch->take_lock);
     free(ch);
 }
 
@@ -174,10 +175,8 @@ static PyObject *py_channel_new(PyObject *self, PyObject *const *args, Py_ssize_
     if (wake_main < 0)
         return NULL;
     channel *ch = calloc(1, sizeof(channel));
-    if (ch == NULL || pthread_mutex_init(&ch->take_lock, NULL)) {
-        free(ch);
+    if (ch == NULL)
         return PyErr_NoMemory();
-    }
     atomic_store(&ch->refs, 1);
     ch->fd = fd;
     ch->wake_main = wake_main;
@@ -193,7 +192,7 @@ static PyObject *py_channel_release(PyObject *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
-/* Under the channel's take lock: the signals run since the last take, oldest
+/* Under its reader's batch lock: the signals run since the last take, oldest
  * first, in ch->taken (the newest-first stack reversed). */
 static void take_locked(channel *ch) {
     if (ch->taken != NULL)
@@ -282,10 +281,10 @@ static int due_push(dispatcher *d, due_key key) {
     return 0;
 }
 
-/* Under the batch lock: move the channel's run signals into the due ring. */
+/* Under the batch lock: move the channel's run signals into the due ring.  The
+ * channel has no other reader (dispatcher_init), so that lock guards ch->taken. */
 static int take_into(dispatcher *d) {
     int rc = 0;
-    pthread_mutex_lock(&d->ch->take_lock);
     take_locked(d->ch);
     while (d->ch->taken != NULL) {
         due_key key = {d->ch->taken->key, d->ch->taken->fault};
@@ -297,7 +296,6 @@ static int take_into(dispatcher *d) {
         free(d->ch->taken);
         d->ch->taken = next;
     }
-    pthread_mutex_unlock(&d->ch->take_lock);
     return rc;
 }
 
@@ -498,9 +496,17 @@ static int dispatcher_init(PyObject *self_, PyObject *args, PyObject *kwargs) {
     channel *ch = channel_arg(address);
     if (ch == NULL)
         return -1;
+    int none = 0;
+    if (!atomic_compare_exchange_strong(&ch->has_reader, &none, 1)) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "this channel has a Dispatcher already: a channel has one reader, "
+                        "which takes its signals under its own lock");
+        return -1;
+    }
     d->waiting = PyDict_New();
     if (d->waiting == NULL || pthread_mutex_init(&d->lock, NULL)) {
         Py_CLEAR(d->waiting);
+        atomic_store(&ch->has_reader, 0);
         PyErr_NoMemory();
         return -1;
     }
