@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -78,21 +79,28 @@ class _Channel:
 
     def launch(
         self, target: Any, executor: Any, refusal: str, entry: Any, default_lane: bool = True
-    ) -> None:
+    ) -> tuple[int, int]:
         """Register ``entry`` and enqueue its signal on ``target``, as one native step:
         an exception after it (a Ctrl-C) leaves the launch enqueued, and its entry
         acted on when the signal comes; a refused launch keeps nothing.  With no
         executor, on the default lane where it can serve (``default_lane``), else,
-        or if the lane refuses, on the driver's thread (``_enqueue.signal_route``)."""
+        or if the lane refuses, on the driver's thread (``_enqueue.signal_route``).
+
+        Returns ``(lane, task)``: for a signal on an executor's lane (the default
+        lane's too), the lane's address and the number its stream writes to the
+        lane's "reached" word when it gets there (``_core.lane_reached``); else
+        ``(0, 0)``."""
         route, fallback = signal_route(target, executor, refusal, default_lane)
-        status = self.dispatcher.launch(*route, entry)
+        status, task = self.dispatcher.launch(*route, entry)
         if status and fallback is not None:
             if status & _core.KEPT:  # the lane's write is on the stream: it will signal
-                return
+                return route[1], task
             # The default lane refused (capturing, closed, faulted): enqueued nothing.
-            status = self.dispatcher.launch(*fallback, entry)
+            route = fallback
+            status, task = self.dispatcher.launch(*route, entry)
         if status:
             refuse_signal(status, executor, refusal)
+        return (route[1], task) if task else (0, 0)
 
 
 # ---- non-blocking callbacks and done_future: one channel for the process ----
@@ -118,8 +126,9 @@ class _Callbacks:
 
     def launch(
         self, target: Any, fn: Any, executor: Any, refusal: str, default_lane: bool = True
-    ) -> None:
-        self._channel.launch(target, executor, refusal, fn, default_lane)
+    ) -> tuple[int, int]:
+        """``_Channel.launch`` of ``fn``: ``(lane, task)``, or ``(0, 0)``."""
+        return self._channel.launch(target, executor, refusal, fn, default_lane)
 
     def run(self, block: bool = True) -> int:
         """Run the callables whose signals have run, oldest first; return how many.
@@ -277,6 +286,10 @@ def done_future(stream: Any, *, executor: Any = None) -> concurrent.futures.Futu
     the GIL and goes on; the future's result is set, in stream order, by
     numba_hostfn's thread ``numba_hostfn-futures`` (never from a pending call,
     which could run inside ``concurrent.futures.wait`` on the waiting thread).
+    Where the signal is on an executor's lane (the default lane's too), a thread
+    blocked in the future's ``result()`` or ``exception()`` watches the stream
+    itself, with the GIL released, and sets the result as soon as the stream
+    gets there (its done callbacks then run on that thread).
 
     Parameters
     ----------
@@ -294,7 +307,8 @@ def done_future(stream: Any, *, executor: Any = None) -> concurrent.futures.Futu
     -------
     concurrent.futures.Future
         Its result is ``stream``.  Cancelling it drops interest only: the GPU
-        work goes on, and the signal is released as usual.
+        work goes on, and the signal is released as usual.  (A subclass, whose
+        ``result()`` and ``exception()`` watch the stream as above.)
 
     Raises
     ------
@@ -303,30 +317,98 @@ def done_future(stream: Any, *, executor: Any = None) -> concurrent.futures.Futu
     RuntimeError
         If ``stream`` is capturing or is a graph, or the executor is closed.
     """
-    import concurrent.futures
-
-    future: concurrent.futures.Future = concurrent.futures.Future()
-    _the_futures().launch(stream, _FutureEntry(future, stream), executor, _FUTURE_IN_GRAPH)
+    future = _stream_future_type()(stream)
+    future._watch = _the_futures().launch(stream, _FutureEntry(future), executor, _FUTURE_IN_GRAPH)
     return future
+
+
+#: How long a thread in a done_future's result() or exception() watches its stream
+#: with the GIL released before it looks at the future again (a device fault, a
+#: cancel, a result set by the futures thread): 1 ms.
+WATCH_CHUNK_US = 1000
+
+_stream_future: Any = None
+
+
+def _stream_future_type() -> type[concurrent.futures.Future]:
+    """done_future's Future subclass (made at first use: concurrent.futures is not
+    imported up front, for start-up time)."""
+    global _stream_future
+    if _stream_future is None:
+        import concurrent.futures
+
+        class StreamFuture(concurrent.futures.Future):
+            """A ``concurrent.futures.Future`` whose result is its stream, set once:
+            by numba_hostfn's futures thread when the stream's signal has run, or by
+            a thread blocked in :meth:`result` or :meth:`exception`, which watches
+            the stream itself where the signal is on an executor's lane (the default
+            lane's too): it sees the stream get there as the lane's thread does, and
+            returns without waiting for two other threads to wake up in turn (the
+            lane's, then the futures thread).  LIFETIME.md, invariant 25."""
+
+            def __init__(self, stream: Any) -> None:
+                super().__init__()
+                self._stream = stream
+                self._once = [True]  # list.pop: one settle wins, on any thread
+                self._watch = (0, 0)  # (lane, task) where the signal is on a lane
+
+            def _settle(self, error: BaseException | None = None) -> None:
+                """Set the result (the stream), or ``error``, unless already settled
+                (or cancelled: interest dropped)."""
+                try:
+                    self._once.pop()
+                except IndexError:
+                    return
+                if self.set_running_or_notify_cancel():
+                    if error is None:
+                        self.set_result(self._stream)
+                    else:
+                        self.set_exception(error)
+
+            def result(self, timeout: float | None = None) -> Any:
+                return super().result(self._watch_stream(timeout))
+
+            def exception(self, timeout: float | None = None) -> BaseException | None:
+                return super().exception(self._watch_stream(timeout))
+
+            def _watch_stream(self, timeout: float | None) -> float | None:
+                """Until the future is done or ``timeout`` passes: watch the lane's
+                word, GIL released, and settle the future here once the stream has
+                reached the task.  Returns what is left of ``timeout``."""
+                lane, task = self._watch
+                if not task:
+                    return timeout
+                deadline = None if timeout is None else time.monotonic() + timeout
+                spin = True
+                while not self.done():
+                    left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                    budget = WATCH_CHUNK_US if left is None else min(WATCH_CHUNK_US, left * 1e6)
+                    reached = _core.lane_reached(lane, task, int(budget), spin)
+                    if reached > 0:
+                        self._settle()
+                    if reached or (left is not None and left * 1e6 <= budget):
+                        break  # reached; a fault (-1: the futures thread fails it); or time
+                    spin = False
+                return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        _stream_future = StreamFuture
+    return _stream_future
 
 
 class _FutureEntry:
     """What a done_future's signal acts on: its future, resolved with the stream, or
     failed with the device fault that kept the stream from getting there."""
 
-    __slots__ = ("future", "stream")
+    __slots__ = ("future",)
 
-    def __init__(self, future: concurrent.futures.Future, stream: Any) -> None:
+    def __init__(self, future: Any) -> None:
         self.future = future
-        self.stream = stream
 
     def __call__(self) -> None:
-        if self.future.set_running_or_notify_cancel():
-            self.future.set_result(self.stream)
+        self.future._settle()
 
     def fail(self, code: int) -> None:
-        if self.future.set_running_or_notify_cancel():
-            self.future.set_exception(_fault_error(code, self.stream))
+        self.future._settle(_fault_error(code, self.future._stream))
 
 
 def _fault_error(code: int, stream: Any) -> Exception:

@@ -563,6 +563,80 @@ def test_done_future_cancelled_drops_interest_only(stream):
     assert _wait_for(lambda: _notify._futures.outstanding() == 0)
 
 
+def test_done_future_result_watches_its_stream_itself(stream):
+    """A thread blocked in result() sees its stream get there itself (the lane's word)
+    and settles the future there: with numba_hostfn's futures thread held inside
+    another future's done callback, the wait still returns, its done callback run on
+    the waiting thread (LIFETIME.md, invariant 25).  Before, it waited for that
+    thread, here for ever."""
+    import concurrent.futures as cf
+
+    release = threading.Event()
+    first = nh.done_future(stream)
+    first.add_done_callback(lambda _: release.wait(30))  # wait() settles nothing itself
+    try:
+        assert not cf.wait([first], timeout=30).not_done  # the futures thread is held now
+        for _ in range(3):
+            with Hold(stream) as hold:
+                second = nh.done_future(stream)
+                ran_on: list[threading.Thread] = []
+                second.add_done_callback(
+                    lambda _, ran_on=ran_on: ran_on.append(threading.current_thread())
+                )
+                threading.Timer(0.05, hold.release).start()
+                assert second.result(timeout=30) is stream
+            assert ran_on == [threading.current_thread()]
+            assert second.exception(timeout=0) is None
+    finally:
+        release.set()
+    stream.sync()
+    nh.drain()
+    assert _wait_for(lambda: _notify._futures.outstanding() == 0)
+
+
+def test_done_future_is_settled_once_by_whichever_thread_sees_it_first(device, unraisables):
+    """Waiting threads and the futures thread race to settle each future: every
+    future gets its stream once, and no settle fails (a second set_result, or
+    set_running_or_notify_cancel on a finished future, would be reported)."""
+    import concurrent.futures as cf
+
+    streams = [device.create_stream() for _ in range(4)]
+    try:
+        futures = [nh.done_future(s) for _ in range(100) for s in streams]
+        with cf.ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(lambda f: f.result(timeout=60), futures))
+        assert results == [f._stream for f in futures]
+        assert all(f.done() and f.exception(timeout=0) is None for f in futures)
+        assert _wait_for(lambda: _notify._futures.outstanding() == 0)
+        assert unraisables == []
+    finally:
+        for s in streams:
+            s.sync()
+            device.close_stream(s)
+        nh.drain()
+
+
+def test_done_future_result_times_out_and_cancels_while_it_watches(stream):
+    """The watch honours result(timeout) and exception(timeout), and a cancel
+    from another thread ends it (the future is looked at between watches)."""
+    import concurrent.futures as cf
+
+    with Hold(stream):
+        future = nh.done_future(stream)
+        start = time.monotonic()
+        with pytest.raises(cf.TimeoutError):
+            future.result(timeout=0.05)
+        with pytest.raises(cf.TimeoutError):
+            future.exception(timeout=0)
+        assert time.monotonic() - start < 5
+        threading.Timer(0.05, future.cancel).start()
+        with pytest.raises(cf.CancelledError):
+            future.result(timeout=30)
+    stream.sync()
+    nh.drain()
+    assert _wait_for(lambda: _notify._futures.outstanding() == 0)
+
+
 # ---- async_done ---------------------------------------------------------------------------
 
 

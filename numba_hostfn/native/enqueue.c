@@ -42,6 +42,13 @@ int nhf_route_arg(PyObject *value) {
     return (int)route;
 }
 
+/* The lane task the last enqueue on this thread opened (nhf_enqueue_last_task). */
+static _Thread_local uint32_t last_task;
+
+void nhf_enqueue_note_task(uint32_t task) { last_task = task; }
+
+uint32_t nhf_enqueue_last_task(void) { return last_task; }
+
 /* GIL held on entry and exit; dropped only around the enqueue function, so no
  * driver call holds it (invariant 10).  Shared by host_launch, the enqueue
  * builtin (below) and the signals' (notify.c). */
@@ -55,6 +62,7 @@ uint64_t nhf_enqueue_record(int route, void *target, nhf_hostfn trampoline, nhf_
     record->context = context;
     unsigned long taken = atomic_load_explicit(&record->state, memory_order_relaxed);
     uint64_t status;
+    last_task = 0;
     Py_BEGIN_ALLOW_THREADS
     /* The stream a device fault would be found on, and its context (invariant 23). */
     nhf_watch_prepare(record, stream_of != NULL ? stream_of(target) : target);

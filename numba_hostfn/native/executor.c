@@ -152,6 +152,43 @@ static void executor_dealloc(PyObject *self) {
     Py_TYPE(self)->tp_free(self);
 }
 
+/* lane_reached(lane, task, budget_us, spin) -> 1, 0 or -1 (GIL released): whether
+ * the stream reached the lane's task numbered task within budget_us (nhf_lane_reached);
+ * done_future's result() watches its stream with it.  Any lane address a
+ * signal's launch gave (lanes are never freed). */
+static PyObject *py_lane_reached(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    void *lane_;
+    if (nhf_check_nargs("lane_reached(lane, task, budget_us, spin)", nargs, 4) < 0 ||
+        nhf_address_arg(args[0], &lane_) < 0)
+        return NULL;
+    unsigned long task = PyLong_AsUnsignedLong(args[1]);
+    long budget_us = PyLong_AsLong(args[2]);
+    int spin = PyObject_IsTrue(args[3]);
+    if (PyErr_Occurred() || spin < 0)
+        return NULL;
+    if (lane_ == NULL || task == 0 || task > UINT32_MAX || budget_us < 0 ||
+        budget_us > 3600L * 1000000L) {
+        PyErr_SetString(PyExc_ValueError, "lane_reached(lane, task, budget_us, spin) expected "
+                                          "a lane, a task number from 1 to 2**32 - 1 and "
+                                          "0 to 3600e6 microseconds");
+        return NULL;
+    }
+    int answer;
+    Py_BEGIN_ALLOW_THREADS
+    answer = nhf_lane_reached(lane_, (uint32_t)task, budget_us * 1000L, spin);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(answer);
+}
+
+static PyMethodDef module_methods[] = {
+    {"lane_reached", (PyCFunction)(void (*)(void))py_lane_reached, METH_FASTCALL,
+     "lane_reached($module, lane, task, budget_us, spin, /)\n--\n\n"
+     "1 if the stream reached the lane's task within budget_us, 0 if not yet, "
+     "-1 if it never will (GIL released)."},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyMethodDef executor_methods[] = {
     {"_start", (PyCFunction)(void (*)(void))executor_start, METH_FASTCALL,
      "_start($self, threads, spin_ns, poll_ns, /)\n--\n\n"
@@ -196,7 +233,8 @@ PyTypeObject nhf_executor_type = {
 
 int nhf_executor_init(PyObject *module) {
     if (PyType_Ready(&nhf_executor_type) < 0 ||
-        PyModule_AddObjectRef(module, "ExecutorBase", (PyObject *)&nhf_executor_type) < 0)
+        PyModule_AddObjectRef(module, "ExecutorBase", (PyObject *)&nhf_executor_type) < 0 ||
+        PyModule_AddFunctions(module, module_methods) < 0)
         return -1;
     if (nhf_add_address(module, "EXEC_SIM_SET", (void *)(uintptr_t)nhf_sim_set) < 0 ||
         nhf_add_address(module, "EXEC_SIM_AWAIT", (void *)(uintptr_t)nhf_sim_await) < 0)

@@ -153,5 +153,8 @@ lane *nhf_lane_new(nhf_pool *pool, void *stream, void *words);
 task *nhf_lane_open_task(lane *l, nhf_hostfn trampoline, void *record, uint64_t *status);
 /* Under the lane's enqueue mutex: take back the task just appended. */
 void nhf_lane_unlink_task(lane *l, task *t);
+/* Without the GIL: whether the stream reached l's task numbered task, within
+ * budget_ns: 1 yes, 0 not yet, -1 never (a device fault). */
+int nhf_lane_reached(lane *l, uint32_t task, long budget_ns, bool spin);
 
 #endif /* NHF_EXECUTOR_H */

@@ -281,6 +281,14 @@ uint64_t nhf_enqueue_record(int route, void *target, nhf_hostfn trampoline, nhf_
 /* A flag of its own, sharing no bit with the others (not NHF_KEPT's: a failed
  * record allocation is a refusal, and what the caller made for it is freed). */
 #define NHF_NO_RECORD (UINT64_C(1) << 39)
+/* Any thread, inside an enqueue function: the lane task it opened is numbered
+ * task (pool.c, under the lane's enqueue mutex). */
+void nhf_enqueue_note_task(uint32_t task);
+/* GIL held, right after nhf_enqueue_record on this thread: the number of the lane
+ * task that enqueue opened (what its stream writes to the lane's "reached" word,
+ * for lane_reached), or 0 if it opened none (not a lane's route, or refused first).
+ * Per thread: the enqueue ran on this thread, with no Python code in between. */
+uint32_t nhf_enqueue_last_task(void);
 
 /* GIL held, at module load: route's enqueue function, and, where its target is
  * not a stream but holds one (an executor's lane), stream_of(target): the stream

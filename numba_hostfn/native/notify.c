@@ -427,10 +427,12 @@ static PyObject *dispatcher_run(PyObject *self_, PyObject *const *args, Py_ssize
     return failed ? NULL : PyLong_FromLong(ran);
 }
 
-/* launch(route, target, owner, entry) -> status: register entry under a new key
- * and enqueue that key's signal on target by route (_core.ROUTE_*), as one step:
+/* launch(route, target, owner, entry) -> (status, task): register entry under a new
+ * key and enqueue that key's signal on target by route (_core.ROUTE_*), as one step:
  * refused, the entry is dropped again (nothing will come); enqueued, the entry is
- * the batch's to act on, whatever Python raises afterwards. */
+ * the batch's to act on, whatever Python raises afterwards.  task: on a lane's
+ * route, the number of the signal's task, which the stream writes to the lane's
+ * "reached" word when it gets there (lane_reached watches for it); else 0. */
 static PyObject *dispatcher_launch(PyObject *self_, PyObject *const *args, Py_ssize_t nargs) {
     dispatcher *d = (dispatcher *)self_;
     void *target;
@@ -446,6 +448,9 @@ static PyObject *dispatcher_launch(PyObject *self_, PyObject *const *args, Py_ss
         return NULL;
     }
     uint64_t status = enqueue_signal(route, target, d->ch, key, args[2]);
+    uint32_t task = 0;
+    if (status == 0 || (status & NHF_KEPT))
+        task = nhf_enqueue_last_task(); /* a lane's: what its stream will write */
     if (status != 0 && !(status & NHF_KEPT)) {
         PyObject *type, *value, *traceback;
         PyErr_Fetch(&type, &value, &traceback); /* a no-record error, if any */
@@ -456,7 +461,7 @@ static PyObject *dispatcher_launch(PyObject *self_, PyObject *const *args, Py_ss
     Py_DECREF(k);
     if (status == NHF_NO_RECORD)
         return NULL;
-    return PyLong_FromUnsignedLongLong(status);
+    return Py_BuildValue("(KI)", (unsigned long long)status, (unsigned int)task);
 }
 
 static PyObject *dispatcher_outstanding(PyObject *self_, PyObject *unused) {
@@ -552,7 +557,7 @@ static PyMethodDef dispatcher_methods[] = {
      "Returns how many entries the batch acted on, oldest first."},
     {"launch", (PyCFunction)(void (*)(void))dispatcher_launch, METH_FASTCALL,
      "launch($self, route, target, owner, entry, /)\n--\n\n"
-     "Returns status: register and enqueue."},
+     "Returns (status, task): register and enqueue."},
     {"outstanding", dispatcher_outstanding, METH_NOARGS,
      "outstanding($self, /)\n--\n\n"
      "Entries registered, not acted on."},

@@ -283,6 +283,8 @@ task *nhf_lane_open_task(lane *l, nhf_hostfn trampoline, void *record, uint64_t 
     task *t = append(l, l->seq + 1, trampoline, record);
     if (t == NULL)
         *status = NHF_OUT_OF_MEMORY;
+    else
+        nhf_enqueue_note_task(t->seq); /* for a wait on it (lane_reached) */
     return t;
 }
 
@@ -345,6 +347,44 @@ long nhf_pool_close(nhf_pool *pool, bool no_wait) {
     pool->closed = 1;
     pthread_mutex_unlock(&pool->close_mutex);
     return 0;
+}
+
+/* Without the GIL: whether the stream has reached l's task numbered task (its
+ * "reached" word at or past it: the write is in stream order, after all the work
+ * before it), within budget_ns; spinning for the pool's spin_ns first if spin,
+ * then checking every poll_ns.  1 reached, 0 not yet, -1 never will (a device
+ * fault of the lane's stream).  The lane and its words are never freed. */
+int nhf_lane_reached(lane *l, uint32_t task, long budget_ns, bool spin) {
+    long start = now_ns(), spin_ns = spin ? l->pool->spin_ns : 0;
+    /* The caller's thread sleeps poll_ns, not the default 50 us longer, while here
+     * (as the pool's threads always do); its own slack is given back after. */
+    int slack = prctl(PR_GET_TIMERSLACK, 0UL, 0UL, 0UL, 0UL);
+    bool slack_set = slack > 1000 && prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL) == 0;
+    int answer;
+    for (;;) {
+        if ((int32_t)(reached_word(l) - task) >= 0) {
+            answer = 1;
+            break;
+        }
+        if (atomic_load_explicit(&l->fault, memory_order_relaxed) != 0) {
+            answer = -1;
+            break;
+        }
+        long waited = now_ns() - start;
+        if (waited >= budget_ns) {
+            answer = 0;
+            break;
+        }
+        if (waited < spin_ns) {
+            nhf_cpu_relax();
+            continue;
+        }
+        long left = budget_ns - waited;
+        sleep_ns(left < l->pool->poll_ns ? left : l->pool->poll_ns);
+    }
+    if (slack_set)
+        (void)prctl(PR_SET_TIMERSLACK, (unsigned long)slack, 0UL, 0UL, 0UL);
+    return answer;
 }
 
 /* Every pool ever started (a pool is never freed). */
