@@ -572,8 +572,11 @@ def test_done_future_result_watches_its_stream_itself(stream):
     import concurrent.futures as cf
 
     release = threading.Event()
-    first = nh.done_future(stream)
-    first.add_done_callback(lambda _: release.wait(30))  # wait() settles nothing itself
+    with Hold(stream):  # not done yet: its callback runs where it is settled
+        first = nh.done_future(stream)
+        first.add_done_callback(lambda _: release.wait(30))
+    # Nobody waits in first.result(), and wait() settles nothing itself: the futures
+    # thread settles first, and stays in its callback.
     try:
         assert not cf.wait([first], timeout=30).not_done  # the futures thread is held now
         for _ in range(3):
