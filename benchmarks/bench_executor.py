@@ -2,8 +2,8 @@
 
 - round trip: one stream, N iterations of "tiny kernel -> host work (an empty
   compiled function) -> next kernel", synchronized at the end, per iteration: the
-  kernel alone, host_launch, host_launch(executor=), and three raw C baselines
-  built with nvcc (kernel + cuLaunchHostFunc; kernel + cuStreamWriteValue32
+  kernel alone, host_launch, host_launch(executor=), and four raw C baselines
+  built with nvcc (the kernel alone; kernel + cuLaunchHostFunc; kernel + cuStreamWriteValue32
   "reached" + a host thread spinning on it + cuStreamWaitValue32 "done"; the same
   write and wait in one cuStreamBatchMemOp, as the executor enqueues them), all
   interleaved, one sample of each per round.  The Python rows
@@ -54,6 +54,7 @@ PARALLEL = "executor: 4 streams x 50 tasks x 2 ms"
 CPU = "executor: pool CPU time"
 GRAPH = "executor: graph replay of one node"
 PLOTS = [(ROUND_TRIP, "executor.png")]
+C_KERNEL = "raw C: kernel alone"
 C_MEMOP = "raw C: kernel + stream memory operations + spinning thread"
 C_HOSTFN = "raw C: kernel + cuLaunchHostFunc"
 C_BATCH = "raw C: kernel + the same two in one cuStreamBatchMemOp + spinning thread"
@@ -120,6 +121,7 @@ def run(nh, device, n: int, repeats: int, tasks: int) -> None:
         rows["kernel alone, cuda.core launch (for scale)"] = lambda: round_trip(
             lambda: None, lambda: device.delay(stream, 0)
         )
+        rows[C_KERNEL] = lambda: _c_round_trip(stream, n, 0)
         rows[C_HOSTFN] = lambda: _c_round_trip(stream, n, 1)
         rows[C_MEMOP] = lambda: _c_round_trip(stream, n, 2)
         rows[C_BATCH] = lambda: _c_round_trip(stream, n, 3)
@@ -129,7 +131,7 @@ def run(nh, device, n: int, repeats: int, tasks: int) -> None:
     if device.simulator:
         table += [
             Row(ROUND_TRIP, name, "µs/iter", note="needs a GPU")
-            for name in (C_HOSTFN, C_MEMOP, C_BATCH)
+            for name in (C_KERNEL, C_HOSTFN, C_MEMOP, C_BATCH)
         ]
     interleaved(ROUND_TRIP, table, lambda row: rows[row.name](), repeats)
     _parallel(nh, device, tasks, repeats)
@@ -374,7 +376,8 @@ static double now_us(void)
     return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
 }
 
-/* n iterations of tiny kernel -> host work -> ...; mode 1: cuLaunchHostFunc,
+/* n iterations of tiny kernel -> host work -> ...; mode 0: the kernel alone;
+   mode 1: cuLaunchHostFunc,
    mode 2: write "reached", a spinning thread answers, wait for "done";
    mode 3: mode 2's write and wait in one cuStreamBatchMemOp.
    Returns microseconds per iteration (-1 on error). */
@@ -397,7 +400,9 @@ extern "C" double round_trip(unsigned long long stream_handle, int n, int mode)
     double start = now_us();
     for (int i = 1; i <= n; ++i) {
         tiny<<<1, 1, 0, (cudaStream_t)stream>>>();
-        if (mode == 1) {
+        if (mode == 0) {
+            continue;
+        } else if (mode == 1) {
             if (cuLaunchHostFunc(stream, empty, 0)) goto out;
         } else if (mode == 2) {
             if (cuStreamWriteValue32(stream, (CUdeviceptr)words, i, 0)) goto out;
