@@ -111,11 +111,6 @@ struct nhf_pool {
      * task: a thread quits only with quit set and nothing outstanding. */
     atomic_int quit;
     atomic_int parked;      /* threads waiting on wake */
-    /* Threads within their spin budget with nothing to run: an enqueue that sees
-     * one wakes nobody (it will see the task), and notes its time, from which a
-     * thread whose budget runs out spins on (pool.c: append, thread_main). */
-    atomic_int spinning;
-    atomic_long last_enqueue; /* now_ns() of the last task's enqueue */
     atomic_long live_slots; /* slots armed (their graphs are alive) */
     atomic_int poller;      /* a thread polls the slots for a replay (the others park) */
     pthread_mutex_t mutex;  /* guards lanes (append), slots (append), parking, job */

@@ -147,16 +147,6 @@ static void park(nhf_pool *pool) {
     pthread_mutex_unlock(&pool->mutex);
 }
 
-/* This thread has work (a task, a slot, a share of a copy) or its spin budget
- * ran out: it is no longer counted among the spinning threads an enqueue relies
- * on (append). */
-static void stop_spinning(nhf_pool *pool, bool *counted) {
-    if (*counted) {
-        atomic_fetch_sub(&pool->spinning, 1);
-        *counted = false;
-    }
-}
-
 /* A pool thread: claim and run reached tasks and slots; spin, poll or park in
  * between.  It spins for spin_ns after its last work (or wake-up); then, with
  * tasks outstanding, it polls every poll_ns.  With none outstanding but graph
@@ -169,13 +159,10 @@ static void stop_spinning(nhf_pool *pool, bool *counted) {
 static void *thread_main(void *pool_) {
     nhf_pool *pool = pool_;
     int me_poller = 0;
-    bool counted = false; /* in pool->spinning */
     /* Sleep as long as asked, not the default 50 us longer. */
     (void)prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
     long last_work = now_ns();
     for (;;) {
-        if (atomic_load_explicit(&pool->job, memory_order_relaxed) != NULL)
-            stop_spinning(pool, &counted); /* it may help with a copy's chunks */
         if (nhf_copy_help(pool)) {
             last_work = now_ns();
             continue;
@@ -184,11 +171,6 @@ static void *thread_main(void *pool_) {
         bool failing;
         task *t = claim(pool, &l, &failing);
         if (t != NULL) {
-            stop_spinning(pool, &counted);
-            /* More outstanding than this task: an enqueue that counted on this
-             * thread may have woken nobody; the parked threads take the rest. */
-            if (atomic_load(&pool->outstanding) > 1)
-                wake(pool);
             hand_on(pool, &me_poller);
             run(pool, l, t, failing);
             last_work = now_ns();
@@ -196,7 +178,6 @@ static void *thread_main(void *pool_) {
         }
         slot *s = nhf_slot_claim(pool);
         if (s != NULL) {
-            stop_spinning(pool, &counted);
             hand_on(pool, &me_poller);
             nhf_slot_run(pool, s);
             last_work = now_ns();
@@ -205,20 +186,8 @@ static void *thread_main(void *pool_) {
         /* Spinning reads nothing that the producer writes (not even the count
          * of outstanding tasks): only the words and the lanes' read-mostly fields. */
         if (now_ns() - last_work < pool->spin_ns) {
-            if (!counted) {
-                atomic_fetch_add(&pool->spinning, 1);
-                counted = true;
-            }
             nhf_cpu_relax();
             continue;
-        }
-        if (counted) { /* the budget ran out: spin on from a later enqueue's time */
-            stop_spinning(pool, &counted);
-            long enqueued = atomic_load(&pool->last_enqueue);
-            if (now_ns() - enqueued < pool->spin_ns) {
-                last_work = enqueued;
-                continue;
-            }
         }
         if (atomic_load(&pool->outstanding) > 0) {
             sleep_ns(pool->poll_ns);
@@ -267,16 +236,8 @@ static task *append(lane *l, uint32_t seq, nhf_hostfn trampoline, void *record) 
         l->tail->next = t;
     l->tail = t;
     pthread_mutex_unlock(&l->fifo_mutex);
-    nhf_pool *pool = l->pool;
-    atomic_fetch_add(&pool->outstanding, 1);
-    /* A spinning thread will see the task: no wake-up (a lock and a broadcast,
-     * a system call once threads are parked, which cost this enqueue about 2 us on
-     * the H200).  Dekker with that thread: this store, then its load; its
-     * decrement of spinning, then its load of last_enqueue (thread_main), all
-     * seq_cst: a thread counted here spins on from this enqueue's time. */
-    atomic_store(&pool->last_enqueue, now_ns());
-    if (atomic_load(&pool->spinning) == 0)
-        wake(pool);
+    atomic_fetch_add(&l->pool->outstanding, 1);
+    wake(l->pool);
     return t;
 }
 
