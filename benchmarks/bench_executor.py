@@ -11,6 +11,9 @@
   called through ctypes, so that the rows differ only in the host work: a
   cuda.core launch alone costs more than a whole C iteration (the "cuda.core
   launch" row shows it).
+- enqueue host time: a loop of 300 ``host_launch(executor=)`` calls with no kernel,
+  timed before the synchronize (what a launch costs the enqueuing thread: the round
+  trip is host-bound), beside 300 of ``host_launch`` to the driver's thread.
 - parallel host work: 4 streams x 50 tasks x 2 ms of compiled work; the makespan
   with host_launch (the driver's one thread) and with a 4-thread executor, against
   the ideal parallel time (50 x 2 ms); per task start and end times give the
@@ -134,11 +137,43 @@ def run(nh, device, n: int, repeats: int, tasks: int) -> None:
             for name in (C_KERNEL, C_HOSTFN, C_MEMOP, C_BATCH)
         ]
     interleaved(ROUND_TRIP, table, lambda row: rows[row.name](), repeats)
+    _enqueue_host_time(nh, stream, empty, executor, repeats)
     _parallel(nh, device, tasks, repeats)
     _cpu_time(nh, device, executor, stream)
     _graph_replay(nh, stream, executor, empty, n, repeats)
     executor.close()
     device.close_stream(stream)
+
+
+ENQUEUE = "executor: enqueue, host time a call (no kernel, 300 calls)"
+ENQUEUE_CALLS = 300  # 600 items of device work: below the ~1,021 at which the driver blocks
+
+
+def _enqueue_host_time(nh, stream, empty, executor, repeats: int) -> None:
+    """What one launch costs the enqueuing thread: a loop of 300 launches on an idle
+    stream, timed before the synchronize (the round trip above is host-bound, so
+    this is most of what ``host_launch(executor=)`` adds to it), beside a
+    HostFunction's ``host_launch`` to the driver's thread."""
+    work = {
+        "host_launch(executor=)": lambda: nh.host_launch(stream, empty, executor=executor),
+        "host_launch (the driver's thread)": lambda: nh.host_launch(stream, empty),
+    }
+
+    def sample(row: Row) -> float:
+        launch = work[row.name]
+        launch()
+        stream.sync()
+        nh.drain()
+        start = time.perf_counter()
+        for _ in range(ENQUEUE_CALLS):
+            launch()
+        elapsed = time.perf_counter() - start
+        stream.sync()
+        nh.drain()
+        return elapsed / ENQUEUE_CALLS * 1e6
+
+    table = [Row(ENQUEUE, name, "µs/call") for name in work]
+    interleaved(ENQUEUE, table, sample, repeats)
 
 
 def _parallel(nh, device, tasks: int, repeats: int) -> None:
@@ -276,6 +311,8 @@ def baseline(group: str) -> Row | None:
         return find(ROUND_TRIP, C_MEMOP)
     if group == PARALLEL:
         return find(PARALLEL, "ideal (one task after another per stream)")
+    if group == ENQUEUE:
+        return find(ENQUEUE, "host_launch (the driver's thread)")
     return None
 
 

@@ -57,6 +57,12 @@ def test_benchmark_suite_smoke(tmp_path):
     resolve = report.split("### done_future resolve")[1].split("### default lane")[0]
     assert "### done_future, device end to the result set" in resolve
     assert resolve.count("| µs |") == 8 and "| -- " not in resolve, resolve
+    # The executor's enqueue, timed on the enqueuing thread: both launches measured.
+    enqueue = report.split("### executor: enqueue, host time")[1].split("###")[0]
+    assert enqueue.count("| µs/call |") == 2 and "| -- " not in enqueue, enqueue
+    # The default lane's CPU: parked, polling for one wait, and a thread in sync().
+    cpu = report.split("### default lane: process CPU time")[1].split("###")[0]
+    assert cpu.count("| CPU s/s |") == 3 and "| -- " not in cpu, cpu
     for plot in ("enqueue.png", "throughput.png", "dispatch.png", "compile.png", "graphs.png"):
         assert (tmp_path / plot).read_bytes().startswith(b"\x89PNG"), plot
 
