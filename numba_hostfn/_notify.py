@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from . import _core
 from ._compat import any_thread_pending_call, on_foreign_thread, running_loop
 from ._enqueue import refuse_signal, signal_route
-from ._process import get_backend
+from ._process import forked, get_backend
 
 if TYPE_CHECKING:  # imported where used: a first launch needs neither (start-up time)
     import asyncio
@@ -376,7 +376,7 @@ def _stream_future_type() -> type[concurrent.futures.Future]:
                 word, GIL released, and settle the future here once the stream has
                 reached the task.  Returns what is left of ``timeout``."""
                 lane, task = self._watch
-                if not task:
+                if not task or forked():  # in a forked child no stream writes the words
                     return timeout
                 deadline = None if timeout is None else time.monotonic() + timeout
                 spin = True

@@ -446,6 +446,41 @@ def test_a_forked_child_never_runs_the_parents_nonblocking_callbacks():
     assert "callback ran in the child" not in out, out
 
 
+FORK_WITH_A_FUTURE_PENDING_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import concurrent.futures, os, warnings
+
+    warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads: the point
+    device.delay(stream, 0.5)
+    future = nh.done_future(stream)
+    print("watched:", future._watch[1] != 0, flush=True)
+    pid = os.fork()
+    if pid == 0:
+        def watch(*args):
+            raise AssertionError("the parent's lane watched in a forked child")
+
+        nh._core.lane_reached = watch
+        try:
+            future.result(timeout=0.1)
+            print("child: resolved", flush=True)
+        except concurrent.futures.TimeoutError:
+            print("child: timed out", flush=True)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    print("parent:", os.waitstatus_to_exitcode(status), future.result(timeout=30) is stream,
+          flush=True)
+""")
+
+
+def test_a_forked_child_does_not_watch_the_parents_done_future():
+    """A done_future made in the parent, on the default lane, waited on in a forked
+    child: result() there does not watch the lane's words (no stream of the child
+    writes them, and the parent's pinned memory need not be mapped there); it times
+    out as the future would without the watch, and the parent's resolves."""
+    out = run_child(FORK_WITH_A_FUTURE_PENDING_SCRIPT).splitlines()
+    assert "watched: True" in out, out
+    assert "child: timed out" in out and "parent: 0 True" in out, out
+
+
 @pytest.mark.gpu
 def test_a_cuda_call_from_a_compiled_body_gets_an_error_code(device, stream):
     """CUDA calls are not allowed in a host function; the driver may, but need not, refuse
