@@ -18,7 +18,9 @@
   result (a done-callback it runs right after, so that part is if anything
   overstated), which leaves out the waiting thread's wake-up.
 - the default lane's CPU time: process CPU seconds per wall second over 1 s once
-  its waits have resolved (its thread parked).
+  its waits have resolved (its thread parked), and with one ``done_future``
+  outstanding on a held stream (its thread polls), against a thread blocked in
+  ``stream.sync()`` on that stream instead.
 - 10k waits: 10,000 ``async_done`` on one stream, all resolved; per wait, and
   the descriptors and threads the process gained.
 - non-blocking callback delay: device work ends -> the callable runs, with the
