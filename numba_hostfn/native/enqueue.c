@@ -42,7 +42,9 @@ int nhf_route_arg(PyObject *value) {
     return (int)route;
 }
 
-/* The lane task the last enqueue on this thread opened (nhf_enqueue_last_task). */
+/* The lane task the last enqueue on this thread opened (nhf_enqueue_last_task);
+ * reset by the one caller that reads it, not by every enqueue (a TLS access is a
+ * __tls_get_addr call in a shared object, on every launch). */
 static _Thread_local uint32_t last_task;
 
 void nhf_enqueue_note_task(uint32_t task) { last_task = task; }
@@ -62,7 +64,6 @@ uint64_t nhf_enqueue_record(int route, void *target, nhf_hostfn trampoline, nhf_
     record->context = context;
     unsigned long taken = atomic_load_explicit(&record->state, memory_order_relaxed);
     uint64_t status;
-    last_task = 0;
     Py_BEGIN_ALLOW_THREADS
     /* The stream a device fault would be found on, and its context (invariant 23). */
     nhf_watch_prepare(record, stream_of != NULL ? stream_of(target) : target);

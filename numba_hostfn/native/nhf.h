@@ -282,12 +282,14 @@ uint64_t nhf_enqueue_record(int route, void *target, nhf_hostfn trampoline, nhf_
  * record allocation is a refusal, and what the caller made for it is freed). */
 #define NHF_NO_RECORD (UINT64_C(1) << 39)
 /* Any thread, inside an enqueue function: the lane task it opened is numbered
- * task (pool.c, under the lane's enqueue mutex). */
+ * task (pool.c, under the lane's enqueue mutex); 0 resets it (before an enqueue
+ * whose task the caller will read). */
 void nhf_enqueue_note_task(uint32_t task);
-/* GIL held, right after nhf_enqueue_record on this thread: the number of the lane
- * task that enqueue opened (what its stream writes to the lane's "reached" word,
- * for lane_reached), or 0 if it opened none (not a lane's route, or refused first).
- * Per thread: the enqueue ran on this thread, with no Python code in between. */
+/* GIL held, right after nhf_enqueue_record on this thread, reset before it with
+ * nhf_enqueue_note_task(0): the number of the lane task that enqueue opened (what
+ * its stream writes to the lane's "reached" word, for lane_reached), or 0 if it
+ * opened none (not a lane's route, or refused first).  Per thread: the enqueue ran
+ * on this thread, with no Python code in between. */
 uint32_t nhf_enqueue_last_task(void);
 
 /* GIL held, at module load: route's enqueue function, and, where its target is

@@ -447,6 +447,7 @@ static PyObject *dispatcher_launch(PyObject *self_, PyObject *const *args, Py_ss
         Py_XDECREF(k);
         return NULL;
     }
+    nhf_enqueue_note_task(0);
     uint64_t status = enqueue_signal(route, target, d->ch, key, args[2]);
     uint32_t task = 0;
     if (status == 0 || (status & NHF_KEPT))
