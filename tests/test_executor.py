@@ -18,6 +18,7 @@ from _device import (
     CHILD_PREAMBLE,
     Capture,
     Hold,
+    _wait_for_flag,
     driver_stand_ins,
     released_eventually,
     rerun_on_simulator,
@@ -455,6 +456,57 @@ def test_owners_kept_until_run_then_released_on_the_main_thread(executor, stream
             break
         time.sleep(0.005)
     assert alive() is None and released == ["MainThread"]
+
+
+def test_a_tasks_owner_is_released_with_no_drain_and_nothing_launched_after(executor, stream):
+    """A pool thread leaves the drain of what its tasks completed owed, for the
+    launching thread's next enqueue to do, and schedules it itself once it has been
+    owed 50 µs, or before it sleeps (invariant 14): with no launch after the task and
+    no drain() called, the owner is still released, on the main thread.  The first
+    task holds the second until both launches returned (a launch drains what ran
+    during it)."""
+    counter, flag = np.zeros(1, np.int64), np.zeros(1, np.int64)
+    released = []
+    weakref.finalize(counter, lambda: released.append(threading.current_thread().name))
+    nh.host_launch(stream, _wait_for_flag(), user_data=nh.by_ref(flag), executor=executor)
+    nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=executor)
+    del counter
+    assert nh.pending() == 2
+    flag[0] = 1
+    stream.sync()
+    deadline = time.monotonic() + 10
+    while not released and time.monotonic() < deadline:
+        time.sleep(0.001)  # pending calls run between the main thread's bytecodes
+    assert released == ["MainThread"]
+
+
+def test_tasks_launched_from_several_threads_are_all_released_with_no_drain(executor, device):
+    """Completions that owe the drain race its settling (a pool thread clears the
+    owed flag, then looks for records; a completion pushes its record, then sets
+    the flag): none is left unreleased.  Four threads launch 300 tasks each on
+    streams of their own; the main thread then only sleeps until all are released."""
+    streams = [device.create_stream() for _ in range(4)]
+    counters = [np.zeros(1, np.int64) for _ in streams]
+
+    def launch(i):
+        for _ in range(300):
+            ref = nh.by_ref(counters[i])
+            nh.host_launch(streams[i], increment, user_data=ref, executor=executor)
+
+    threads = [threading.Thread(target=launch, args=(i,)) for i in range(len(streams))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for s in streams:
+        s.sync()
+    deadline = time.monotonic() + 10
+    while nh.pending() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert nh.pending() == 0
+    assert [int(c[0]) for c in counters] == [300] * len(streams)
+    for s in streams:
+        device.close_stream(s)
 
 
 def test_host_copy_and_release_after_on_the_executor(executor, stream):

@@ -168,8 +168,22 @@ void nhf_record_release(nhf_record *record);
 /* GIL held.  Release every completed record and deferred object; returns how
  * many records were released. */
 Py_ssize_t nhf_drain(void);
-/* Any thread.  The record has run, or its graph is gone: hand it to Python. */
+/* Any thread.  The record has run, or its graph is gone: hand it to Python.
+ * On a thread that defers (nhf_defer_drains), the drain is owed instead of
+ * scheduled: that thread settles it (nhf_settle_drain). */
 void nhf_record_complete(nhf_record *record);
+/* An executor's pool thread, once: its completions leave the drain owed, to be
+ * scheduled by a pool thread NHF_DRAIN_DEFER_NS later, or before it sleeps
+ * (invariant 14). */
+void nhf_defer_drains(void);
+/* Any thread: schedule the drain that deferred completions owe, if they owe one
+ * and it has been owed NHF_DRAIN_DEFER_NS at now (CLOCK_MONOTONIC, ns); now 0:
+ * however long. */
+void nhf_settle_drain(long now);
+/* How long a pool thread may leave a drain owed while it keeps working: the
+ * launching thread's own drain (each enqueue drains) then releases what ran
+ * in the meantime, and no pending call interrupts it for each task. */
+#define NHF_DRAIN_DEFER_NS 50000L
 /* Any thread, GIL held by the caller.  Release object on the main thread's next
  * drain instead of here. */
 void nhf_defer_release(PyObject *object);

@@ -161,10 +161,16 @@ static void *thread_main(void *pool_) {
     int me_poller = 0;
     /* Sleep as long as asked, not the default 50 us longer. */
     (void)prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+    /* The records this thread's tasks complete are drained by the launching
+     * thread's next enqueue, or by a pending call that a pool thread schedules
+     * once they have waited NHF_DRAIN_DEFER_NS, or before it sleeps: not one
+     * pending call a task (invariant 14). */
+    nhf_defer_drains();
     long last_work = now_ns();
     for (;;) {
         if (nhf_copy_help(pool)) {
             last_work = now_ns();
+            nhf_settle_drain(last_work);
             continue;
         }
         lane *l;
@@ -174,6 +180,7 @@ static void *thread_main(void *pool_) {
             hand_on(pool, &me_poller);
             run(pool, l, t, failing);
             last_work = now_ns();
+            nhf_settle_drain(last_work);
             continue;
         }
         slot *s = nhf_slot_claim(pool);
@@ -184,11 +191,15 @@ static void *thread_main(void *pool_) {
             continue;
         }
         /* Spinning reads nothing that the producer writes (not even the count
-         * of outstanding tasks): only the words and the lanes' read-mostly fields. */
-        if (now_ns() - last_work < pool->spin_ns) {
+         * of outstanding tasks): only the words and the lanes' read-mostly
+         * fields, and the owed-drain flag that the pool's own tasks set. */
+        long now = now_ns();
+        if (now - last_work < pool->spin_ns) {
+            nhf_settle_drain(now);
             nhf_cpu_relax();
             continue;
         }
+        nhf_settle_drain(0); /* whatever it owes, before it sleeps or parks */
         if (atomic_load(&pool->outstanding) > 0) {
             sleep_ns(pool->poll_ns);
             continue;
