@@ -468,11 +468,14 @@ def test_a_tasks_owner_is_released_with_no_drain_and_nothing_launched_after(exec
     counter, flag = np.zeros(1, np.int64), np.zeros(1, np.int64)
     released = []
     weakref.finalize(counter, lambda: released.append(threading.current_thread().name))
+    before = nh.pending()
     nh.host_launch(stream, _wait_for_flag(), user_data=nh.by_ref(flag), executor=executor)
-    nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=executor)
-    del counter
-    assert nh.pending() == 2
-    flag[0] = 1
+    try:
+        nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=executor)
+        del counter
+        assert nh.pending() == before + 2
+    finally:
+        flag[0] = 1  # a failure above must not leave the stream held
     stream.sync()
     deadline = time.monotonic() + 10
     while not released and time.monotonic() < deadline:
