@@ -15,6 +15,8 @@
  */
 #include "nhf.h"
 
+#include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -164,8 +166,12 @@ static void schedule_drain(void) {
 
 /* A pool thread defers: it owes the drain instead of scheduling it at each
  * task (a pending call a task: it interrupted the launching thread's loop at
- * every task, 25% of an executor enqueue's host time on the H200). */
-static _Thread_local bool defers;
+ * every task, 25% of an executor enqueue's host time on the H200).  Which
+ * threads defer is a pthread key's value, set once per thread: a _Thread_local
+ * in this shared object would take its block from glibc's dynamic TLS, which a
+ * later thread reusing the stack frees, a race TSan reports (the stack cache's
+ * lock is glibc's own). */
+static pthread_key_t defer_key; /* non-NULL on a thread that defers */
 static atomic_bool owed;       /* a deferred completion is on the stack, maybe undrained */
 static atomic_long owed_since; /* when owed was set (CLOCK_MONOTONIC, ns): a hint */
 
@@ -175,7 +181,7 @@ static long clock_ns(void) {
     return ts.tv_sec * 1000000000L + ts.tv_nsec;
 }
 
-void nhf_defer_drains(void) { defers = true; }
+void nhf_defer_drains(void) { (void)pthread_setspecific(defer_key, &defer_key); }
 
 /* owed is cleared before the stack is read, and a deferring completion reads
  * owed after its push (all seq_cst): either this read finds that push, or the
@@ -197,7 +203,7 @@ void nhf_record_complete(nhf_record *record) {
     do {
         record->next = top;
     } while (!atomic_compare_exchange_weak(&completed, &top, record));
-    if (defers) {
+    if (pthread_getspecific(defer_key) != NULL) {
         if (!atomic_load(&owed)) { /* after the push: see nhf_settle_drain */
             atomic_store(&owed_since, clock_ns());
             atomic_store(&owed, true);
@@ -279,6 +285,16 @@ static PyMethodDef testing_methods[] = {
 };
 
 int nhf_records_init(PyObject *module) {
+    static bool keyed;
+    if (!keyed) {
+        int rc = pthread_key_create(&defer_key, NULL);
+        if (rc != 0) {
+            errno = rc;
+            PyErr_SetFromErrno(PyExc_OSError);
+            return -1;
+        }
+        keyed = true;
+    }
     if (PyModule_AddFunctions(module, methods) < 0)
         return -1;
     return nhf_add_testing(module, testing_methods);
