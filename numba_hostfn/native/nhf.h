@@ -68,6 +68,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "driver.h"
 
@@ -88,6 +89,17 @@ int nhf_address_args(const char *usage, PyObject *const *args, Py_ssize_t nargs,
 int nhf_add_testing(PyObject *module, PyMethodDef *methods);
 /* Add name = address (an int) to the module. */
 int nhf_add_address(PyObject *module, const char *name, void *address);
+/* CLOCK_MONOTONIC, in nanoseconds. */
+static inline long nhf_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+/* Sleep ns nanoseconds (a signal may end it early). */
+static inline void nhf_sleep_ns(long ns) {
+    struct timespec ts = {ns / 1000000000L, ns % 1000000000L};
+    nanosleep(&ts, NULL);
+}
 /* Relax the CPU in a spin-wait. */
 static inline void nhf_cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)

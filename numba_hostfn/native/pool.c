@@ -6,21 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
-#include <time.h>
 #include <unistd.h>
-
-/* ---- time --------------------------------------------------------------------- */
-
-static long now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1000000000L + ts.tv_nsec;
-}
-
-static void sleep_ns(long ns) {
-    struct timespec ts = {ns / 1000000000L, ns % 1000000000L};
-    nanosleep(&ts, NULL);
-}
 
 /* ---- the pool's threads -------------------------------------------------------- */
 
@@ -105,7 +91,7 @@ static void run(nhf_pool *pool, lane *l, task *t, bool failing) {
     atomic_store_explicit(&l->words[1], t->seq, memory_order_release);
     long pause = atomic_load_explicit(&test_done_pause_ns, memory_order_relaxed);
     if (pause > 0)
-        sleep_ns(pause);
+        nhf_sleep_ns(pause);
     /* The next claim of this lane may start: claim() already took t off the FIFO. */
     atomic_store_explicit(&l->claimed, 0, memory_order_release);
     if (failing)
@@ -166,10 +152,10 @@ static void *thread_main(void *pool_) {
      * once they have waited NHF_DRAIN_DEFER_NS, or before it sleeps: not one
      * pending call a task (invariant 14). */
     nhf_defer_drains();
-    long last_work = now_ns();
+    long last_work = nhf_now_ns();
     for (;;) {
         if (nhf_copy_help(pool)) {
-            last_work = now_ns();
+            last_work = nhf_now_ns();
             nhf_settle_drain(last_work);
             continue;
         }
@@ -179,7 +165,7 @@ static void *thread_main(void *pool_) {
         if (t != NULL) {
             hand_on(pool, &me_poller);
             run(pool, l, t, failing);
-            last_work = now_ns();
+            last_work = nhf_now_ns();
             nhf_settle_drain(last_work);
             continue;
         }
@@ -187,13 +173,13 @@ static void *thread_main(void *pool_) {
         if (s != NULL) {
             hand_on(pool, &me_poller);
             nhf_slot_run(pool, s);
-            last_work = now_ns();
+            last_work = nhf_now_ns();
             continue;
         }
         /* Spinning reads nothing that the producer writes (not even the count
          * of outstanding tasks): only the words and the lanes' read-mostly
          * fields, and the owed-drain flag that the pool's own tasks set. */
-        long now = now_ns();
+        long now = nhf_now_ns();
         if (now - last_work < pool->spin_ns) {
             nhf_settle_drain(now);
             nhf_cpu_relax();
@@ -201,18 +187,18 @@ static void *thread_main(void *pool_) {
         }
         nhf_settle_drain(0); /* whatever it owes, before it sleeps or parks */
         if (atomic_load(&pool->outstanding) > 0) {
-            sleep_ns(pool->poll_ns);
+            nhf_sleep_ns(pool->poll_ns);
             continue;
         }
         if (atomic_load(&pool->live_slots) > 0) {
             int expected = 0;
             if (me_poller || atomic_compare_exchange_strong(&pool->poller, &expected, 1)) {
                 me_poller = 1;
-                sleep_ns(pool->poll_ns);
+                nhf_sleep_ns(pool->poll_ns);
                 continue;
             }
             park(pool);
-            last_work = now_ns();
+            last_work = nhf_now_ns();
             continue;
         }
         hand_on(pool, &me_poller);
@@ -223,7 +209,7 @@ static void *thread_main(void *pool_) {
             atomic_load(&pool->live_slots) == 0)
             break;
         park(pool);
-        last_work = now_ns();
+        last_work = nhf_now_ns();
     }
     nhf_gil_forget(); /* invariant 12's exception: threads that end give theirs back */
     return NULL;
@@ -290,7 +276,7 @@ task *nhf_lane_open_task(lane *l, nhf_hostfn trampoline, void *record, uint64_t 
     }
     long pause = atomic_load_explicit(&test_pause_ns, memory_order_relaxed);
     if (pause > 0)
-        sleep_ns(pause);
+        nhf_sleep_ns(pause);
     task *t = append(l, l->seq + 1, trampoline, record);
     if (t == NULL)
         *status = NHF_OUT_OF_MEMORY;
@@ -345,7 +331,7 @@ long nhf_pool_close(nhf_pool *pool, bool no_wait) {
         return outstanding;
     }
     while (atomic_load(&pool->outstanding) > 0)
-        sleep_ns(20000);
+        nhf_sleep_ns(20000);
     pthread_mutex_lock(&pool->mutex);
     bool armed = atomic_load(&pool->live_slots) > 0;
     pthread_mutex_unlock(&pool->mutex);
@@ -366,7 +352,7 @@ long nhf_pool_close(nhf_pool *pool, bool no_wait) {
  * then checking every poll_ns.  1 reached, 0 not yet, -1 never will (a device
  * fault of the lane's stream).  The lane and its words are never freed. */
 int nhf_lane_reached(lane *l, uint32_t task, long budget_ns, bool spin) {
-    long start = now_ns(), spin_ns = spin ? l->pool->spin_ns : 0;
+    long start = nhf_now_ns(), spin_ns = spin ? l->pool->spin_ns : 0;
     /* The caller's thread sleeps poll_ns, not the default 50 us longer, while here
      * (as the pool's threads always do); its own slack is given back after. */
     int slack = prctl(PR_GET_TIMERSLACK, 0UL, 0UL, 0UL, 0UL);
@@ -381,7 +367,7 @@ int nhf_lane_reached(lane *l, uint32_t task, long budget_ns, bool spin) {
             answer = -1;
             break;
         }
-        long waited = now_ns() - start;
+        long waited = nhf_now_ns() - start;
         if (waited >= budget_ns) {
             answer = 0;
             break;
@@ -391,7 +377,7 @@ int nhf_lane_reached(lane *l, uint32_t task, long budget_ns, bool spin) {
             continue;
         }
         long left = budget_ns - waited;
-        sleep_ns(left < l->pool->poll_ns ? left : l->pool->poll_ns);
+        nhf_sleep_ns(left < l->pool->poll_ns ? left : l->pool->poll_ns);
     }
     if (slack_set)
         (void)prctl(PR_SET_TIMERSLACK, (unsigned long)slack, 0UL, 0UL, 0UL);

@@ -18,7 +18,6 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
-#include <time.h>
 
 #define RECORDS_PER_SLAB 1024
 
@@ -175,12 +174,6 @@ static pthread_key_t defer_key; /* non-NULL on a thread that defers */
 static atomic_bool owed;       /* a deferred completion is on the stack, maybe undrained */
 static atomic_long owed_since; /* when owed was set (CLOCK_MONOTONIC, ns): a hint */
 
-static long clock_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1000000000L + ts.tv_nsec;
-}
-
 void nhf_defer_drains(void) { (void)pthread_setspecific(defer_key, &defer_key); }
 
 /* owed is cleared before the stack is read, and a deferring completion reads
@@ -205,7 +198,7 @@ void nhf_record_complete(nhf_record *record) {
     } while (!atomic_compare_exchange_weak(&completed, &top, record));
     if (pthread_getspecific(defer_key) != NULL) {
         if (!atomic_load(&owed)) { /* after the push: see nhf_settle_drain */
-            atomic_store(&owed_since, clock_ns());
+            atomic_store(&owed_since, nhf_now_ns());
             atomic_store(&owed, true);
         }
     } else {

@@ -260,11 +260,6 @@ static long poll_once(survey *s) {
     return s->in_flight;
 }
 
-static void sleep_ns(long ns) {
-    struct timespec ts = {ns / 1000000000L, ns % 1000000000L};
-    nanosleep(&ts, NULL);
-}
-
 /* Under dog.mutex: wait until woken; false if idle_ms passed first (the
  * thread then ends, and the next wake starts another). */
 static bool park_locked(void) {
@@ -314,7 +309,7 @@ static void *dog_main(void *unused) {
             interval = atomic_load(&dog.first_ns);
         }
         pthread_mutex_unlock(&dog.mutex);
-        sleep_ns(interval);
+        nhf_sleep_ns(interval);
         long max = atomic_load(&dog.max_ns);
         interval = 2 * interval < max ? 2 * interval : max;
         /* At exit (the guard closed) nothing is failed any more: leak rather
