@@ -54,7 +54,7 @@ static void clear_ordinary_error(void) {
 static bool exact_u64(PyObject *value, uint64_t *out) {
     if (!PyLong_CheckExact(value))
         return false;
-    unsigned long long n = PyLong_AsUnsignedLongLong(value);
+    unsigned long long n = nhf_as_u64(value);
     if (n == (unsigned long long)-1 && PyErr_Occurred()) {
         clear_ordinary_error();
         return false;

@@ -3,7 +3,9 @@
  *
  * configure_launch is called from Python (at import, when the backend is made,
  * and by tests that send every call to Python); host_launch.c reads nhf_launch.
- * GIL held throughout, but the counts are atomics.
+ * GIL held throughout: the counts are atomics only so that a reader without it
+ * sees whole values; their one writer holds the GIL, so an increment is a load
+ * and a store (no locked instruction on every launch).
  */
 #include "nhf.h"
 
@@ -126,7 +128,10 @@ PyObject *nhf_py_launch_counts(PyObject *self, PyObject *unused) {
     return result;
 }
 
-void nhf_count_launch(int which) { atomic_fetch_add(&counts[which], 1); }
+void nhf_count_launch(int which) {
+    long n = atomic_load_explicit(&counts[which], memory_order_relaxed);
+    atomic_store_explicit(&counts[which], n + 1, memory_order_relaxed);
+}
 
 static PyMethodDef methods[] = {
     {"configure_launch", (PyCFunction)(void (*)(void))nhf_py_configure_launch,

@@ -64,6 +64,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -89,6 +90,19 @@ int nhf_address_args(const char *usage, PyObject *const *args, Py_ssize_t nargs,
 int nhf_add_testing(PyObject *module, PyMethodDef *methods);
 /* Add name = address (an int) to the module. */
 int nhf_add_address(PyObject *module, const char *name, void *address);
+/* An int (PyLong_Check already true) as an unsigned 64-bit number: (unsigned
+ * long long)-1 with an OverflowError set for a negative or too large one.  Where
+ * unsigned long is 64 bits, PyLong_AsUnsignedLong: a loop over the int's digits,
+ * where PyLong_AsUnsignedLongLong converts every int over one digit (an address)
+ * byte by byte (CPython 3.10-3.13), about 6x slower: 12.8 against 2.0 ns measured,
+ * and a launch converts two or more. */
+static inline unsigned long long nhf_as_u64(PyObject *value) {
+#if ULONG_MAX == UINT64_MAX
+    return PyLong_AsUnsignedLong(value);
+#else
+    return PyLong_AsUnsignedLongLong(value);
+#endif
+}
 /* CLOCK_MONOTONIC, in nanoseconds. */
 static inline long nhf_now_ns(void) {
     struct timespec ts;

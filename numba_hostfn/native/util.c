@@ -10,7 +10,7 @@ int nhf_address_arg(PyObject *value, void **out) {
                      Py_TYPE(value)->tp_name);
         return -1;
     }
-    unsigned long long n = PyLong_AsUnsignedLongLong(value);
+    unsigned long long n = nhf_as_u64(value);
     if (n == (unsigned long long)-1 && PyErr_Occurred())
         return -1;
     *out = (void *)(uintptr_t)n;
