@@ -640,6 +640,34 @@ def test_done_future_result_times_out_and_cancels_while_it_watches(stream):
     assert _wait_for(lambda: _notify._futures.outstanding() == 0)
 
 
+def test_done_future_result_gives_the_thread_its_timer_slack_back(stream):
+    """A watch that sleeps between looks lowers the thread's timer slack to 1 µs (it
+    sleeps the lane's poll interval, not 50 µs longer) and gives the thread its own
+    back as it returns, whether the stream got there or the timeout passed."""
+    import concurrent.futures as cf
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl.restype = ctypes.c_int
+    libc.prctl.argtypes = (ctypes.c_int,) + (ctypes.c_ulong,) * 4
+    get_slack, set_slack = 30, 29  # PR_GET_TIMERSLACK, PR_SET_TIMERSLACK
+    before = libc.prctl(get_slack, 0, 0, 0, 0)
+    assert libc.prctl(set_slack, 77_000, 0, 0, 0) == 0
+    try:
+        with Hold(stream) as hold:
+            future = nh.done_future(stream)
+            with pytest.raises(cf.TimeoutError):
+                future.result(timeout=0.05)  # past the spin: it slept
+            assert libc.prctl(get_slack, 0, 0, 0, 0) == 77_000
+            threading.Timer(0.05, hold.release).start()
+            assert future.result(timeout=30) is stream
+        assert libc.prctl(get_slack, 0, 0, 0, 0) == 77_000
+    finally:
+        libc.prctl(set_slack, before, 0, 0, 0)
+    stream.sync()
+    nh.drain()
+    assert _wait_for(lambda: _notify._futures.outstanding() == 0)
+
+
 # ---- async_done ---------------------------------------------------------------------------
 
 

@@ -354,9 +354,11 @@ long nhf_pool_close(nhf_pool *pool, bool no_wait) {
 int nhf_lane_reached(lane *l, uint32_t task, long budget_ns, bool spin) {
     long start = nhf_now_ns(), spin_ns = spin ? l->pool->spin_ns : 0;
     /* The caller's thread sleeps poll_ns, not the default 50 us longer, while here
-     * (as the pool's threads always do); its own slack is given back after. */
-    int slack = prctl(PR_GET_TIMERSLACK, 0UL, 0UL, 0UL, 0UL);
-    bool slack_set = slack > 1000 && prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL) == 0;
+     * (as the pool's threads always do); its own slack is given back after.  Set
+     * before the first sleep only: a watch that the stream ends while it spins makes
+     * no system call (one after the stream got there would delay the answer). */
+    int slack = 0;
+    bool slack_asked = false, slack_set = false;
     int answer;
     for (;;) {
         if ((int32_t)(reached_word(l) - task) >= 0) {
@@ -375,6 +377,11 @@ int nhf_lane_reached(lane *l, uint32_t task, long budget_ns, bool spin) {
         if (waited < spin_ns) {
             nhf_cpu_relax();
             continue;
+        }
+        if (!slack_asked) {
+            slack_asked = true;
+            slack = prctl(PR_GET_TIMERSLACK, 0UL, 0UL, 0UL, 0UL);
+            slack_set = slack > 1000 && prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL) == 0;
         }
         long left = budget_ns - waited;
         nhf_sleep_ns(left < l->pool->poll_ns ? left : l->pool->poll_ns);
