@@ -116,7 +116,9 @@ _CHECK = (
 )
 
 
-def _run_side(tree: str, label: str, sections: list[str], smoke: bool, out: str) -> dict:
+def _run_side(
+    tree: str, label: str, sections: list[str], smoke: bool, out: str, keep: str | None = None
+) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [tree] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -126,6 +128,8 @@ def _run_side(tree: str, label: str, sections: list[str], smoke: bool, out: str)
     subprocess.run([sys.executable, "-c", _CHECK, tree], env=env, cwd=tree, check=True)
     cmd = [sys.executable, os.path.join(tree, "benchmarks", "run.py"), "--json", out]
     cmd += [a for s in sections for a in ("--only", s)]
+    if keep:  # run.py's own report and plots, for this run alone
+        cmd += ["--out", keep]
     if smoke:
         cmd.append("--smoke")
     print(f"[ab] {label}: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
@@ -228,10 +232,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="runs of each side (default 2)")
     parser.add_argument("--smoke", action="store_true", help="run.py's tiny sizes (the suite)")
     parser.add_argument("--out", help="also write the report to this file")
+    parser.add_argument(
+        "--keep",
+        help="keep each run's own report here: DIR/<side>-<round>/benchmarks.md (run.py "
+        "--out) and DIR/<side>-<round>.json; with every section, a B run is a full "
+        "benchmarks/run.py run of the working tree",
+    )
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
     sections = args.only or []
+    if args.keep:
+        args.keep = os.path.abspath(args.keep)
+        os.makedirs(args.keep, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="nhf-ab-") as tmp:
         trees = {"A": os.path.join(tmp, "A"), "B": os.path.join(tmp, "B")}
         commit = _tree_at(args.ref, trees["A"])
@@ -242,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         runs: dict[str, list[dict]] = {"A": [], "B": []}
         for i in range(args.rounds):
             for side in ("A", "B") if i % 2 == 0 else ("B", "A"):
-                out = os.path.join(tmp, f"{side}-{i}.json")
+                out = os.path.join(args.keep or tmp, f"{side}-{i + 1}.json")
                 runs[side].append(
                     _run_side(
                         trees[side],
@@ -250,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
                         sections,
                         args.smoke,
                         out,
+                        args.keep and os.path.join(args.keep, f"{side}-{i + 1}"),
                     )
                 )
     text = compare(args.ref, commit, runs)

@@ -2,6 +2,7 @@
 
 (The GPU runs of the benchmarks are separate, documented commands: benchmarks/README.md.)"""
 
+import json
 import pathlib
 import shutil
 import subprocess
@@ -84,8 +85,8 @@ def test_ab_runner_smoke(tmp_path):
     """ab.py builds HEAD and the working tree apart and reports both sides of each figure."""
     env = child_env(NUMBA_HOSTFN_SIMULATOR="1")
     env.pop("LD_PRELOAD", None)  # its two builds are plain: a sanitizer runtime would not fit
-    out = tmp_path / "ab.md"
-    args = ("HEAD", "--smoke", "--only", "graphs", "--rounds", 1, "--out", out)
+    out, keep = tmp_path / "ab.md", tmp_path / "runs"
+    args = ("HEAD", "--smoke", "--only", "graphs", "--rounds", 1, "--out", out, "--keep", keep)
     run = _benchmark("ab.py", *args, timeout=600, env=env, root=pathlib.Path(SOURCES))
     report = out.read_text()
     assert report == run.stdout.rstrip("\n") + "\n"
@@ -98,3 +99,9 @@ def test_ab_runner_smoke(tmp_path):
     assert cells[4] != "--" and cells[5] != "--", compiled  # A and B both measured
     assert "| captured Python node / captured compiled node |" in report
     assert "executor round trip" not in report  # a section not run lists no target
+    # --keep: each run's own report (run.py --out) and rows, by side and round.
+    assert sorted(p.name for p in keep.iterdir()) == ["A-1", "A-1.json", "B-1", "B-1.json"]
+    for side in ("A", "B"):
+        own = (keep / f"{side}-1" / "benchmarks.md").read_text()
+        assert "### graph replay" in own and "### targets" in own
+        assert json.loads((keep / f"{side}-1.json").read_text())["rows"]
