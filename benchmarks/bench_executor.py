@@ -8,7 +8,9 @@
   write and wait in one cuStreamBatchMemOp, as the executor enqueues them), all
   interleaved, one sample of each per round.  The Python rows
   launch the kernel with the C baselines' own ``tiny<<<1, 1, 0, stream>>>()``,
-  called through ctypes, so that the rows differ only in the host work: a
+  called through ctypes (PyDLL, no argument: the cheapest call ctypes makes, since
+  the launch is the loop's overhead, not what it compares), each row with its own
+  loop (no lambda per call), so that the rows differ only in the host work: a
   cuda.core launch alone costs more than a whole C iteration (the "cuda.core
   launch" row shows it).
 - enqueue host time: a loop of 300 ``host_launch(executor=)`` calls with no kernel,
@@ -96,33 +98,51 @@ def run(nh, device, n: int, repeats: int, tasks: int) -> None:
     stream = device.create_stream()
     executor = nh.HostExecutor(threads=4)
 
-    if device.simulator:
-        kernel = lambda: device.delay(stream, 0)  # noqa: E731
-    else:
-        kernel = _c_kernel_launcher(stream)
+    tiny = None if device.simulator else _TinyKernel(stream)
+    host_launch = nh.host_launch
 
-    def round_trip(host_work, kernel=kernel) -> float:
-        kernel()  # warm
-        host_work()
+    def round_trip(work: str, kernel=None) -> float:
+        """µs per iteration of kernel -> work, n iterations then one synchronize.  Each
+        work has its own loop, with the calls written out (no lambda around them,
+        whose frame would count in every iteration, as the C loops have none)."""
+        if kernel is None:
+            kernel = tiny.launch if tiny is not None else lambda: device.delay(stream, 0)
+        if tiny is not None:
+            tiny.on()
+
+        def loop(count: int) -> None:
+            if work == "none":
+                for _ in range(count):
+                    kernel()  # a tiny kernel
+            elif work == "host_launch":
+                for _ in range(count):
+                    kernel()
+                    host_launch(stream, empty)
+            else:
+                for _ in range(count):
+                    kernel()
+                    host_launch(stream, empty, executor=executor)
+
+        loop(1)  # warm (an executor's lane for the stream is made at its first launch)
         stream.sync()
         nh.drain()
         start = time.perf_counter()
-        for _ in range(n):
-            kernel()  # a tiny kernel
-            host_work()
+        loop(n)
         stream.sync()
         elapsed = time.perf_counter() - start
         nh.drain()
+        if tiny is not None:
+            tiny.check()
         return elapsed / n * 1e6
 
     rows = {
-        "kernel alone": lambda: round_trip(lambda: None),
-        HOSTFN: lambda: round_trip(lambda: nh.host_launch(stream, empty)),
-        EXECUTOR: lambda: round_trip(lambda: nh.host_launch(stream, empty, executor=executor)),
+        "kernel alone": lambda: round_trip("none"),
+        HOSTFN: lambda: round_trip("host_launch"),
+        EXECUTOR: lambda: round_trip("executor"),
     }
     if not device.simulator:
         rows["kernel alone, cuda.core launch (for scale)"] = lambda: round_trip(
-            lambda: None, lambda: device.delay(stream, 0)
+            "none", lambda: device.delay(stream, 0)
         )
         rows[C_KERNEL] = lambda: _c_round_trip(stream, n, 0)
         rows[C_HOSTFN] = lambda: _c_round_trip(stream, n, 1)
@@ -402,12 +422,19 @@ C_ROUND_TRIP = r"""
 __global__ void tiny(void) {}
 static void CUDA_CB empty(void *p) { (void)p; }
 
-/* The Python rows' kernel: the same launch as the C loops below. */
-extern "C" int launch_tiny(unsigned long long stream_handle)
+/* The Python rows' kernel: the same launch as the C loops below, on the stream
+   set once (tiny_on), called through ctypes.PyDLL with no argument (a Python int
+   converted to an argument costs more than the rest of the call); a failure is
+   counted, for tiny_failures after the loop. */
+static cudaStream_t tiny_stream;
+static int tiny_failed;
+extern "C" void tiny_on(unsigned long long stream_handle) { tiny_stream = (cudaStream_t)stream_handle; }
+extern "C" void launch_tiny(void)
 {
-    tiny<<<1, 1, 0, (cudaStream_t)stream_handle>>>();
-    return (int)cudaGetLastError();
+    tiny<<<1, 1, 0, tiny_stream>>>();
+    if (cudaGetLastError() != cudaSuccess) ++tiny_failed;
 }
+extern "C" int tiny_failures(void) { int n = tiny_failed; tiny_failed = 0; return n; }
 
 struct spinner {
     volatile unsigned *reached; volatile unsigned *done; unsigned last; volatile int stop;
@@ -499,20 +526,35 @@ def _lib() -> ctypes.CDLL:
         _LIB = build_with_nvcc(C_ROUND_TRIP, "round_trip")
         _LIB.round_trip.argtypes = (ctypes.c_ulonglong, ctypes.c_int, ctypes.c_int)
         _LIB.round_trip.restype = ctypes.c_double
-        _LIB.launch_tiny.argtypes = (ctypes.c_ulonglong,)
-        _LIB.launch_tiny.restype = ctypes.c_int
+        # The Python rows' kernel, called with the GIL held (PyDLL): it is the loop's
+        # own overhead, not what the rows compare, so it is made as cheap as ctypes
+        # allows (no argument to convert, no GIL to release and take back).
+        with_gil = ctypes.PyDLL(_LIB._name)
+        for name, restype in (("tiny_on", None), ("launch_tiny", None), ("tiny_failures", ctypes.c_int)):
+            getattr(with_gil, name).restype = restype
+        with_gil.tiny_on.argtypes = (ctypes.c_ulonglong,)
+        with_gil.launch_tiny.argtypes = with_gil.tiny_failures.argtypes = ()
+        _LIB.with_gil = with_gil
     return _LIB
 
 
-def _c_kernel_launcher(stream):
-    """``tiny<<<1, 1, 0, stream>>>()`` through ctypes: the C loops' own kernel launch."""
-    launch, handle = _lib().launch_tiny, int(stream.handle)
+class _TinyKernel:
+    """``tiny<<<1, 1, 0, stream>>>()``, the C loops' own kernel launch, from Python:
+    ``launch`` is the ctypes function itself (no Python frame around it), on the
+    stream that ``on()`` sets; ``check()`` raises if a launch since failed."""
 
-    def kernel() -> None:
-        if launch(handle):
-            raise RuntimeError("the tiny kernel's launch failed")
+    def __init__(self, stream) -> None:
+        self.lib = _lib().with_gil
+        self.handle = int(stream.handle)
+        self.launch = self.lib.launch_tiny
 
-    return kernel
+    def on(self) -> None:
+        self.lib.tiny_on(self.handle)
+
+    def check(self) -> None:
+        failed = self.lib.tiny_failures()
+        if failed:
+            raise RuntimeError(f"{failed} launches of the tiny kernel failed")
 
 
 def _c_round_trip(stream, n: int, mode: int) -> float:
