@@ -373,8 +373,9 @@ def _added(row: str, kernel: str, c_row: str, c_kernel: str) -> float | None:
     """(row - kernel) / (c_row - c_kernel) in the round trip: what the executor adds to
     the Python loop's kernel launches, against what the batched operation adds to the C
     loop's.  The two targets above divide whole iterations, so the Python loop's own
-    kernel launch (ctypes, about 1 µs above the C loop's on the H200) counts against
-    the executor there; informational."""
+    kernel launch (ctypes: 0.4-0.6 µs an iteration above the C loop's on the H200 with
+    PyDLL and no argument, 1.3 µs before) counts against the executor there;
+    informational."""
     rows = [find(ROUND_TRIP, name) for name in (row, kernel, c_row, c_kernel)]
     if any(r is None or r.median is None for r in rows):
         return None
