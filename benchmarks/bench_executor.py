@@ -429,7 +429,10 @@ static void CUDA_CB empty(void *p) { (void)p; }
    counted, for tiny_failures after the loop. */
 static cudaStream_t tiny_stream;
 static int tiny_failed;
-extern "C" void tiny_on(unsigned long long stream_handle) { tiny_stream = (cudaStream_t)stream_handle; }
+extern "C" void tiny_on(unsigned long long stream_handle)
+{
+    tiny_stream = (cudaStream_t)stream_handle;
+}
 extern "C" void launch_tiny(void)
 {
     tiny<<<1, 1, 0, tiny_stream>>>();
@@ -531,7 +534,11 @@ def _lib() -> ctypes.CDLL:
         # own overhead, not what the rows compare, so it is made as cheap as ctypes
         # allows (no argument to convert, no GIL to release and take back).
         with_gil = ctypes.PyDLL(_LIB._name)
-        for name, restype in (("tiny_on", None), ("launch_tiny", None), ("tiny_failures", ctypes.c_int)):
+        for name, restype in (
+            ("tiny_on", None),
+            ("launch_tiny", None),
+            ("tiny_failures", ctypes.c_int),
+        ):
             getattr(with_gil, name).restype = restype
         with_gil.tiny_on.argtypes = (ctypes.c_ulonglong,)
         with_gil.launch_tiny.argtypes = with_gil.tiny_failures.argtypes = ()
