@@ -590,6 +590,47 @@ def test_a_task_the_stream_has_passed_is_not_outstanding(stream):
         _core._testing.exec_done_pause(0)
 
 
+ORDER = np.dtype([("out", np.uint64), ("value", np.int64)])
+
+
+@nh.host_callback(dtype=ORDER)
+def note_order(d):
+    """out[0] += 1, then out[out[0]] = value: the order the tasks ran in."""
+    out = carray(nh.as_voidptr(d.out), (1024,), np.int64)
+    out[0] += 1
+    out[out[0]] = d.value
+
+
+def test_a_lanes_tasks_run_in_order_as_its_task_memory_is_reused(executor, stream):
+    """A lane's tasks are one chain whose memory the producer reuses once the pool's
+    threads have passed it (pool.c): batches of every size, held and not, some behind
+    tasks still queued, run each task once, in the order launched."""
+    out = np.zeros(1024, np.int64)
+    data = [np.array([(out.ctypes.data, value)], ORDER) for value in range(1, 400)]
+    launched = 0
+
+    def launch(count):
+        nonlocal launched
+        for _ in range(count):
+            nh.host_launch(
+                stream, note_order, user_data=nh.by_ref(data[launched]), executor=executor
+            )
+            launched += 1
+
+    for count in (1, 1, 7, 20, 3):
+        with Hold(stream):  # the whole batch queued before the stream gets there
+            launch(count)
+        launch(count)  # and the same count behind it, while it may still run
+    stream.sync()
+    for count in (1, 2, 30):
+        launch(count)
+        stream.sync()
+    nh.drain()
+    assert launched < len(data)
+    assert out[0] == launched and list(out[1 : launched + 1]) == list(range(1, launched + 1))
+    assert executor.outstanding() == 0
+
+
 def test_a_refused_stream_operation_takes_the_task_back(request, device):
     """The task is queued before its "reached" write; if the stream refuses the write,
     the task is taken back: nothing outstanding, nothing kept, the lane still works.

@@ -68,7 +68,7 @@ static PyObject *executor_close(PyObject *self_, PyObject *unused) {
             }
         }
         int from_host_function = nhf_in_host_function();
-        long outstanding = atomic_load(&pool->outstanding);
+        long outstanding = nhf_pool_outstanding(pool);
         if (from_host_function && outstanding > 0)
             return refuse_close_from_host_function(outstanding, ""); /* the pool goes on */
         Py_BEGIN_ALLOW_THREADS
@@ -87,7 +87,7 @@ static PyObject *executor_close(PyObject *self_, PyObject *unused) {
 static PyObject *executor_outstanding(PyObject *self_, PyObject *unused) {
     (void)unused;
     nhf_pool *pool = started((nhf_executor_object *)self_);
-    return pool == NULL ? NULL : PyLong_FromLong(atomic_load(&pool->outstanding));
+    return pool == NULL ? NULL : PyLong_FromLong(nhf_pool_outstanding(pool));
 }
 
 static PyObject *executor_live_slots(PyObject *self_, PyObject *unused) {

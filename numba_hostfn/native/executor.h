@@ -35,11 +35,21 @@
 
 #include <stddef.h>
 
-#define CACHE_LINE 64
+#define CACHE_LINE NHF_CACHE_LINE
 
+/* A lane's task.  A lane's tasks form one chain, oldest first, that no one
+ * frees: the pool's threads take them in order (the lane's cursor), and the
+ * producer reuses the ones behind the cursor for its next tasks (pool.c's
+ * new_task), so an enqueue neither allocates nor locks what the pool's threads
+ * lock, and a task's memory is never handed from one thread's malloc arena to
+ * another's free.  One cache line each: the producer fills a task while a pool
+ * thread reads the one before it. */
 typedef struct task {
-    struct task *next;
-    uint32_t seq; /* the number written to "reached" for it */
+    _Alignas(CACHE_LINE) _Atomic(struct task *) next; /* published with release */
+    /* The number written to "reached" for it.  Atomic: a pool thread may read it
+     * through a link just taken back (nhf_lane_unlink_task), while the producer
+     * gives the same number to the task again. */
+    _Atomic uint32_t seq;
     nhf_hostfn trampoline;
     void *record;
 } task;
@@ -60,24 +70,34 @@ typedef struct lane {
      * reach the tasks it has not reached (invariant 23).  Read by every claim: here,
      * not beside what the producer writes at each enqueue. */
     atomic_uint fault;
-    /* Written by the producer at each enqueue. */
-    _Alignas(CACHE_LINE) pthread_mutex_t fifo_mutex; /* guards head, tail */
-    task *head, *tail;
-    /* A thread took the lane's first task off the FIFO and runs it, until its
-     * "done" is written (set by compare-and-swap): a lane's tasks run in order. */
-    atomic_int claimed;
-    uint32_t seq;            /* the last number given (under enqueue_mutex) */
-    pthread_mutex_t enqueue_mutex; /* one producer at a time per lane */
+    /* Written by the pool's threads at each claim (claimed guards cursor). */
+    /* A thread took the lane's next task and runs it, until its "done" is
+     * written (set by compare-and-swap): a lane's tasks run in order. */
+    _Alignas(CACHE_LINE) atomic_int claimed;
+    /* The last task taken (at first a placeholder that never runs): the next to
+     * run is cursor->next.  Written by the claiming thread, with release; the
+     * producer reads it to find tasks it may reuse (those before it). */
+    _Atomic(task *) cursor;
+    /* Written by the producer at each enqueue, under enqueue_mutex. */
+    _Alignas(CACHE_LINE) pthread_mutex_t enqueue_mutex; /* one producer at a time per lane */
+    task *tail;      /* the last task appended: its next gets the next task */
+    task *before;    /* the tail before the last append (for nhf_lane_unlink_task) */
+    task *first;     /* the oldest task of the chain: reused once behind the cursor */
+    task *cursor_seen; /* the cursor as the producer last read it */
+    task *spare;     /* a task taken back, to reuse first */
+    uint32_t seq;    /* the last number given */
 } lane;
 /* A lane is allocated on a cache line's boundary (aligned_zeroed, pool.c), and
- * what a spinning thread reads at each claim shares no line with what the
- * producer writes at each enqueue: with fault beside the FIFO, every enqueue paid
- * for the spinning thread's reads (the simulator: 1.07 against 0.74 us an enqueue,
- * a thread spinning). */
-_Static_assert(offsetof(lane, fault) / CACHE_LINE != offsetof(lane, fifo_mutex) / CACHE_LINE,
-               "a lane's fault shares its cache line with the producer's fields");
-_Static_assert(offsetof(lane, words) / CACHE_LINE != offsetof(lane, fifo_mutex) / CACHE_LINE,
-               "a lane's words pointer shares its cache line with the producer's fields");
+ * what a spinning thread reads at each claim, what a claim writes and what the
+ * producer writes at each enqueue are on three lines: with fault beside the FIFO,
+ * every enqueue paid for the spinning thread's reads (the simulator: 1.07 against
+ * 0.74 us an enqueue, a thread spinning). */
+_Static_assert(offsetof(lane, fault) / CACHE_LINE != offsetof(lane, claimed) / CACHE_LINE,
+               "a lane's fault shares its cache line with what each claim writes");
+_Static_assert(offsetof(lane, words) / CACHE_LINE != offsetof(lane, claimed) / CACHE_LINE,
+               "a lane's words pointer shares its cache line with what each claim writes");
+_Static_assert(offsetof(lane, claimed) / CACHE_LINE != offsetof(lane, enqueue_mutex) / CACHE_LINE,
+               "what each claim writes shares its cache line with the producer's fields");
 
 /* A graph slot: the words of one executor node in a CUDA graph (invariant 16).
  * The graph holds three stream memory operations on them, replayed as they
@@ -116,12 +136,16 @@ struct nhf_pool {
     long spin_ns, poll_ns;
     pthread_t *threads;
     long nthreads;
-    /* Written by the producer at each enqueue. */
-    _Alignas(CACHE_LINE) atomic_long outstanding; /* tasks enqueued and not done */
+    /* Written by the producer at each enqueue.  Tasks outstanding (enqueued, not
+     * done) are enqueued - finished: two counts, each written by one side only
+     * (nhf_pool_outstanding). */
+    _Alignas(CACHE_LINE) atomic_long enqueued; /* counted in (a task taken back: out again) */
     atomic_int stopping;
+    /* Written by the pool's threads at each task. */
+    _Alignas(CACHE_LINE) atomic_long finished; /* tasks run (or failed), "done" written next */
     /* Set by close after every enqueue that saw the pool open has counted its
      * task: a thread quits only with quit set and nothing outstanding. */
-    atomic_int quit;
+    _Alignas(CACHE_LINE) atomic_int quit;
     atomic_int parked;      /* threads waiting on wake */
     atomic_long live_slots; /* slots armed (their graphs are alive) */
     atomic_int poller;      /* a thread polls the slots for a replay (the others park) */
@@ -131,6 +155,14 @@ struct nhf_pool {
     int closed;             /* close() finished (under close_mutex) */
     pid_t pid;              /* the process whose threads these are (not a forked child) */
 };
+
+/* Any thread: the tasks enqueued and not done.  finished is read first, so a task
+ * that completes between the two reads is still counted: never less than the
+ * tasks outstanding at the second read. */
+static inline long nhf_pool_outstanding(nhf_pool *pool) {
+    long finished = atomic_load(&pool->finished);
+    return atomic_load(&pool->enqueued) - finished;
+}
 
 /* ---- parallel_copy.c ---------------------------------------------------------- */
 

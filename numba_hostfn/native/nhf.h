@@ -73,6 +73,12 @@
 
 #include "driver.h"
 
+/* A cache line.  Globals written often by one thread and read or written often by
+ * others sit in a struct whose first member is _Alignas(NHF_CACHE_LINE): its size
+ * is then a multiple of the line, and no other variable shares its lines (false
+ * sharing: each write would reach every thread that reads a neighbour). */
+#define NHF_CACHE_LINE 64
+
 /* ---- shared helpers (util.c) ------------------------------------------------- */
 
 /* An int argument as an address; -1 and a TypeError set if it is not one. */

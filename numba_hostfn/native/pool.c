@@ -21,12 +21,13 @@ static void wake(nhf_pool *pool) {
 
 static uint32_t reached_word(const lane *l) { return atomic_load(&l->words[0]); }
 
-/* The first task of a lane whose stream has reached it (or that a device fault
- * failed), claimed; NULL if none.  A task on a faulted lane that the stream has
- * not reached is claimed only with the lane's enqueue mutex (*failing set): its
- * producer may still be inside its enqueue, holding that mutex, and take the task
- * back itself (unlink_task) if the driver refuses the write; trylock, as this
- * thread holds fifo_mutex, which producers take after enqueue_mutex. */
+/* The next task of a lane whose stream has reached it (or that a device fault
+ * failed), claimed: the lane's cursor moves onto it; NULL if none.  A task on a
+ * faulted lane that the stream has not reached is claimed only with the lane's
+ * enqueue mutex (*failing set): its producer may still be inside its enqueue,
+ * holding that mutex, and take the task back itself (nhf_lane_unlink_task) if the
+ * driver refuses the write; trylock, as a producer that holds it waits for nothing
+ * this thread holds. */
 static task *claim(nhf_pool *pool, lane **lane_out, bool *failing) {
     for (lane *l = atomic_load(&pool->lanes); l != NULL; l = l->next) {
         /* Without a lock: reached == done means nothing is waiting here. */
@@ -35,33 +36,34 @@ static task *claim(nhf_pool *pool, lane **lane_out, bool *failing) {
         if (reached == atomic_load(&l->words[1]) && !faulted)
             continue;
         /* One thread claims a lane, the others move on: a compare-and-swap of
-         * the claimed flag, so that spinning threads do not all rush the lane's
-         * lock (or the producer appending under it) when the stream reaches it. */
+         * the claimed flag, so that spinning threads do not all rush the lane
+         * when the stream reaches it. */
         if (atomic_load_explicit(&l->claimed, memory_order_relaxed))
             continue;
         int expected = 0;
         if (!atomic_compare_exchange_strong_explicit(&l->claimed, &expected, 1,
                                                      memory_order_acquire, memory_order_relaxed))
             continue;
-        pthread_mutex_lock(&l->fifo_mutex);
-        task *head = l->head;
-        bool reached_it = head != NULL && (int32_t)(reached - head->seq) >= 0;
-        *failing = head != NULL && !reached_it && faulted &&
+        /* The claimed flag makes this thread the lane's one reader of the chain: the
+         * next task is published by the producer's release store of its link. */
+        task *cursor = atomic_load_explicit(&l->cursor, memory_order_relaxed);
+        task *next = atomic_load_explicit(&cursor->next, memory_order_acquire);
+        bool reached_it =
+            next != NULL &&
+            (int32_t)(reached - atomic_load_explicit(&next->seq, memory_order_relaxed)) >= 0;
+        *failing = next != NULL && !reached_it && faulted &&
                    pthread_mutex_trylock(&l->enqueue_mutex) == 0;
         if (reached_it || *failing) {
-            /* Taken off the FIFO here, under the lock this claim holds anyway:
-             * run() needs no second turn of it.  The producer never takes back a
-             * task the stream reached (unlink_task: its write was refused) nor one
-             * claimed failing (this thread then holds its enqueue mutex). */
-            l->head = head->next;
-            if (l->head == NULL)
-                l->tail = NULL;
-            pthread_mutex_unlock(&l->fifo_mutex);
+            /* Taken: the cursor moves onto it, and the task before it may be reused
+             * by the producer (never this one, until the next claim moves past it:
+             * run() reads it until it releases the claim).  The producer never takes
+             * back a task the stream reached (its write was refused), nor one claimed
+             * failing (this thread then holds its enqueue mutex). */
+            atomic_store_explicit(&l->cursor, next, memory_order_release);
             *lane_out = l;
-            return head;
+            return next;
         }
         atomic_store_explicit(&l->claimed, 0, memory_order_release);
-        pthread_mutex_unlock(&l->fifo_mutex);
     }
     return NULL;
 }
@@ -84,7 +86,7 @@ static void run(nhf_pool *pool, lane *l, task *t, bool failing) {
     }
     /* The pool is never freed, and close() joins (or detaches) this thread after
      * the count reaches 0, so what follows may still touch the lane and t. */
-    atomic_fetch_sub(&pool->outstanding, 1);
+    atomic_fetch_add(&pool->finished, 1);
     /* A release store: the task's writes and the count above are visible before
      * "done" (on x86 a plain store; the seq_cst fence and store it replaces cost
      * an mfence and an xchg per task, and ordered nothing more). */
@@ -92,11 +94,11 @@ static void run(nhf_pool *pool, lane *l, task *t, bool failing) {
     long pause = atomic_load_explicit(&test_done_pause_ns, memory_order_relaxed);
     if (pause > 0)
         nhf_sleep_ns(pause);
-    /* The next claim of this lane may start: claim() already took t off the FIFO. */
+    /* The next claim of this lane may start, and move the cursor past t: from then
+     * on the producer may reuse t, so nothing here touches it after this store. */
     atomic_store_explicit(&l->claimed, 0, memory_order_release);
     if (failing)
         pthread_mutex_unlock(&l->enqueue_mutex);
-    free(t);
 }
 
 /* If this thread is the poller, give the role up and wake the parked threads
@@ -121,7 +123,7 @@ static void park(nhf_pool *pool) {
     pthread_mutex_lock(&pool->mutex);
     atomic_fetch_add(&pool->parked, 1);
     for (;;) {
-        bool work = atomic_load(&pool->outstanding) > 0;
+        bool work = nhf_pool_outstanding(pool) > 0;
         bool armed = atomic_load(&pool->live_slots) > 0;
         bool need_poller = armed && atomic_load(&pool->poller) == 0;
         bool may_quit = atomic_load(&pool->quit) && !armed;
@@ -186,7 +188,7 @@ static void *thread_main(void *pool_) {
             continue;
         }
         nhf_settle_drain(0); /* whatever it owes, before it sleeps or parks */
-        if (atomic_load(&pool->outstanding) > 0) {
+        if (nhf_pool_outstanding(pool) > 0) {
             nhf_sleep_ns(pool->poll_ns);
             continue;
         }
@@ -205,7 +207,7 @@ static void *thread_main(void *pool_) {
         /* quit before outstanding: every task counted before close set quit is
          * seen here.  Stopping alone is not enough: an enqueue that saw the pool
          * open may not have counted its task yet. */
-        if (atomic_load(&pool->quit) && atomic_load(&pool->outstanding) == 0 &&
+        if (atomic_load(&pool->quit) && nhf_pool_outstanding(pool) == 0 &&
             atomic_load(&pool->live_slots) == 0)
             break;
         park(pool);
@@ -217,45 +219,58 @@ static void *thread_main(void *pool_) {
 
 /* ---- a lane's tasks, for the enqueue functions (executor_cuda.c, executor_sim.c) -- */
 
+/* A task to fill, under the lane's enqueue mutex: the one last taken back, else
+ * the oldest of the chain if the pool's threads have moved past it (behind the
+ * cursor no thread reads a task), else a new one; NULL if there is no memory. */
+static task *new_task(lane *l) {
+    task *t = l->spare;
+    if (t != NULL) {
+        l->spare = NULL;
+        return t;
+    }
+    if (l->first == l->cursor_seen) /* read the cursor only when what it showed is used up */
+        l->cursor_seen = atomic_load_explicit(&l->cursor, memory_order_acquire);
+    if (l->first != l->cursor_seen) {
+        t = l->first;
+        l->first = atomic_load_explicit(&t->next, memory_order_relaxed);
+        return t;
+    }
+    return aligned_alloc(CACHE_LINE, sizeof(task));
+}
+
 /* Append a task numbered seq, before its "reached" write goes on the stream:
- * a thread that sees the write then finds the task in place.  The caller holds
- * the lane's enqueue mutex.  NULL if there was no memory for it. */
+ * a thread that sees the write then finds the task in place (the release store
+ * of its link publishes it).  The caller holds the lane's enqueue mutex.  NULL
+ * if there was no memory for it. */
 static task *append(lane *l, uint32_t seq, nhf_hostfn trampoline, void *record) {
-    task *t = malloc(sizeof(task));
+    task *t = new_task(l);
     if (t == NULL)
         return NULL;
-    *t = (task){NULL, seq, trampoline, record};
+    atomic_store_explicit(&t->next, NULL, memory_order_relaxed);
+    atomic_store_explicit(&t->seq, seq, memory_order_relaxed);
+    t->trampoline = trampoline;
+    t->record = record;
     l->seq = seq;
-    pthread_mutex_lock(&l->fifo_mutex);
-    if (l->tail == NULL)
-        l->head = t;
-    else
-        l->tail->next = t;
+    atomic_store_explicit(&l->tail->next, t, memory_order_release);
+    l->before = l->tail;
     l->tail = t;
-    pthread_mutex_unlock(&l->fifo_mutex);
-    atomic_fetch_add(&l->pool->outstanding, 1);
+    atomic_fetch_add(&l->pool->enqueued, 1);
     wake(l->pool);
     return t;
 }
 
 /* Take back the task just appended, whose "reached" write could not be
  * enqueued (the caller holds the enqueue mutex, so it is the lane's last task;
- * no thread claims it, since the stream never reaches it). */
+ * no thread claims it, since the stream never reaches it, and a claim of a
+ * faulted lane's unreached task needs the enqueue mutex).  A thread may still
+ * read its number through the link undone here: the next task takes it over,
+ * with the same number. */
 void nhf_lane_unlink_task(lane *l, task *t) {
-    pthread_mutex_lock(&l->fifo_mutex);
-    if (l->head == t) {
-        l->head = l->tail = NULL;
-    } else {
-        task *before = l->head;
-        while (before->next != t)
-            before = before->next;
-        before->next = NULL;
-        l->tail = before;
-    }
-    pthread_mutex_unlock(&l->fifo_mutex);
-    l->seq = t->seq - 1;
-    free(t);
-    atomic_fetch_sub(&l->pool->outstanding, 1);
+    atomic_store_explicit(&l->before->next, NULL, memory_order_release);
+    l->tail = l->before;
+    l->seq = atomic_load_explicit(&t->seq, memory_order_relaxed) - 1;
+    l->spare = t;
+    atomic_fetch_sub(&l->pool->enqueued, 1);
 }
 
 /* Tests only: a pause between open_task's check and the count of its task, the
@@ -325,12 +340,12 @@ long nhf_pool_close(nhf_pool *pool, bool no_wait) {
     atomic_store(&pool->quit, 1);
     pthread_cond_broadcast(&pool->wake);
     pthread_mutex_unlock(&pool->mutex);
-    long outstanding = atomic_load(&pool->outstanding);
+    long outstanding = nhf_pool_outstanding(pool);
     if (no_wait && outstanding > 0) {
         pthread_mutex_unlock(&pool->close_mutex);
         return outstanding;
     }
-    while (atomic_load(&pool->outstanding) > 0)
+    while (nhf_pool_outstanding(pool) > 0)
         nhf_sleep_ns(20000);
     pthread_mutex_lock(&pool->mutex);
     bool armed = atomic_load(&pool->live_slots) > 0;
@@ -457,11 +472,15 @@ void *nhf_exec_find_lane(nhf_pool *pool, void *stream) {
  * words (two zeroed 32-bit words of pinned memory). */
 lane *nhf_lane_new(nhf_pool *pool, void *stream, void *words) {
     lane *l = aligned_zeroed(sizeof(lane));
-    if (l == NULL || pthread_mutex_init(&l->fifo_mutex, NULL) ||
-        pthread_mutex_init(&l->enqueue_mutex, NULL)) {
+    /* The chain's first link: a placeholder task that never runs. */
+    task *placeholder = aligned_zeroed(sizeof(task));
+    if (l == NULL || placeholder == NULL || pthread_mutex_init(&l->enqueue_mutex, NULL)) {
         free(l);
+        free(placeholder);
         return NULL;
     }
+    atomic_store(&l->cursor, placeholder);
+    l->tail = l->before = l->first = l->cursor_seen = placeholder;
     l->stream = stream;
     nhf_cuda_stream_key(stream, &l->ctx, &l->id); /* which stream, for a default handle */
     l->words = words;
