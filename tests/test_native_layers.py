@@ -183,7 +183,7 @@ def test_the_parse_finds_definitions_and_uses():
     sources = _sources()
     exported, private = _definitions(sources["records.c"])
     assert {"nhf_record_take", "nhf_drain"} <= exported
-    assert {"schedule_drain", "free_lock", "completed"} <= private
+    assert {"schedule_drain", "free_list", "handoff"} <= private
     assert not exported & private
     edges = _uses(sources)
     assert "records.c" in edges["trampolines.c"]  # nhf_record_complete

@@ -11,32 +11,38 @@
 #include <pthread.h>
 #include <unistd.h>
 
-static atomic_int closing;   /* the guard is closed: exit has begun */
-static atomic_long inside;   /* threads between enter and leave */
+/* On lines of their own (nhf.h's NHF_CACHE_LINE): closing is read by every task
+ * of the pool's threads, and inside written by every thread that enters. */
+static struct {
+    _Alignas(NHF_CACHE_LINE) atomic_int closing; /* the guard is closed: exit has begun */
+} guard;
+static struct {
+    _Alignas(NHF_CACHE_LINE) atomic_long count; /* threads between enter and leave */
+} inside;
 
 /* Any thread. */
 bool nhf_guard_enter(void) {
-    atomic_fetch_add(&inside, 1);
-    if (atomic_load(&closing)) {
-        atomic_fetch_sub(&inside, 1);
+    atomic_fetch_add(&inside.count, 1);
+    if (atomic_load(&guard.closing)) {
+        atomic_fetch_sub(&inside.count, 1);
         return false;
     }
     return true;
 }
 
 /* Any thread. */
-void nhf_guard_leave(void) { atomic_fetch_sub(&inside, 1); }
+void nhf_guard_leave(void) { atomic_fetch_sub(&inside.count, 1); }
 
 /* Any thread. */
-bool nhf_guard_open(void) { return !atomic_load(&closing); }
+bool nhf_guard_open(void) { return !atomic_load(&guard.closing); }
 
 /* GIL held: called by the exit hook (LIFETIME.md, invariant 6). */
 long nhf_guard_close(long ms) {
     long left;
-    atomic_store(&closing, 1);
+    atomic_store(&guard.closing, 1);
     Py_BEGIN_ALLOW_THREADS
     for (long waited = 0;; waited++) {
-        left = atomic_load(&inside);
+        left = atomic_load(&inside.count);
         if (left == 0 || waited >= ms)
             break;
         usleep(1000);
@@ -115,19 +121,21 @@ void nhf_gil_give_back_leaked(void) {
  * checks made from Python's own after-fork hooks would come too late for a pending
  * call the child inherited (LIFETIME.md, invariant 22).  A child of a process that
  * only imported the package may use it: the flag stays clear there. */
-static atomic_int used;
-static atomic_int forked;
+static struct {
+    _Alignas(NHF_CACHE_LINE) atomic_int used; /* read at every launch, written once */
+    atomic_int forked;
+} fork_state;
 
 static void at_fork_in_child(void) {
-    if (atomic_load(&used))
-        atomic_store(&forked, 1);
+    if (atomic_load(&fork_state.used))
+        atomic_store(&fork_state.forked, 1);
 }
 
 /* Any thread: this process's backend is made (configure_launch got its enqueue). */
-void nhf_mark_used(void) { atomic_store(&used, 1); }
+void nhf_mark_used(void) { atomic_store(&fork_state.used, 1); }
 
 /* Any thread. */
-bool nhf_forked(void) { return atomic_load(&forked); }
+bool nhf_forked(void) { return atomic_load(&fork_state.forked); }
 
 /* ---- from Python ---------------------------------------------------------------- */
 

@@ -13,7 +13,10 @@
 
 struct nhf_launch_config nhf_launch = {.wanted = 1};
 
-static atomic_long counts[NHF_NCOUNTS];
+static struct {
+    /* Written at every launch: on lines of their own (nhf.h's NHF_CACHE_LINE). */
+    _Alignas(NHF_CACHE_LINE) atomic_long n[NHF_NCOUNTS];
+} counts;
 
 static int set_object(PyObject **slot, PyObject *value) {
     Py_XSETREF(*slot, value == Py_None ? NULL : Py_NewRef(value));
@@ -120,7 +123,7 @@ PyObject *nhf_py_launch_counts(PyObject *self, PyObject *unused) {
         const char *name = i == NHF_COUNT_FELL_THROUGH ? "fell_through"
                            : i == NHF_COUNT_EXECUTOR   ? "executor"
                                                        : nhf_kinds[i].name;
-        PyObject *n = PyLong_FromLong(atomic_load(&counts[i]));
+        PyObject *n = PyLong_FromLong(atomic_load(&counts.n[i]));
         if (n == NULL || PyDict_SetItemString(result, name, n) < 0)
             Py_CLEAR(result);
         Py_XDECREF(n);
@@ -129,8 +132,8 @@ PyObject *nhf_py_launch_counts(PyObject *self, PyObject *unused) {
 }
 
 void nhf_count_launch(int which) {
-    long n = atomic_load_explicit(&counts[which], memory_order_relaxed);
-    atomic_store_explicit(&counts[which], n + 1, memory_order_relaxed);
+    long n = atomic_load_explicit(&counts.n[which], memory_order_relaxed);
+    atomic_store_explicit(&counts.n[which], n + 1, memory_order_relaxed);
 }
 
 static PyMethodDef methods[] = {
