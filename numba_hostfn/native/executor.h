@@ -70,9 +70,9 @@ typedef struct lane {
      * reach the tasks it has not reached (invariant 23).  Read by every claim: here,
      * not beside what the producer writes at each enqueue. */
     atomic_uint fault;
-    /* Written by the pool's threads at each claim (claimed guards cursor). */
-    /* A thread took the lane's next task and runs it, until its "done" is
-     * written (set by compare-and-swap): a lane's tasks run in order. */
+    /* Written by the pool's threads at each claim.  A thread took the lane's next
+     * task and runs it, until its "done" is written (set by compare-and-swap): a
+     * lane's tasks run in order, and the claim makes one reader of the chain. */
     _Alignas(CACHE_LINE) atomic_int claimed;
     /* The last task taken (at first a placeholder that never runs): the next to
      * run is cursor->next.  Written by the claiming thread, with release; the

@@ -38,12 +38,11 @@ typedef struct deferred {
 } deferred;
 
 /* The globals in three groups, each on cache lines of its own (nhf.h's
- * NHF_CACHE_LINE), as each
- * has its own writers: the free list (the main thread, at every take and release),
- * the handoff to the drain (every completion, and the drain), and the owed drain
- * (the pool's threads, whose spinning reads it at every turn: on one line with the
- * handoff, each drain's exchange reached every spinning thread, and their reads
- * came back to the next one). */
+ * NHF_CACHE_LINE), as each has its own writers: the free list (a thread with the
+ * GIL, at every take and release), the handoff to the drain (every completion, and
+ * the drain), and the owed drain (the pool's threads, whose spinning reads it at
+ * every turn: on one line with the handoff, each drain's exchange reached every
+ * spinning thread, and their reads came back to the next one). */
 static struct {
     _Alignas(NHF_CACHE_LINE) nhf_record *records; /* GIL held */
     /* Taken and not released: written with the GIL held (a relaxed load and store,
@@ -188,7 +187,8 @@ static void schedule_drain(void) {
  * lock is glibc's own). */
 static pthread_key_t defer_key; /* non-NULL on a thread that defers */
 static struct {
-    _Alignas(NHF_CACHE_LINE) atomic_bool owed; /* a deferred completion is on the stack, maybe undrained */
+    /* A deferred completion is on the stack, maybe undrained. */
+    _Alignas(NHF_CACHE_LINE) atomic_bool owed;
     atomic_long since; /* when owed was set (CLOCK_MONOTONIC, ns): a hint */
 } owing;
 
@@ -241,7 +241,8 @@ void nhf_defer_release(PyObject *object) {
 }
 
 bool nhf_drain_wanted(void) {
-    return atomic_load(&handoff.completed) != NULL || atomic_load(&handoff.deferred_objects) != NULL;
+    return atomic_load(&handoff.completed) != NULL ||
+           atomic_load(&handoff.deferred_objects) != NULL;
 }
 
 /* ---- from Python ------------------------------------------------------------------ */
