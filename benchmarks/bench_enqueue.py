@@ -3,7 +3,9 @@
 From a loop of N calls timed on the host (the stream is held by device work so that
 nothing runs meanwhile), the rows interleaved, one loop of each per round:
 host_launch with a HostFunction, a ctypes CUhostFn and a Python callable; the same
-loop calling a builtin that does nothing (the floor of any call from Python); a C loop
+loop calling a builtin that does nothing (the floor of any call from Python); the
+core's enqueue alone, given what host_launch finds, and stream.__cuda_stream__() alone
+(where host_launch's time goes); a C loop
 over cuLaunchHostFunc (built with nvcc if present), and the same C loop doing what any
 enqueue from Python must also do (check that the stream is not capturing, release the
 GIL around the driver's calls, as host_launch does: invariants 8 and 10); cuda.bindings.driver's
@@ -41,6 +43,14 @@ RAW_C_LOOP = "raw C loop over cuLaunchHostFunc"
 SAFE_C_LOOP = "C loop with the capture check and the GIL released"
 NUMBA_CUDA = "numba-cuda add_callback"
 CALL_FLOOR = "a Python loop calling a builtin that does nothing (operator.is_)"
+# Where host_launch's time goes (each a row, interleaved with the rest): the core's
+# enqueue that host_launch calls, given what host_launch finds (the route, the
+# stream's handle, the trampoline, the address, no user data, the owner), and the
+# stream protocol call that host_launch makes to find the handle.
+CORE_ENQUEUE = (
+    "the core's enqueue alone: _core.enqueue(route, handle, RUN_COMPILED, address, 0, fn)"
+)
+STREAM_PROTOCOL = "stream.__cuda_stream__() alone"
 PLOTS = [(GROUP, "enqueue.png")]
 
 
@@ -63,12 +73,23 @@ def run(nh, device, n: int, repeats: int) -> None:
         return elapsed / n * 1e6
 
     pointer = empty.ctypes
+    from numba_hostfn import _core
+
+    # The core's route and target for this stream, as host_launch finds them.
+    route, target_handle = (
+        (_core.ROUTE_SIM, stream.__cuda_stream__()[1])
+        if device.simulator
+        else (_core.ROUTE_CUDA, int(stream.handle))
+    )
+    core = (route, target_handle, _core.RUN_COMPILED, empty.address, 0, empty)
     rows = {
         "host_launch(HostFunction)": lambda: per_call(nh.host_launch, stream, empty),
         "host_launch(ctypes CUhostFn)": lambda: per_call(nh.host_launch, stream, pointer),
         "host_launch(Python callable)": lambda: per_call(nh.host_launch, stream, noop),
         # The floor of any enqueue called from Python: the loop and the call alone.
         CALL_FLOOR: lambda: per_call(operator.is_, stream, empty),
+        CORE_ENQUEUE: lambda: per_call(_core.enqueue, *core),
+        STREAM_PROTOCOL: lambda: per_call(stream.__cuda_stream__),
     }
     # No executor row here: behind the closed gate, executor launches (stream memory
     # operations) block the enqueuing thread, which is the one that opens the gate.
@@ -135,14 +156,21 @@ def _interleave(rows: dict, repeats: int) -> None:
 def _loop(fn, args: tuple, n: int) -> None:
     """``n`` calls of ``fn(*args)`` from a plain loop, without a wrapper per call (a
     lambda around each call would add its own frame to every Python row)."""
-    if len(args) == 2:
+    if not args:
+        for _ in range(n):
+            fn()
+    elif len(args) == 2:
         a, b = args
         for _ in range(n):
             fn(a, b)
-    else:
+    elif len(args) == 3:
         a, b, c = args
         for _ in range(n):
             fn(a, b, c)
+    else:
+        a, b, c, d, e, f = args
+        for _ in range(n):
+            fn(a, b, c, d, e, f)
 
 
 def baseline(group: str) -> Row | None:
@@ -166,6 +194,16 @@ def targets() -> list[Target]:
     out += [
         target(f"{name} enqueue / bare C loop", ratio(find(GROUP, row), bare), None)
         for name, row, _ in rows
+    ]
+    # Informational: the split of the HostFunction's enqueue above the safe loop.
+    core = find(GROUP, CORE_ENQUEUE)
+    out += [
+        target("the core's enqueue / safe C loop", ratio(core, safe), None),
+        target(
+            "host_launch(HostFunction) / the core's enqueue",
+            ratio(find(GROUP, "host_launch(HostFunction)"), core),
+            None,
+        ),
     ]
     return out
 

@@ -2,7 +2,9 @@
 
 - round trip: one stream, N iterations of "tiny kernel -> host work (an empty
   compiled function) -> next kernel", synchronized at the end, per iteration: the
-  kernel alone, host_launch, host_launch(executor=), and four raw C baselines
+  kernel alone, host_launch, host_launch(executor=), the core's enqueue on the
+  executor's lane alone (``_core.enqueue``, given what host_launch(executor=) finds,
+  its owner made once: where its time goes), and four raw C baselines
   built with nvcc (the kernel alone; kernel + cuLaunchHostFunc; kernel + cuStreamWriteValue32
   "reached" + a host thread spinning on it + cuStreamWaitValue32 "done"; the same
   write and wait in one cuStreamBatchMemOp, as the executor enqueues them), all
@@ -64,6 +66,10 @@ C_MEMOP = "raw C: kernel + stream memory operations + spinning thread"
 C_HOSTFN = "raw C: kernel + cuLaunchHostFunc"
 C_BATCH = "raw C: kernel + the same two in one cuStreamBatchMemOp + spinning thread"
 EXECUTOR = "kernel + host_launch(executor=)"
+# Where host_launch(executor=)'s time goes: the core's enqueue on the executor's lane,
+# given what host_launch finds (the lane, the trampoline, the address, an owner made
+# once), without host_launch's own checks, its stream protocol call or its owner.
+CORE = "kernel + the core's enqueue on the executor's lane (_core.enqueue)"
 HOSTFN = "kernel + host_launch"
 TIMELINE: dict[str, list[tuple[int, float, float]]] = {}
 
@@ -100,6 +106,19 @@ def run(nh, device, n: int, repeats: int, tasks: int) -> None:
 
     tiny = None if device.simulator else _TinyKernel(stream)
     host_launch = nh.host_launch
+    from numba_hostfn import _core
+
+    handle = stream.__cuda_stream__()[1]
+    core_route = _core.ROUTE_SIM_LANE if device.simulator else _core.ROUTE_CUDA_LANE
+    core_args = (
+        core_route,
+        executor._lane(handle),
+        _core.RUN_COMPILED,
+        empty.address,
+        0,
+        _core.launch_owner(empty, None, None, executor),
+    )
+    enqueue = _core.enqueue
 
     def round_trip(work: str, kernel=None) -> float:
         """µs per iteration of kernel -> work, n iterations then one synchronize.  Each
@@ -118,6 +137,11 @@ def run(nh, device, n: int, repeats: int, tasks: int) -> None:
                 for _ in range(count):
                     kernel()
                     host_launch(stream, empty)
+            elif work == "core":
+                route, lane, run, address, arg, owner = core_args
+                for _ in range(count):
+                    kernel()
+                    enqueue(route, lane, run, address, arg, owner)
             else:
                 for _ in range(count):
                     kernel()
@@ -139,6 +163,7 @@ def run(nh, device, n: int, repeats: int, tasks: int) -> None:
         "kernel alone": lambda: round_trip("none"),
         HOSTFN: lambda: round_trip("host_launch"),
         EXECUTOR: lambda: round_trip("executor"),
+        CORE: lambda: round_trip("core"),
     }
     if not device.simulator:
         rows["kernel alone, cuda.core launch (for scale)"] = lambda: round_trip(
@@ -351,6 +376,11 @@ def targets() -> list[Target]:
         target(
             "executor's added time / the batched operation's (each over its loop's kernel alone)",
             _added(EXECUTOR, "kernel alone", C_BATCH, C_KERNEL),
+            None,
+        ),
+        target(
+            "the core's enqueue on the lane: its added time / the batched operation's",
+            _added(CORE, "kernel alone", C_BATCH, C_KERNEL),
             None,
         ),
         target(
