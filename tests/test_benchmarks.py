@@ -2,6 +2,7 @@
 
 (The GPU runs of the benchmarks are separate, documented commands: benchmarks/README.md.)"""
 
+import ast
 import json
 import pathlib
 import shutil
@@ -37,6 +38,27 @@ def test_queue_depth_probe_smoke():
     run = _benchmark("queue_depth.py", "--n", 200, "--wait", 0.2)
     lines = run.stdout.splitlines()
     assert len(lines) == 10 and all("all enqueued" in line for line in lines), run.stdout
+
+
+@pytest.mark.skipif(
+    not (shutil.which("cc") or shutil.which("gcc")), reason="needs a C compiler (cc)"
+)
+def test_stand_in_driver_probe_smoke():
+    """Every row runs on the CUDA route of the native core (the stand-in driver), none
+    falling through to Python: each fast launch is counted by its kind."""
+    run = _benchmark("stand_in.py", "--rounds", 2, "--n", 200, "--threads", 2)
+    rows = [line for line in run.stdout.splitlines() if line.startswith("| ") and "µs" not in line]
+    assert len(rows) == 8, run.stdout  # the header's separator and seven rows
+    counts = ast.literal_eval(run.stdout.split("fast launches by kind: ")[1].strip())
+    # 2 rounds x 200 calls: host_launch of a HostFunction on the driver's route and on
+    # the executor's, of a Python callable on the driver's; nothing fell through.
+    assert counts == {
+        "fell_through": 0,
+        "compiled": 800,
+        "pointer": 0,
+        "python": 400,
+        "executor": 400,
+    }, counts
 
 
 def test_benchmark_suite_smoke(tmp_path):
