@@ -82,6 +82,13 @@ def run(nh, device, n: int, repeats: int) -> None:
         else (_core.ROUTE_CUDA, int(stream.handle))
     )
     core = (route, target_handle, _core.RUN_COMPILED, empty.address, 0, empty)
+    # Its loop drops what each call returns: a refused enqueue (a status word, not an
+    # exception) would be timed as a launch, so the stream is checked once here.
+    status = _core.enqueue(*core)
+    if status:
+        raise RuntimeError(f"_core.enqueue refused the benchmark's stream: status {status:#x}")
+    stream.sync()
+    nh.drain()
     rows = {
         "host_launch(HostFunction)": lambda: per_call(nh.host_launch, stream, empty),
         "host_launch(ctypes CUhostFn)": lambda: per_call(nh.host_launch, stream, pointer),
