@@ -165,6 +165,39 @@ def compiled_functions(nh):
     return empty, stamp
 
 
+def call_loop(fn, args: tuple, n: int) -> None:
+    """``n`` calls of ``fn(*args)`` from a plain loop, without a wrapper per call (a
+    lambda around each call would add its own frame to every Python row)."""
+    if not args:
+        for _ in range(n):
+            fn()
+    elif len(args) == 2:
+        a, b = args
+        for _ in range(n):
+            fn(a, b)
+    elif len(args) == 3:
+        a, b, c = args
+        for _ in range(n):
+            fn(a, b, c)
+    else:
+        a, b, c, d, e, f = args
+        for _ in range(n):
+            fn(a, b, c, d, e, f)
+
+
+def check_enqueue(nh, stream, args: tuple, what: str) -> None:
+    """One ``_core.enqueue(*args)``, then ``stream.sync()`` and a drain: a row whose
+    loop drops the status word it returns would time a refused enqueue (a status,
+    not an exception) as a launch, so the target is checked once before it."""
+    from numba_hostfn import _core
+
+    status = _core.enqueue(*args)
+    if status:
+        raise RuntimeError(f"_core.enqueue refused {what}: status {status:#x}")
+    stream.sync()
+    nh.drain()
+
+
 def noop() -> None:
     pass
 

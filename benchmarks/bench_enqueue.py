@@ -26,6 +26,8 @@ from _bench import (
     Row,
     Target,
     build_with_nvcc,
+    call_loop,
+    check_enqueue,
     compiled_functions,
     cupy_stream,
     find,
@@ -64,7 +66,7 @@ def run(nh, device, n: int, repeats: int) -> None:
         gate.close_on(stream)
         try:
             start = time.perf_counter()
-            _loop(fn, args, n)
+            call_loop(fn, args, n)
             elapsed = time.perf_counter() - start
         finally:  # a failing row must not leave the stream held (and the device busy)
             gate.open()
@@ -82,13 +84,7 @@ def run(nh, device, n: int, repeats: int) -> None:
         else (_core.ROUTE_CUDA, int(stream.handle))
     )
     core = (route, target_handle, _core.RUN_COMPILED, empty.address, 0, empty)
-    # Its loop drops what each call returns: a refused enqueue (a status word, not an
-    # exception) would be timed as a launch, so the stream is checked once here.
-    status = _core.enqueue(*core)
-    if status:
-        raise RuntimeError(f"_core.enqueue refused the benchmark's stream: status {status:#x}")
-    stream.sync()
-    nh.drain()
+    check_enqueue(nh, stream, core, "the benchmark's stream")
     rows = {
         "host_launch(HostFunction)": lambda: per_call(nh.host_launch, stream, empty),
         "host_launch(ctypes CUhostFn)": lambda: per_call(nh.host_launch, stream, pointer),
@@ -158,26 +154,6 @@ def _interleave(rows: dict, repeats: int) -> None:
     """Every row once per round: the C loop's baseline drifts with the rest."""
     table = [Row(GROUP, name, "µs/call") for name in rows]
     interleaved(GROUP, table, lambda row: rows[row.name](), repeats)
-
-
-def _loop(fn, args: tuple, n: int) -> None:
-    """``n`` calls of ``fn(*args)`` from a plain loop, without a wrapper per call (a
-    lambda around each call would add its own frame to every Python row)."""
-    if not args:
-        for _ in range(n):
-            fn()
-    elif len(args) == 2:
-        a, b = args
-        for _ in range(n):
-            fn(a, b)
-    elif len(args) == 3:
-        a, b, c = args
-        for _ in range(n):
-            fn(a, b, c)
-    else:
-        a, b, c, d, e, f = args
-        for _ in range(n):
-            fn(a, b, c, d, e, f)
 
 
 def baseline(group: str) -> Row | None:

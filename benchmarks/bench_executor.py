@@ -48,6 +48,7 @@ from _bench import (
     Row,
     Target,
     build_with_nvcc,
+    check_enqueue,
     compiled_functions,
     find,
     interleaved,
@@ -119,13 +120,7 @@ def run(nh, device, n: int, repeats: int, tasks: int) -> None:
         _core.launch_owner(empty, None, None, executor),
     )
     enqueue = _core.enqueue
-    # Its loop drops what each call returns: a refused enqueue (a status word, not an
-    # exception) would be timed as a launch, so the lane is checked once here.
-    status = enqueue(*core_args)
-    if status:
-        raise RuntimeError(f"_core.enqueue refused the executor's lane: status {status:#x}")
-    stream.sync()
-    nh.drain()
+    check_enqueue(nh, stream, core_args, "the executor's lane")
 
     def round_trip(work: str, kernel=None) -> float:
         """µs per iteration of kernel -> work, n iterations then one synchronize.  Each

@@ -22,7 +22,8 @@ H200 ``cuStreamIsCapturing`` and ``cuStreamGetCtx`` take about 29 ns each,
 ``cuLaunchHostFunc`` about 0.4 µs behind a held stream: docs/benchmarks.md), nor the
 H200 host's cache latencies.  Each row is the median over rounds of N calls, in µs a
 call; the rows are interleaved, one sample each per round.  Linux, with a C compiler
-(``cc``, or ``$CC``); the process runs on the simulator backend, rewired, and leaves
+(``cc``, or ``$CC``) and a source checkout (the stand-ins use the core's own
+``driver.h`` for cuda.h's layouts); the process runs on the simulator backend, rewired, and leaves
 with ``os._exit`` once the report is printed.
 """
 
@@ -44,6 +45,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 STAND_INS = r"""
 #include <stddef.h>
 #include <stdint.h>
+
+#include "driver.h" /* the core's own copy of cuda.h's layouts (numba_hostfn/native) */
 
 typedef void (*hostfn)(void *);
 
@@ -76,29 +79,17 @@ size_t stand_in_run_queued(void) {
     return n;
 }
 
-/* CUstreamBatchMemOpParams' writeValue and waitValue members (driver.h's layout). */
-typedef union {
-    unsigned operation;
-    struct {
-        unsigned operation;
-        uint64_t address;
-        uint32_t value;
-        unsigned flags;
-        uint64_t alias;
-    } value_op;
-    uint64_t pad[6];
-} batch_op;
-
 static void write_word(uint64_t address, uint32_t value) {
     __atomic_store_n((uint32_t *)(uintptr_t)address, value, __ATOMIC_RELEASE);
 }
 
 /* The stream is there already: a write of "reached" lands at once, a wait is left to
    the pool's thread (which writes "done"). */
-int stand_in_batch(void *stream, unsigned count, batch_op *ops, unsigned flags) {
+int stand_in_batch(void *stream, unsigned count, nhf_cu_batch_mem_op_params *ops,
+                   unsigned flags) {
     (void)stream, (void)flags;
     for (unsigned i = 0; i < count; i++)
-        if (ops[i].operation == 2) /* CU_STREAM_MEM_OP_WRITE_VALUE_32 */
+        if (ops[i].operation == CU_STREAM_MEM_OP_WRITE_VALUE_32)
             write_word(ops[i].value_op.address, ops[i].value_op.value);
     return 0;
 }
@@ -124,16 +115,20 @@ HANDLE = 0x7F1234567000  # the stand-in stream's handle: a value, never derefere
 
 
 def build() -> ctypes.CDLL:
-    """The stand-ins, compiled with ``$CC`` or ``cc`` (-O2 -g) into a shared object."""
+    """The stand-ins, compiled with ``$CC`` or ``cc`` (-O2 -g) into a shared object,
+    against the checkout's ``numba_hostfn/native/driver.h``."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc or not shutil.which(cc.split()[0]):
         raise SystemExit("stand_in.py needs a C compiler (cc, or $CC)")
+    native = os.path.join(os.path.dirname(HERE), "numba_hostfn", "native")
+    if not os.path.isfile(os.path.join(native, "driver.h")):
+        raise SystemExit(f"stand_in.py needs a source checkout: no driver.h in {native}")
     folder = tempfile.mkdtemp(prefix="nhf-stand-in-")
     source, library = os.path.join(folder, "stand_in.c"), os.path.join(folder, "stand_in.so")
     with open(source, "w") as f:
         f.write(STAND_INS)
     subprocess.run(
-        [*cc.split(), "-O2", "-g", "-shared", "-fPIC", source, "-o", library],
+        [*cc.split(), "-O2", "-g", "-shared", "-fPIC", f"-I{native}", source, "-o", library],
         check=True,
     )
     lib = ctypes.CDLL(library)
@@ -155,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ["NUMBA_HOSTFN_SIMULATOR"] = "1"  # the backend this process rewires
     sys.path.insert(0, HERE)
     import numpy as np
-    from _bench import compiled_functions
+    from _bench import call_loop, compiled_functions
 
     import numba_hostfn as nh
     from numba_hostfn import _core
@@ -193,35 +188,17 @@ def main(argv: list[str] | None = None) -> None:
     def noop():
         pass
 
-    # Each loop written out: no lambda's frame in the timed calls.
-    def launches():
-        for _ in range(n):
-            host_launch(stream, empty)
-
-    def callables():
-        for _ in range(n):
-            host_launch(stream, noop)
-
-    def core():
-        for _ in range(n):
-            enqueue(route, HANDLE, run, fn_address, 0, empty)
-
-    def protocol():
-        for _ in range(n):
-            stream.__cuda_stream__()
-
-    def floor():
-        is_ = operator.is_
-        for _ in range(n):
-            is_(stream, empty)
-
-    def executor_launches():
+    def executor_launches():  # a keyword: its own loop, as call_loop takes none
         for _ in range(n):
             host_launch(stream, empty, executor=executor)
 
-    def lane_core():
-        for _ in range(n):
-            enqueue(lane_route, lane, run, fn_address, 0, owner)
+    # Each a loop of plain calls (call_loop): no lambda's frame in the timed calls.
+    launches = (host_launch, (stream, empty))
+    callables = (host_launch, (stream, noop))
+    core = (enqueue, (route, HANDLE, run, fn_address, 0, empty))
+    protocol = (stream.__cuda_stream__, ())
+    floor = (operator.is_, (stream, empty))
+    lane_core = (enqueue, (lane_route, lane, run, fn_address, 0, owner))
 
     rows = {}
     if "enqueue" in groups:
@@ -238,16 +215,20 @@ def main(argv: list[str] | None = None) -> None:
         rows.update(
             {
                 "host_launch(stream, HostFunction, executor=), reached at once": (
-                    executor_launches
+                    executor_launches,
+                    None,
                 ),
                 "_core.enqueue(ROUTE_CUDA_LANE, lane, ...), reached at once": lane_core,
             }
         )
     samples: dict[str, list[float]] = {name: [] for name in rows}
     for _ in range(args.rounds):
-        for name, loop in rows.items():
+        for name, (fn, fn_args) in rows.items():
             start = time.perf_counter()
-            loop()
+            if fn_args is None:
+                fn()
+            else:
+                call_loop(fn, fn_args, n)
             samples[name].append((time.perf_counter() - start) / n * 1e6)
             lib.stand_in_run_queued()  # the "held" stream goes on
             while executor.outstanding():
