@@ -122,8 +122,8 @@ void nhf_gil_give_back_leaked(void) {
  * call the child inherited (LIFETIME.md, invariant 22).  A child of a process that
  * only imported the package may use it: the flag stays clear there. */
 static struct {
-    _Alignas(NHF_CACHE_LINE) atomic_int used; /* read at every launch, written once */
-    atomic_int forked;
+    _Alignas(NHF_CACHE_LINE) atomic_int used; /* written once, read at a fork */
+    atomic_int forked;                        /* read at every launch */
 } fork_state;
 
 static void at_fork_in_child(void) {

@@ -131,10 +131,7 @@ PyObject *nhf_py_launch_counts(PyObject *self, PyObject *unused) {
     return result;
 }
 
-void nhf_count_launch(int which) {
-    long n = atomic_load_explicit(&counts.n[which], memory_order_relaxed);
-    atomic_store_explicit(&counts.n[which], n + 1, memory_order_relaxed);
-}
+void nhf_count_launch(int which) { nhf_gil_count(&counts.n[which], 1); }
 
 static PyMethodDef methods[] = {
     {"configure_launch", (PyCFunction)(void (*)(void))nhf_py_configure_launch,

@@ -79,6 +79,14 @@
  * sharing: each write would reach every thread that reads a neighbour). */
 #define NHF_CACHE_LINE 64
 
+/* GIL held: *counter += change as a relaxed load and store, no locked instruction
+ * (the GIL makes the one writer); atomic for a reader without the GIL.  The launch
+ * counts and the records held (docs/compatibility.md: what leans on the GIL). */
+static inline void nhf_gil_count(atomic_long *counter, long change) {
+    long n = atomic_load_explicit(counter, memory_order_relaxed);
+    atomic_store_explicit(counter, n + change, memory_order_relaxed);
+}
+
 /* ---- shared helpers (util.c) ------------------------------------------------- */
 
 /* An int argument as an address; -1 and a TypeError set if it is not one. */

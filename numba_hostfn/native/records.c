@@ -45,8 +45,7 @@ typedef struct deferred {
  * spinning thread, and their reads came back to the next one). */
 static struct {
     _Alignas(NHF_CACHE_LINE) nhf_record *records; /* GIL held */
-    /* Taken and not released: written with the GIL held (a relaxed load and store,
-     * no locked add), atomic for a reader without it. */
+    /* Taken and not released (nhf_gil_count). */
     atomic_long held;
     _Atomic(slab *) slabs; /* GIL held to push; the watchdog walks it without */
 } free_list;
@@ -61,12 +60,6 @@ Py_ssize_t nhf_records_held(void) { return atomic_load(&free_list.held); }
 Py_ssize_t nhf_schedule_failures(void) { return atomic_load(&handoff.schedule_failures); }
 
 /* ---- the GIL held ---------------------------------------------------------- */
-
-/* A relaxed load and store: the GIL makes the one writer. */
-static void count_held(long change) {
-    long held = atomic_load_explicit(&free_list.held, memory_order_relaxed);
-    atomic_store_explicit(&free_list.held, held + change, memory_order_relaxed);
-}
 
 nhf_record *nhf_record_take(nhf_hostfn fn, void *arg, PyObject *owner) {
     if (free_list.records == NULL) {
@@ -99,7 +92,7 @@ nhf_record *nhf_record_take(nhf_hostfn fn, void *arg, PyObject *owner) {
                           memory_order_relaxed);
     Py_INCREF(owner);
     record->owner = owner;
-    count_held(1);
+    nhf_gil_count(&free_list.held, 1);
     return record;
 }
 
@@ -121,7 +114,7 @@ void nhf_record_release(nhf_record *record) {
         record->next = free_list.records;
         free_list.records = record;
     }
-    count_held(-1);
+    nhf_gil_count(&free_list.held, -1);
     Py_XDECREF(result);
     Py_XDECREF(owner);
 }
