@@ -160,6 +160,12 @@ typedef uint64_t (*nhf_enqueue_fn)(void *target, nhf_hostfn trampoline, void *re
 
 /* What one launch owns, from its enqueue until the drain after it has run. */
 typedef struct nhf_record {
+    /* A trampoline touches only the record's first cache line (state to result),
+     * and records lie two lines apart: the thread that fills one record never
+     * writes the line, nor the one a processor fetches beside it, where another
+     * thread runs or completes the record before (docs/benchmarks.md, the A/B
+     * against 0c737ac).  The state: see watch, below. */
+    _Alignas(2 * NHF_CACHE_LINE) atomic_ulong state;
     nhf_hostfn fn;           /* what a trampoline calls (NULL for a Python callable) */
     void *arg;               /* its user_data, or the PyObject* of the Python callable */
     void *context;           /* the executor's pool, for its copy trampoline */
@@ -169,13 +175,14 @@ typedef struct nhf_record {
     /* A device fault (watchdog.c, LIFETIME.md invariant 23): the stream the
      * launch was enqueued on (an executor's: its lane's) and that stream's
      * context, both found at the enqueue (the watchdog never touches a user's
-     * stream handle: it may be destroyed by then); and the record's state: an
-     * incarnation number (raised at every take) and a phase, changed by
+     * stream handle: it may be destroyed by then); and the record's state (above):
+     * an incarnation number (raised at every take) and a phase, changed by
      * compare-and-swap only. */
     _Atomic(void *) watch;
     _Atomic(void *) watch_ctx; /* NULL: not watched (no watchdog, or no context) */
-    atomic_ulong state;
 } nhf_record;
+_Static_assert(offsetof(nhf_record, result) + sizeof(PyObject *) <= NHF_CACHE_LINE,
+               "what a trampoline touches is not on a record's first cache line");
 
 /* A record's phase: the low two bits of its state. */
 enum nhf_phase {

@@ -21,6 +21,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define RECORDS_PER_SLAB 1024
 
@@ -63,13 +64,15 @@ Py_ssize_t nhf_schedule_failures(void) { return atomic_load(&handoff.schedule_fa
 
 nhf_record *nhf_record_take(nhf_hostfn fn, void *arg, PyObject *owner) {
     if (free_list.records == NULL) {
-        /* Slabs come from calloc and are never freed (invariant 6): a driver
-         * thread may still write a record while the process exits. */
-        slab *fresh = calloc(1, sizeof(slab));
+        /* Slabs are never freed (invariant 6): a driver thread may still write a
+         * record while the process exits.  Aligned as a record is (nhf.h), which
+         * calloc's alignment is not. */
+        slab *fresh = aligned_alloc(_Alignof(slab), sizeof(slab));
         if (fresh == NULL) {
             PyErr_SetString(PyExc_MemoryError, "numba_hostfn could not allocate launch records");
             return NULL;
         }
+        memset(fresh, 0, sizeof(slab));
         for (size_t i = 0; i < RECORDS_PER_SLAB; i++) {
             fresh->records[i].next = free_list.records;
             free_list.records = &fresh->records[i];
