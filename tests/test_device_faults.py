@@ -139,7 +139,9 @@ WAITS_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
             ex2.close()
         print("drain", nh.drain() >= 0)
         print("reports", reports)
-        print("failed by the watchdog", _core._testing.watchdog_stats()["failed"] >= 8)
+        # Every record behind the fault: 7 (the executor's compiled task is a direct
+        # task, with no record: its lane failed it, and it never ran: "ran [] 0 0").
+        print("failed by the watchdog", _core._testing.watchdog_stats()["failed"] >= 7)
 
     asyncio.run(main())
 """)
@@ -458,6 +460,47 @@ def test_a_failed_launch_is_released_on_the_main_thread(request):
             break
         time.sleep(0.01)  # the pending call drains, between two of these bytecodes
     assert released_on == [True] and nh.pending() == 0
+    s.close()
+
+
+@pytest.mark.usefixtures("faulted_context")
+def test_a_faulted_lane_fails_its_direct_tasks_and_releases_their_owners(request):
+    """Compiled code on an executor's lane is a direct task, with no launch record
+    (invariant 15): the watchdog finds its context through the lane
+    (nhf_exec_watch_lanes).  With nothing else in flight behind a fault, it wakes,
+    finds the fault and marks the lane, whose pool fails the tasks the stream never
+    reaches: none runs, none stays outstanding (close() returns), and their owners
+    are released.  Without the lanes in its survey the watchdog never polled, and the
+    tasks stayed outstanding for ever."""
+    if rerun_on_simulator(request):
+        return
+    counter = np.zeros(1, np.int64)
+    ref = nh.by_ref(counter)
+    owner = (_increment, ref, None)
+    s = nh.simulator.Stream()
+    ex = nh.HostExecutor(threads=1)
+    before = nh.pending()
+    assert _watchdog_parked()  # nothing in flight
+    wakes = _core._testing.watchdog_stats()["wakes"]
+    s.sleep(0.05)  # simulated device work, no record: the tasks go in before the fault
+    s.fault()
+    for _ in range(3):
+        nh.host_launch(s, _increment, user_data=ref, executor=ex)
+    assert nh.pending() == before + 3  # held by the lane's tasks
+    assert _core._testing.watchdog_stats()["wakes"] == wakes + 1  # the first launch woke it
+    deadline = time.monotonic() + 60
+    while ex.outstanding() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ex.outstanding() == 0
+    ex.close()  # returns: nothing outstanding
+    for _ in range(1000):
+        if nh.pending() == before:
+            break
+        time.sleep(0.01)  # the pool thread's owed drain, a pending call on this thread
+    assert nh.pending() == before and int(counter[0]) == 0
+    assert not [o for o in _core._testing.held_owners() if type(o) is tuple and o[:3] == owner]
+    with pytest.raises(nh.DeviceFaultError):
+        s.sync()
     s.close()
 
 

@@ -483,6 +483,50 @@ def test_a_tasks_owner_is_released_with_no_drain_and_nothing_launched_after(exec
     assert released == ["MainThread"]
 
 
+def test_a_compiled_tasks_owner_is_held_by_its_lane_task_with_no_record(executor, stream):
+    """Compiled code on a lane is a direct task (invariant 15): no launch record is
+    taken, completed or drained for it; its task holds the owner, which pending()
+    counts, until the task has run, and the launching thread takes the owners of the
+    tasks that ran out of the lane as it fills those tasks again; a drain takes out
+    the rest.  (Before: a record a task, pushed on the completed stack by the pool
+    thread and drained by the launching thread.)"""
+    counter = np.zeros(1, np.int64)
+    ref = nh.by_ref(counter)
+    nh.drain()
+    before, stats = nh.pending(), _core._testing.lane_owners()
+
+    def since():
+        now = _core._testing.lane_owners()
+        names = ("enqueued", "ran", "filled", "drained")
+        return dict(zip(names, np.subtract(now, stats), strict=True))
+
+    owner = (increment, ref, None, executor)  # what the launch keeps (kinds.c)
+    flag = np.zeros(1, np.int64)
+    nh.host_launch(stream, _wait_for_flag(), user_data=nh.by_ref(flag), executor=executor)
+    try:
+        nh.host_launch(stream, increment, user_data=ref, executor=executor)
+        assert nh.pending() == before + 2  # held by their tasks, not yet run
+        assert owner in _core._testing.held_owners()
+        assert since()["enqueued"] == 2 and since()["ran"] == 0, since()
+    finally:
+        flag[0] = 1  # a failure above must not leave the stream held
+    n = 2
+    for _ in range(10):  # the launches outrun the stream at times: some must fill again
+        for _ in range(500):
+            nh.host_launch(stream, increment, user_data=ref, executor=executor)
+        n += 500
+        if since()["filled"] > 0:
+            break
+    assert since()["filled"] > 0, since()
+    stream.sync()
+    nh.drain()
+    counts = since()
+    assert counts["enqueued"] == counts["ran"] == n, counts
+    assert counts["filled"] + counts["drained"] == n, counts
+    assert nh.pending() == before and int(counter[0]) == n - 1
+    assert owner not in _core._testing.held_owners()
+
+
 def test_tasks_launched_from_several_threads_are_all_released_with_no_drain(executor, device):
     """Completions that owe the drain race its settling (a pool thread clears the
     owed flag, then looks for records; a completion pushes its record, then sets

@@ -13,7 +13,8 @@
  * Written at module load, with the GIL, before any launch (nhf_enqueue_add_route,
  * by the layer that owns each); read after. */
 static struct {
-    nhf_enqueue_fn enqueue_fn;
+    nhf_enqueue_fn enqueue_fn; /* a stream's */
+    nhf_lane_fn lane_fn;       /* or an executor lane's */
     void *(*stream_of)(void *target);
 } routes[NHF_NROUTES];
 
@@ -23,11 +24,17 @@ void nhf_enqueue_add_route(int route, nhf_enqueue_fn enqueue_fn,
     routes[route].stream_of = stream_of;
 }
 
+void nhf_enqueue_add_lane(int route, nhf_lane_fn lane_fn, void *(*stream_of)(void *target)) {
+    routes[route].lane_fn = lane_fn;
+    routes[route].stream_of = stream_of;
+}
+
 int nhf_route_arg(PyObject *value) {
     long route = PyLong_AsLong(value);
     if (route == -1 && PyErr_Occurred())
         return NHF_ROUTE_NONE;
-    if (route <= NHF_ROUTE_NONE || route >= NHF_NROUTES || routes[route].enqueue_fn == NULL) {
+    if (route <= NHF_ROUTE_NONE || route >= NHF_NROUTES ||
+        (routes[route].enqueue_fn == NULL && routes[route].lane_fn == NULL)) {
         PyErr_Format(PyExc_ValueError,
                      "%ld names no route (_core.ROUTE_CUDA, ROUTE_SIM, ROUTE_SIM_DEVICE, "
                      "ROUTE_CUDA_LANE or ROUTE_SIM_LANE)",
@@ -51,12 +58,25 @@ void nhf_enqueue_note_task(uint32_t task) { last_task = task; }
 
 uint32_t nhf_enqueue_last_task(void) { return last_task; }
 
+/* GIL held: release the owners lanes' direct tasks held (taken out of the lane),
+ * count of them, where not NULL. */
+static void release_owners(PyObject **owners, int count) {
+    for (int i = 0; i < count; i++) {
+        if (owners[i] != NULL) {
+            nhf_owner_held(-1);
+            Py_DECREF(owners[i]);
+        }
+    }
+}
+
 /* GIL held on entry and exit; dropped only around the enqueue function, so no
- * driver call holds it (invariant 10).  Shared by host_launch, the enqueue
- * builtin (below) and the signals' (notify.c). */
+ * driver call holds it (invariant 10).  Shared by nhf_enqueue_launch (host_launch,
+ * the enqueue builtin below) and the signals' enqueue (notify.c).  On a lane, the
+ * enqueue may hand back owners of the lane's direct tasks that have run. */
 uint64_t nhf_enqueue_record(int route, void *target, nhf_hostfn trampoline, nhf_hostfn fn,
                             void *arg, void *context, PyObject *owner) {
     nhf_enqueue_fn enqueue_fn = routes[route].enqueue_fn;
+    nhf_lane_fn lane_fn = routes[route].lane_fn;
     void *(*stream_of)(void *target) = routes[route].stream_of;
     nhf_record *record = nhf_record_take(fn, arg, owner);
     if (record == NULL)
@@ -64,10 +84,12 @@ uint64_t nhf_enqueue_record(int route, void *target, nhf_hostfn trampoline, nhf_
     record->context = context;
     unsigned long taken = atomic_load_explicit(&record->state, memory_order_relaxed);
     uint64_t status;
+    PyObject *released[NHF_LANE_RELEASED] = {NULL}; /* a lane's direct tasks' */
     Py_BEGIN_ALLOW_THREADS
     /* The stream a device fault would be found on, and its context (invariant 23). */
     nhf_watch_prepare(record, stream_of != NULL ? stream_of(target) : target);
-    status = enqueue_fn(target, trampoline, record);
+    status = lane_fn != NULL ? lane_fn(target, trampoline, record, NULL, released)
+                             : enqueue_fn(target, trampoline, record);
     Py_END_ALLOW_THREADS
     if (status == 0 || (status & NHF_KEPT))
         nhf_watch_enqueued(record, taken);
@@ -77,12 +99,40 @@ uint64_t nhf_enqueue_record(int route, void *target, nhf_hostfn trampoline, nhf_
     } else if (!(status & NHF_KEPT)) {
         nhf_record_release(record); /* refused: nothing will run it (invariant 3) */
     }
+    release_owners(released, NHF_LANE_RELEASED);
+    return status;
+}
+
+/* A direct task (invariant 15): the lane holds a reference to owner, and no record
+ * is taken, watched, completed or drained for it: the launching thread's later
+ * enqueues on the lane take the owners of tasks that ran out of it, and a drain
+ * takes out the rest (nhf_exec_release_ran).  The watchdog watches the lane's
+ * context instead (nhf_exec_watch_lanes), woken here as for a record in flight. */
+uint64_t nhf_enqueue_launch(int route, void *target, nhf_hostfn trampoline, nhf_hostfn fn,
+                            void *arg, void *context, PyObject *owner) {
+    nhf_lane_fn lane_fn = routes[route].lane_fn;
+    if (lane_fn == NULL || trampoline != nhf_run_compiled || context != NULL)
+        return nhf_enqueue_record(route, target, trampoline, fn, arg, context, owner);
+    nhf_owner_held(1);
+    Py_INCREF(owner);
+    uint64_t status;
+    PyObject *released[NHF_LANE_RELEASED] = {NULL};
+    Py_BEGIN_ALLOW_THREADS
+    status = lane_fn(target, fn, arg, owner, released);
+    if (status == 0 || (status & NHF_KEPT))
+        nhf_watch_wake();
+    Py_END_ALLOW_THREADS
+    if (status != 0 && !(status & NHF_KEPT))
+        release_owners(&owner, 1); /* refused: nothing will run it (invariant 3) */
+    release_owners(released, NHF_LANE_RELEASED);
+    if (status == 0 && nhf_drain_wanted()) /* other launches' records, as above */
+        (void)nhf_drain();
     return status;
 }
 
 /* enqueue(route, target, trampoline, fn, arg, owner[, context]) -> status, for
  * the Python implementation of host_launch (and host_copy, release_after, the
- * executor's): nhf_enqueue_record.  route and trampoline are numbers
+ * executor's): nhf_enqueue_launch.  route and trampoline are numbers
  * (_core.ROUTE_*, _core.RUN_*): the core picks the functions they name. */
 static PyObject *py_enqueue(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
@@ -103,7 +153,7 @@ static PyObject *py_enqueue(PyObject *self, PyObject *const *args, Py_ssize_t na
         nhf_address_arg(args[4], &arg) < 0 ||
         (nargs == 7 && nhf_address_arg(args[6], &context) < 0))
         return NULL;
-    uint64_t status = nhf_enqueue_record(route, target, trampoline, (nhf_hostfn)(uintptr_t)fn,
+    uint64_t status = nhf_enqueue_launch(route, target, trampoline, (nhf_hostfn)(uintptr_t)fn,
                                          arg, context, args[5]);
     if (status == NHF_NO_RECORD)
         return NULL;

@@ -242,9 +242,15 @@ int nhf_executor_init(PyObject *module) {
     /* The layers below call up through these (no call cycle among the files): the
      * enqueue's routes to a lane, and its stream; the copy's trampoline; the
      * watchdog fails a faulted stream's lanes. */
-    nhf_enqueue_add_route(NHF_ROUTE_CUDA_LANE, nhf_exec_cuda_enqueue, nhf_exec_lane_stream);
-    nhf_enqueue_add_route(NHF_ROUTE_SIM_LANE, nhf_exec_sim_enqueue, nhf_exec_lane_stream);
+    nhf_enqueue_add_lane(NHF_ROUTE_CUDA_LANE, nhf_exec_cuda_enqueue, nhf_exec_lane_stream);
+    nhf_enqueue_add_lane(NHF_ROUTE_SIM_LANE, nhf_exec_sim_enqueue, nhf_exec_lane_stream);
     nhf_trampoline_add(NHF_TRAMPOLINE_EXEC_COPY, nhf_exec_copy);
     nhf_fault_on_stream_faulted(nhf_exec_fault_stream);
+    /* Lanes' direct tasks: their owners for the drain, their contexts for the
+     * watchdog (invariants 14, 15 and 23). */
+    static const nhf_lane_owner_hooks owner_hooks = {
+        nhf_exec_release_ran, nhf_exec_owners_idle, nhf_exec_each_owner};
+    nhf_drain_on_lanes(&owner_hooks);
+    nhf_watch_on_lanes(nhf_exec_watch_lanes);
     return 0;
 }

@@ -50,9 +50,16 @@ typedef struct task {
      * through a link just taken back (nhf_lane_unlink_task), while the producer
      * gives the same number to the task again. */
     _Atomic uint32_t seq;
-    nhf_hostfn trampoline;
-    void *record;
+    nhf_hostfn trampoline; /* a direct task's: its compiled code */
+    void *record;          /* a direct task's: its argument */
+    bool direct;           /* no record: its owner is in the lane's ring (lane.owners) */
 } task;
+
+/* The owner of a lane's direct task, and the task's number. */
+typedef struct {
+    uint32_t seq;
+    PyObject *owner; /* one reference */
+} held_owner;
 
 typedef struct lane {
     /* Read by spinning threads: on a cache line of their own. */
@@ -70,10 +77,19 @@ typedef struct lane {
      * reach the tasks it has not reached (invariant 23).  Read by every claim: here,
      * not beside what the producer writes at each enqueue. */
     atomic_uint fault;
+    /* The context the watchdog queries for the lane's direct tasks (no record
+     * carries it): the stream's, as the last direct enqueue found it (written only
+     * when it changes); NULL with no watchdog. */
+    _Atomic(void *) watch_ctx;
     /* Written by the pool's threads at each claim.  A thread took the lane's next
      * task and runs it, until its "done" is written (set by compare-and-swap): a
      * lane's tasks run in order, and the claim makes one reader of the chain. */
     _Alignas(CACHE_LINE) atomic_int claimed;
+    /* Direct tasks run (or failed), counted before their "done" (one writer at a
+     * time: the claiming thread). */
+    atomic_ulong direct_ran;
+    /* What a pool thread's settle last saw of direct_released (nhf_exec_owners_idle). */
+    atomic_ulong released_seen;
     /* The last task taken (at first a placeholder that never runs): the next to
      * run is cursor->next.  Written by the claiming thread, with release; the
      * producer reads it to find tasks it may reuse (those before it). */
@@ -86,6 +102,18 @@ typedef struct lane {
     task *cursor_seen; /* the cursor as the producer last read it */
     task *spare;     /* a task taken back, to reuse first */
     uint32_t seq;    /* the last number given */
+    /* The owners of the direct tasks, oldest first: a ring that only the producer
+     * and the drain touch, each under enqueue_mutex (no thread of the pool reads
+     * it).  An owner is taken out only once its task has run: by the producer, of
+     * tasks before the cursor it last read, or by a drain, up to the "done" word. */
+    held_owner *owners;
+    size_t owners_size, owners_first, owners_count;
+    /* Direct tasks counted in (a task taken back: out again), and their owners
+     * taken out (released); written under enqueue_mutex, read by the pool's and
+     * the watchdog's threads. */
+    atomic_ulong direct_enqueued;
+    atomic_ulong direct_released;
+    atomic_ulong released_by_drain; /* of direct_released (the rest: as filled again) */
 } lane;
 /* A lane is allocated on a cache line's boundary (aligned_zeroed, pool.c), and
  * what a spinning thread reads at each claim, what a claim writes and what the
@@ -164,6 +192,18 @@ static inline long nhf_pool_outstanding(nhf_pool *pool) {
     return atomic_load(&pool->enqueued) - finished;
 }
 
+/* Without the GIL, before a direct task's enqueue (its owner non-NULL): the
+ * context the watchdog queries for the lane's direct tasks, as the stream's is now
+ * (a record's enqueue finds it the same way, nhf_watch_prepare); written only when
+ * it changes. */
+static inline void nhf_lane_watch(lane *l, PyObject *owner) {
+    if (owner == NULL)
+        return;
+    void *ctx = nhf_watch_context(l->stream);
+    if (atomic_load_explicit(&l->watch_ctx, memory_order_relaxed) != ctx)
+        atomic_store_explicit(&l->watch_ctx, ctx, memory_order_relaxed);
+}
+
 /* ---- parallel_copy.c ---------------------------------------------------------- */
 
 /* Any thread (a pool's): join the pool's current copy, if it has chunks left
@@ -193,9 +233,14 @@ long nhf_pool_close(nhf_pool *pool, bool no_wait);
 /* GIL held: a lane of pool for stream on words; NULL if no memory. */
 lane *nhf_lane_new(nhf_pool *pool, void *stream, void *words);
 /* Under the lane's enqueue mutex: the task for trampoline(record), numbered
- * next; NULL with *status set if the pool is closed or no memory is left. */
-task *nhf_lane_open_task(lane *l, nhf_hostfn trampoline, void *record, uint64_t *status);
-/* Under the lane's enqueue mutex: take back the task just appended. */
+ * next, a direct task holding owner if owner is not NULL (a record's task: NULL);
+ * NULL with *status set if the pool is closed or no memory is left.  released
+ * (NHF_LANE_RELEASED of them, NULL where none): owners of earlier direct tasks
+ * that have run, taken out of the lane for the caller to release. */
+task *nhf_lane_open_task(lane *l, nhf_hostfn trampoline, void *record, PyObject *owner,
+                         uint64_t *status, PyObject **released);
+/* Under the lane's enqueue mutex: take back the task just appended (a direct
+ * task's owner is the caller's again). */
 void nhf_lane_unlink_task(lane *l, task *t);
 /* Without the GIL: whether the stream reached l's task numbered task, within
  * budget_ns: 1 yes, 0 not yet, -1 never (a device fault). */

@@ -9,8 +9,10 @@
  * write "reached", wait for "done" (one cuStreamBatchMemOp, or two calls if the
  * batch is refused).  If the write fails the task is taken back; if the wait
  * fails after the write was enqueued, the task still runs (the stream reaches
- * the write): status NHF_KEPT | CUresult. */
-uint64_t nhf_exec_cuda_enqueue(void *lane_, nhf_hostfn trampoline, void *record) {
+ * the write): status NHF_KEPT | CUresult.  owner: a direct task's (NULL for a
+ * record's); released: see nhf_lane_fn. */
+uint64_t nhf_exec_cuda_enqueue(void *lane_, nhf_hostfn trampoline, void *record,
+                               PyObject *owner, PyObject **released) {
     lane *l = lane_;
     uint64_t fault = nhf_fault_of_stream(l->stream); /* a faulted context: refused at once */
     if (fault != 0)
@@ -21,9 +23,10 @@ uint64_t nhf_exec_cuda_enqueue(void *lane_, nhf_hostfn trampoline, void *record)
         return NHF_CAPTURE_CHECK_FAILED | (uint32_t)rc;
     if (capture != 0)
         return NHF_CAPTURING;
+    nhf_lane_watch(l, owner);
     uint64_t status = 0;
     pthread_mutex_lock(&l->enqueue_mutex);
-    task *t = nhf_lane_open_task(l, trampoline, record, &status);
+    task *t = nhf_lane_open_task(l, trampoline, record, owner, &status, released);
     if (t == NULL) {
         pthread_mutex_unlock(&l->enqueue_mutex);
         return status;

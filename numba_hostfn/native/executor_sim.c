@@ -13,14 +13,19 @@ static nhf_sim_word_op *new_word_op(_Atomic uint32_t *word, uint32_t value) {
     return op;
 }
 
-/* Any thread: on a simulated stream, the same steps, as simulated device work. */
-uint64_t nhf_exec_sim_enqueue(void *lane_, nhf_hostfn trampoline, void *record) {
+/* Any thread: on a simulated stream, the same steps, as simulated device work
+ * (nhf_lane_fn). */
+uint64_t nhf_exec_sim_enqueue(void *lane_, nhf_hostfn trampoline, void *record,
+                              PyObject *owner, PyObject **released) {
     lane *l = lane_;
     uint64_t status = 0;
+    nhf_lane_watch(l, owner);
     pthread_mutex_lock(&l->enqueue_mutex);
     nhf_sim_word_op *write_op = new_word_op(&l->words[0], l->seq + 1);
     nhf_sim_word_op *wait_op = new_word_op(&l->words[1], l->seq + 1);
-    task *t = write_op && wait_op ? nhf_lane_open_task(l, trampoline, record, &status) : NULL;
+    task *t = write_op && wait_op
+                  ? nhf_lane_open_task(l, trampoline, record, owner, &status, released)
+                  : NULL;
     if (t == NULL) {
         pthread_mutex_unlock(&l->enqueue_mutex);
         free(write_op);

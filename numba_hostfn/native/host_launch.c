@@ -257,7 +257,7 @@ static int fast_launch(PyObject *stream, PyObject *fn, PyObject *data, PyObject 
         goto error;
     nhf_hostfn trampoline = info->run;
     int route = pool != NULL ? nhf_launch.executor_route : nhf_launch.route;
-    uint64_t status = nhf_enqueue_record(route, target, trampoline,
+    uint64_t status = nhf_enqueue_launch(route, target, trampoline,
                                          (nhf_hostfn)address, (void *)arg, NULL, owner);
     if (status == NHF_NO_RECORD)
         goto error;

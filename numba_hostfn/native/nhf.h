@@ -155,6 +155,18 @@ typedef void (*nhf_hostfn)(void *);
 /* An enqueue function: put trampoline(record) on `target` (a stream, or an
  * executor's lane), without the GIL; returns a status word. */
 typedef uint64_t (*nhf_enqueue_fn)(void *target, nhf_hostfn trampoline, void *record);
+/* A lane's enqueue function (an executor's lane, LIFETIME.md invariant 15), without
+ * the GIL: trampoline(record) as the lane's next task; or, with an owner, a *direct*
+ * task: compiled code trampoline(record), fn(arg), with no record, the lane holding
+ * owner (one reference) until the task has run.  released: NHF_LANE_RELEASED
+ * slots, NULL on entry; each it fills is the owner of an earlier direct task of the
+ * lane that has run, taken out of the lane (the caller releases it, with the GIL).
+ * Returns a status word, as an enqueue function does. */
+typedef uint64_t (*nhf_lane_fn)(void *lane, nhf_hostfn trampoline, void *record,
+                                PyObject *owner, PyObject **released);
+/* At most this many at each enqueue: one more than it adds, so that what a burst
+ * left shrinks while a thread goes on launching. */
+#define NHF_LANE_RELEASED 2
 
 /* ---- launch records (records.c) ---------------------------------------------- */
 
@@ -236,8 +248,26 @@ void nhf_settle_drain(long now);
 void nhf_defer_release(PyObject *object);
 /* Any thread.  Whether a drain would find work (a hint). */
 bool nhf_drain_wanted(void);
-/* Records taken and not released. */
+/* Records taken and not released, and owners held by lanes' direct tasks. */
 Py_ssize_t nhf_records_held(void);
+/* GIL held: an owner that a lane's direct task holds (change 1), or one released
+ * (-1), counted as held (the tests' count of what launches hold). */
+void nhf_owner_held(long change);
+/* A pool's thread, after a direct task ran: a drain is owed, as after a deferred
+ * completion (nhf_record_complete on a thread that defers). */
+void nhf_owe_drain(void);
+/* The executor's hooks for the owners that lanes' direct tasks hold, set once at
+ * module load (executor.c): release_ran releases those of tasks that have run (GIL
+ * held; returns how many); idle says whether some that have run wait for a drain
+ * (a pool's thread: 1 yes; 0 no; -1 their producers are releasing them, ask again
+ * later; any_age: 1 if any wait at all); each_owner visits each owner held (GIL
+ * held, for tests). */
+typedef struct {
+    Py_ssize_t (*release_ran)(void);
+    int (*idle)(bool any_age);
+    void (*each_owner)(void (*visit)(PyObject *owner, void *arg), void *arg);
+} nhf_lane_owner_hooks;
+void nhf_drain_on_lanes(const nhf_lane_owner_hooks *hooks);
 /* Py_AddPendingCall refusals (each retried later). */
 Py_ssize_t nhf_schedule_failures(void);
 /* Any thread: call visit(record, arg) for every record ever allocated (slabs
@@ -339,6 +369,11 @@ enum nhf_route {
  * status word; NHF_NO_RECORD with a Python error set if no record could be taken. */
 uint64_t nhf_enqueue_record(int route, void *target, nhf_hostfn trampoline, nhf_hostfn fn,
                             void *arg, void *context, PyObject *owner);
+/* GIL held: a launch of host_launch or _core.enqueue.  Compiled code (trampoline
+ * nhf_run_compiled, no context) on an executor lane's route is a direct task, with
+ * no record; anything else is nhf_enqueue_record's. */
+uint64_t nhf_enqueue_launch(int route, void *target, nhf_hostfn trampoline, nhf_hostfn fn,
+                            void *arg, void *context, PyObject *owner);
 /* A flag of its own, sharing no bit with the others (not NHF_KEPT's: a failed
  * record allocation is a refusal, and what the caller made for it is freed). */
 #define NHF_NO_RECORD (UINT64_C(1) << 39)
@@ -358,6 +393,9 @@ uint32_t nhf_enqueue_last_task(void);
  * a device fault would be found on (NULL: the target is the stream). */
 void nhf_enqueue_add_route(int route, nhf_enqueue_fn enqueue_fn,
                            void *(*stream_of)(void *target));
+/* GIL held, at module load: a route whose target is an executor's lane: its
+ * enqueue function, and stream_of(target). */
+void nhf_enqueue_add_lane(int route, nhf_lane_fn lane_fn, void *(*stream_of)(void *target));
 /* GIL held: a route argument from Python; NHF_ROUTE_NONE with a ValueError set
  * if it names none (or one not registered). */
 int nhf_route_arg(PyObject *value);
@@ -390,6 +428,18 @@ void nhf_watch_enqueued(nhf_record *record, unsigned long taken);
 /* Any thread: 0, or NHF_FAULTED | CUresult if the watchdog knows stream's
  * context to have a device fault (one relaxed load while no fault is known). */
 uint64_t nhf_fault_of_stream(void *stream);
+/* Without the GIL, before a lane's direct enqueue: the context a launch on stream
+ * is watched in (the backend's answer now, while the stream is valid), or NULL
+ * where no watchdog is set up. */
+void *nhf_watch_context(void *stream);
+/* Any thread, after an enqueue left a lane's direct task outstanding: wake the
+ * watchdog if it is parked (one load when it is not). */
+void nhf_watch_wake(void);
+/* The executor's hook, set once at module load (executor.c): each(visit, arg)
+ * calls visit(ctx, stream, n, arg) for each lane with n direct tasks outstanding
+ * in context ctx, on the watchdog's thread, which queries those contexts too. */
+typedef void (*nhf_watch_visit_fn)(void *ctx, void *stream, long n, void *arg);
+void nhf_watch_on_lanes(void (*each)(nhf_watch_visit_fn visit, void *arg));
 /* Any thread: note that context ctx has the device fault code, found on stream
  * (the first note of a context wins).  Returns true if it was new. */
 bool nhf_fault_note(void *ctx, unsigned code, void *stream);
@@ -560,8 +610,16 @@ extern PyTypeObject nhf_executor_type;
  * default-stream handle: nhf_cuda_stream_key), or NULL (pool.c). */
 void *nhf_exec_find_lane(nhf_pool *pool, void *stream);
 /* The enqueue functions of a lane (executor_cuda.c, executor_sim.c). */
-uint64_t nhf_exec_cuda_enqueue(void *lane, nhf_hostfn trampoline, void *record);
-uint64_t nhf_exec_sim_enqueue(void *lane, nhf_hostfn trampoline, void *record);
+uint64_t nhf_exec_cuda_enqueue(void *lane, nhf_hostfn trampoline, void *record,
+                               PyObject *owner, PyObject **released);
+uint64_t nhf_exec_sim_enqueue(void *lane, nhf_hostfn trampoline, void *record,
+                              PyObject *owner, PyObject **released);
+/* The owners of lanes' direct tasks (pool.c; nhf_lane_owner_hooks) and the lanes
+ * the watchdog watches for them (nhf_watch_on_lanes). */
+Py_ssize_t nhf_exec_release_ran(void);
+int nhf_exec_owners_idle(bool any_age);
+void nhf_exec_each_owner(void (*visit)(PyObject *owner, void *arg), void *arg);
+void nhf_exec_watch_lanes(nhf_watch_visit_fn visit, void *arg);
 /* Any thread (a pool's): a copy task's trampoline (parallel_copy.c). */
 void nhf_exec_copy(void *record);
 /* Any thread: the stream of an executor lane (the watchdog's query; pool.c). */

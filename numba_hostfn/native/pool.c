@@ -76,9 +76,22 @@ static atomic_long test_done_pause_ns;
  * returned) finds it no longer outstanding.  A task claimed failing
  * (the stream has not reached it on a faulted lane, claim holds the lane's
  * enqueue mutex) never runs: its record is failed (the watchdog may have failed
- * it first), and the drain releases it. */
+ * it first), and the drain releases it.  A direct task runs its compiled code
+ * itself (nhf_run_compiled's work, with no record), and its owner is released
+ * once "done" is written for it: by its producer, or by the drain it owes. */
 static void run(nhf_pool *pool, lane *l, task *t, bool failing) {
-    if (failing) {
+    bool direct = t->direct;
+    if (direct) {
+        if (!failing) {
+            t->trampoline(t->record);
+            nhf_gil_give_back_leaked();
+        }
+        /* Sequentially consistent, as the owed flag that nhf_owe_drain reads below,
+         * and a settle clears before it reads this (nhf_exec_owners_idle): one of
+         * the two sees the other. */
+        unsigned long ran = atomic_load_explicit(&l->direct_ran, memory_order_relaxed);
+        atomic_store(&l->direct_ran, ran + 1);
+    } else if (failing) {
         nhf_record *record = t->record;
         (void)nhf_fault_fail_record(record, atomic_load(&l->fault), atomic_load(&record->state));
     } else {
@@ -99,6 +112,8 @@ static void run(nhf_pool *pool, lane *l, task *t, bool failing) {
     atomic_store_explicit(&l->claimed, 0, memory_order_release);
     if (failing)
         pthread_mutex_unlock(&l->enqueue_mutex);
+    if (direct)
+        nhf_owe_drain(); /* its owner, if no enqueue on the lane takes it out first */
 }
 
 /* If this thread is the poller, give the role up and wake the parked threads
@@ -219,6 +234,42 @@ static void *thread_main(void *pool_) {
 
 /* ---- a lane's tasks, for the enqueue functions (executor_cuda.c, executor_sim.c) -- */
 
+/* Under the lane's enqueue mutex: the oldest owner of the lane's ring taken out
+ * (its task has run), counted as released; the caller releases it with the GIL. */
+static PyObject *pop_owner(lane *l) {
+    PyObject *owner = l->owners[l->owners_first].owner;
+    l->owners_first = (l->owners_first + 1) % l->owners_size;
+    l->owners_count--;
+    atomic_store_explicit(&l->direct_released,
+                          atomic_load_explicit(&l->direct_released, memory_order_relaxed) + 1,
+                          memory_order_release);
+    return owner;
+}
+
+/* Under the lane's enqueue mutex: whether the oldest owner's task has run, for a
+ * task numbered ran or before. */
+static bool oldest_ran(const lane *l, uint32_t ran) {
+    return l->owners_count > 0 && (int32_t)(ran - l->owners[l->owners_first].seq) >= 0;
+}
+
+/* Under the lane's enqueue mutex: room in the ring for one more owner; false if no
+ * memory is left. */
+static bool owners_room(lane *l) {
+    if (l->owners_count < l->owners_size)
+        return true;
+    size_t size = l->owners_size ? 2 * l->owners_size : 64;
+    held_owner *ring = malloc(size * sizeof(held_owner));
+    if (ring == NULL)
+        return false;
+    for (size_t i = 0; i < l->owners_count; i++) /* oldest first, from 0 */
+        ring[i] = l->owners[(l->owners_first + i) % l->owners_size];
+    free(l->owners);
+    l->owners = ring;
+    l->owners_size = size;
+    l->owners_first = 0;
+    return true;
+}
+
 /* A task to fill, under the lane's enqueue mutex: the one last taken back, else
  * the oldest of the chain if the pool's threads have moved past it (behind the
  * cursor no thread reads a task), else a new one; NULL if there is no memory. */
@@ -242,7 +293,10 @@ static task *new_task(lane *l) {
  * a thread that sees the write then finds the task in place (the release store
  * of its link publishes it).  The caller holds the lane's enqueue mutex.  NULL
  * if there was no memory for it. */
-static task *append(lane *l, uint32_t seq, nhf_hostfn trampoline, void *record) {
+static task *append(lane *l, uint32_t seq, nhf_hostfn trampoline, void *record,
+                    PyObject *owner) {
+    if (owner != NULL && !owners_room(l))
+        return NULL;
     task *t = new_task(l);
     if (t == NULL)
         return NULL;
@@ -250,6 +304,15 @@ static task *append(lane *l, uint32_t seq, nhf_hostfn trampoline, void *record) 
     atomic_store_explicit(&t->seq, seq, memory_order_relaxed);
     t->trampoline = trampoline;
     t->record = record;
+    t->direct = owner != NULL;
+    if (owner != NULL) {
+        l->owners[(l->owners_first + l->owners_count++) % l->owners_size] =
+            (held_owner){seq, owner};
+        /* Before the pool's count below: the watchdog reads both. */
+        atomic_store_explicit(&l->direct_enqueued,
+                              atomic_load_explicit(&l->direct_enqueued, memory_order_relaxed) + 1,
+                              memory_order_relaxed);
+    }
     l->seq = seq;
     atomic_store_explicit(&l->tail->next, t, memory_order_release);
     l->before = l->tail;
@@ -266,6 +329,12 @@ static task *append(lane *l, uint32_t seq, nhf_hostfn trampoline, void *record) 
  * read its number through the link undone here: the next task takes it over,
  * with the same number. */
 void nhf_lane_unlink_task(lane *l, task *t) {
+    if (t->direct) { /* its owner, the newest, is the caller's again: refused */
+        l->owners_count--;
+        atomic_store_explicit(&l->direct_enqueued,
+                              atomic_load_explicit(&l->direct_enqueued, memory_order_relaxed) - 1,
+                              memory_order_relaxed);
+    }
     atomic_store_explicit(&l->before->next, NULL, memory_order_release);
     l->tail = l->before;
     l->seq = atomic_load_explicit(&t->seq, memory_order_relaxed) - 1;
@@ -279,7 +348,8 @@ static atomic_long test_pause_ns;
 
 /* Under the lane's enqueue mutex: the task for trampoline(record), numbered
  * next; NULL with *status set if the pool is closed or no memory is left. */
-task *nhf_lane_open_task(lane *l, nhf_hostfn trampoline, void *record, uint64_t *status) {
+task *nhf_lane_open_task(lane *l, nhf_hostfn trampoline, void *record, PyObject *owner,
+                         uint64_t *status, PyObject **released) {
     if (atomic_load(&l->pool->stopping)) {
         *status = NHF_EXECUTOR_CLOSED;
         return NULL;
@@ -292,11 +362,17 @@ task *nhf_lane_open_task(lane *l, nhf_hostfn trampoline, void *record, uint64_t 
     long pause = atomic_load_explicit(&test_pause_ns, memory_order_relaxed);
     if (pause > 0)
         nhf_sleep_ns(pause);
-    task *t = append(l, l->seq + 1, trampoline, record);
-    if (t == NULL)
+    task *t = append(l, l->seq + 1, trampoline, record, owner);
+    if (t == NULL) {
         *status = NHF_OUT_OF_MEMORY;
-    else
-        nhf_enqueue_note_task(t->seq); /* for a wait on it (lane_reached) */
+        return NULL;
+    }
+    nhf_enqueue_note_task(t->seq); /* for a wait on it (lane_reached) */
+    /* The owners of direct tasks before the cursor as last read (each has run; that
+     * one may be running), a few at a time: the rest at later enqueues or a drain. */
+    uint32_t ran = atomic_load_explicit(&l->cursor_seen->seq, memory_order_relaxed) - 1;
+    for (int i = 0; i < NHF_LANE_RELEASED && oldest_ran(l, ran); i++)
+        released[i] = pop_owner(l);
     return t;
 }
 
@@ -428,6 +504,120 @@ void nhf_exec_fault_stream(void *stream, void *ctx, unsigned code) {
     }
 }
 
+/* ---- the owners of lanes' direct tasks (records.c's and the watchdog's hooks) ---- */
+
+/* GIL held: take out of l's ring the owners of its direct tasks that have run (up
+ * to its "done" word), at most n, into owners.  0 with *busy set if the lane's
+ * enqueue mutex is held: its producer is inside an enqueue (maybe blocked in the
+ * driver, whose progress may need the GIL: never waited for with it held). */
+static size_t take_ran(lane *l, PyObject **owners, size_t n, bool *busy) {
+    if (atomic_load_explicit(&l->direct_ran, memory_order_relaxed) ==
+        atomic_load_explicit(&l->direct_released, memory_order_relaxed))
+        return 0; /* none has run that is still held (a hint; rechecked below) */
+    if (pthread_mutex_trylock(&l->enqueue_mutex) != 0) {
+        *busy = true;
+        return 0;
+    }
+    uint32_t done = atomic_load_explicit(&l->words[1], memory_order_acquire);
+    size_t taken = 0;
+    while (taken < n && oldest_ran(l, done)) {
+        owners[taken++] = pop_owner(l);
+        atomic_store_explicit(&l->released_by_drain,
+                              atomic_load_explicit(&l->released_by_drain, memory_order_relaxed) + 1,
+                              memory_order_relaxed);
+    }
+    pthread_mutex_unlock(&l->enqueue_mutex);
+    return taken;
+}
+
+/* GIL held (records.c's drain): release the owners of every lane's direct tasks
+ * that have run, outside the lanes' mutexes (a finalizer may launch); how many.  A
+ * lane whose producer is inside an enqueue is skipped and -1 - released returned:
+ * the drain stays owed. */
+Py_ssize_t nhf_exec_release_ran(void) {
+    Py_ssize_t released = 0;
+    bool busy = false;
+    pid_t pid = getpid(); /* a forked child's copies: a parent's thread may hold a mutex */
+    for (nhf_pool *pool = atomic_load(&all_pools); pool != NULL; pool = pool->next_pool) {
+        if (pool->pid != pid)
+            continue;
+        for (lane *l = atomic_load(&pool->lanes); l != NULL; l = l->next) {
+            PyObject *owners[64];
+            size_t n;
+            do {
+                n = take_ran(l, owners, 64, &busy);
+                for (size_t i = 0; i < n; i++) {
+                    nhf_owner_held(-1);
+                    Py_DECREF(owners[i]);
+                }
+                released += (Py_ssize_t)n;
+            } while (n == 64);
+        }
+    }
+    return busy ? -1 - released : released;
+}
+
+/* A pool's thread, settling a drain it owes: whether owners of direct tasks that
+ * have run wait for a drain: 1 if some lane has some and its producer released none
+ * since the last settle looked (it stopped launching there), -1 if only lanes whose
+ * producers are releasing them as they fill their tasks again have any (look again
+ * later), 0 if none has any; with any_age, 1 if any lane has any. */
+int nhf_exec_owners_idle(bool any_age) {
+    int answer = 0;
+    for (nhf_pool *pool = atomic_load(&all_pools); pool != NULL; pool = pool->next_pool) {
+        for (lane *l = atomic_load(&pool->lanes); l != NULL; l = l->next) {
+            unsigned long ran = atomic_load(&l->direct_ran); /* see run() */
+            unsigned long released =
+                atomic_load_explicit(&l->direct_released, memory_order_relaxed);
+            if (ran == released)
+                continue;
+            if (any_age)
+                return 1;
+            if (atomic_exchange_explicit(&l->released_seen, released, memory_order_relaxed) ==
+                released)
+                return 1;
+            answer = -1;
+        }
+    }
+    return answer;
+}
+
+/* GIL held (tests): visit each owner that a lane's direct task holds (a lane whose
+ * producer is inside an enqueue is skipped). */
+void nhf_exec_each_owner(void (*visit)(PyObject *owner, void *arg), void *arg) {
+    pid_t pid = getpid();
+    for (nhf_pool *pool = atomic_load(&all_pools); pool != NULL; pool = pool->next_pool) {
+        if (pool->pid != pid)
+            continue;
+        for (lane *l = atomic_load(&pool->lanes); l != NULL; l = l->next) {
+            if (pthread_mutex_trylock(&l->enqueue_mutex) != 0)
+                continue;
+            for (size_t i = 0; i < l->owners_count; i++)
+                visit(l->owners[(l->owners_first + i) % l->owners_size].owner, arg);
+            pthread_mutex_unlock(&l->enqueue_mutex);
+        }
+    }
+}
+
+/* The watchdog's thread: visit(ctx, stream, n, arg) for each lane with n direct
+ * tasks outstanding in a watched context.  A pool's outstanding count is read
+ * first (sequentially consistent, as the enqueue's count of its task, which follows
+ * its direct count): the watchdog that parks after this finds each such task, or
+ * that enqueue finds the watchdog parked and wakes it (nhf_watch_wake). */
+void nhf_exec_watch_lanes(nhf_watch_visit_fn visit, void *arg) {
+    for (nhf_pool *pool = atomic_load(&all_pools); pool != NULL; pool = pool->next_pool) {
+        if (nhf_pool_outstanding(pool) <= 0)
+            continue;
+        for (lane *l = atomic_load(&pool->lanes); l != NULL; l = l->next) {
+            long n = (long)(atomic_load_explicit(&l->direct_enqueued, memory_order_relaxed) -
+                            atomic_load_explicit(&l->direct_ran, memory_order_relaxed));
+            void *ctx = atomic_load_explicit(&l->watch_ctx, memory_order_relaxed);
+            if (n > 0 && ctx != NULL)
+                visit(ctx, l->stream, n, arg);
+        }
+    }
+}
+
 /* A pool of nthreads threads, started; NULL if that failed.  Never freed. */
 nhf_pool *nhf_pool_new(long nthreads, long spin_ns, long poll_ns) {
     nhf_pool *pool = aligned_zeroed(sizeof(nhf_pool));
@@ -512,7 +702,31 @@ static PyObject *py_done_pause(PyObject *self, PyObject *arg) {
     return set_pause(&test_done_pause_ns, arg);
 }
 
+/* lane_owners() -> (enqueued, ran, released as filled again, released by a drain):
+ * the lanes' direct tasks, summed over this process's pools (tests only). */
+static PyObject *py_lane_owners(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    unsigned long long sums[4] = {0, 0, 0, 0};
+    pid_t pid = getpid();
+    for (nhf_pool *pool = atomic_load(&all_pools); pool != NULL; pool = pool->next_pool) {
+        if (pool->pid != pid)
+            continue;
+        for (lane *l = atomic_load(&pool->lanes); l != NULL; l = l->next) {
+            unsigned long by_drain = atomic_load(&l->released_by_drain);
+            sums[0] += atomic_load(&l->direct_enqueued);
+            sums[1] += atomic_load(&l->direct_ran);
+            sums[2] += atomic_load(&l->direct_released) - by_drain;
+            sums[3] += by_drain;
+        }
+    }
+    return Py_BuildValue("(KKKK)", sums[0], sums[1], sums[2], sums[3]);
+}
+
 static PyMethodDef methods[] = {
+    {"lane_owners", py_lane_owners, METH_NOARGS,
+     "lane_owners($module, /)\n--\n\n"
+     "Tests only, the lanes' direct tasks: (enqueued, ran, released as filled again, "
+     "released by a drain)"},
     {"exec_test_pause", py_test_pause, METH_O,
      "exec_test_pause($module, ns, /)\n--\n\n"
      "Tests only, pause each executor enqueue after its open check"},

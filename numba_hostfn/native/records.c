@@ -55,9 +55,20 @@ static struct {
     _Atomic(deferred *) deferred_objects;
     atomic_int drain_scheduled;    /* a pending-call drain is scheduled */
     atomic_long schedule_failures; /* Py_AddPendingCall refusals */
+    /* The next drain takes out the owners of lanes' direct tasks that have run
+     * (set by a pool thread's settle, or by a drain that had to skip a lane). */
+    atomic_bool lanes_owed;
 } handoff;
 
+/* The executor's hooks for its lanes' direct tasks (nhf_drain_on_lanes); NULL
+ * before its module load, and then no lane exists. */
+static _Atomic(const nhf_lane_owner_hooks *) lane_owners;
+
+void nhf_drain_on_lanes(const nhf_lane_owner_hooks *hooks) { atomic_store(&lane_owners, hooks); }
+
 Py_ssize_t nhf_records_held(void) { return atomic_load(&free_list.held); }
+
+void nhf_owner_held(long change) { nhf_gil_count(&free_list.held, change); }
 Py_ssize_t nhf_schedule_failures(void) { return atomic_load(&handoff.schedule_failures); }
 
 /* ---- the GIL held ---------------------------------------------------------- */
@@ -122,7 +133,33 @@ void nhf_record_release(nhf_record *record) {
     Py_XDECREF(owner);
 }
 
+/* GIL held: the owners of lanes' direct tasks that have run, released; how many.
+ * A lane skipped (its producer inside an enqueue) leaves the drain owed. */
+static Py_ssize_t drain_lanes(void) {
+    const nhf_lane_owner_hooks *hooks = atomic_load(&lane_owners);
+    if (hooks == NULL)
+        return 0;
+    Py_ssize_t released = hooks->release_ran();
+    if (released >= 0)
+        return released;
+    atomic_store(&handoff.lanes_owed, true);
+    return -1 - released;
+}
+
+/* GIL held: nhf_drain, and the lanes' owners whether owed or not (drain()). */
+static Py_ssize_t drain_all(void) {
+    atomic_store(&handoff.lanes_owed, false);
+    Py_ssize_t lanes = drain_lanes();
+    return nhf_drain() + lanes;
+}
+
 Py_ssize_t nhf_drain(void) {
+    /* Cleared before the lanes are read: an owed drain set after this finds them
+     * again, for the next drain. */
+    Py_ssize_t lanes = 0;
+    if (atomic_load_explicit(&handoff.lanes_owed, memory_order_relaxed) &&
+        atomic_exchange(&handoff.lanes_owed, false))
+        lanes = drain_lanes();
     deferred *node = atomic_exchange(&handoff.deferred_objects, NULL);
     while (node != NULL) {
         deferred *following = node->next;
@@ -139,7 +176,7 @@ Py_ssize_t nhf_drain(void) {
         n++;
         record = following;
     }
-    return n;
+    return n + lanes;
 }
 
 /* ---- any thread: complete, and schedule the drain ---------------------------- */
@@ -200,8 +237,24 @@ void nhf_settle_drain(long now) {
     if (now != 0 && now - atomic_load(&owing.since) < NHF_DRAIN_DEFER_NS)
         return;
     atomic_store(&owing.owed, false);
-    if (nhf_drain_wanted())
+    /* The lanes' direct tasks: their owners wait for a drain only where their
+     * producer has stopped taking them out as it fills their tasks again (before
+     * this thread sleeps: wherever they wait); where it goes on, look again later. */
+    const nhf_lane_owner_hooks *hooks = atomic_load(&lane_owners);
+    int lanes = hooks != NULL ? hooks->idle(now == 0) : 0;
+    if (lanes > 0)
+        atomic_store(&handoff.lanes_owed, true);
+    if (lanes > 0 || nhf_drain_wanted())
         schedule_drain();
+    else if (lanes < 0)
+        nhf_owe_drain();
+}
+
+void nhf_owe_drain(void) {
+    if (!atomic_load(&owing.owed)) { /* after the work it owes for: see nhf_settle_drain */
+        atomic_store(&owing.since, nhf_now_ns());
+        atomic_store(&owing.owed, true);
+    }
 }
 
 /* Any thread (the trampolines, a user object's destructor, a simulated graph). */
@@ -211,10 +264,7 @@ void nhf_record_complete(nhf_record *record) {
         record->next = top;
     } while (!atomic_compare_exchange_weak(&handoff.completed, &top, record));
     if (pthread_getspecific(defer_key) != NULL) {
-        if (!atomic_load(&owing.owed)) { /* after the push: see nhf_settle_drain */
-            atomic_store(&owing.since, nhf_now_ns());
-            atomic_store(&owing.owed, true);
-        }
+        nhf_owe_drain(); /* after the push: see nhf_settle_drain */
     } else {
         schedule_drain();
     }
@@ -245,7 +295,7 @@ bool nhf_drain_wanted(void) {
 
 static PyObject *py_drain(PyObject *self, PyObject *unused) {
     (void)self, (void)unused;
-    return PyLong_FromSsize_t(nhf_drain());
+    return PyLong_FromSsize_t(drain_all());
 }
 
 static PyObject *py_held(PyObject *self, PyObject *unused) {
@@ -253,11 +303,14 @@ static PyObject *py_held(PyObject *self, PyObject *unused) {
     return PyLong_FromSsize_t(nhf_records_held());
 }
 
-static void collect_owner(nhf_record *record, void *list) {
-    PyObject *owner = record->owner; /* set and cleared with the GIL, which is held */
+static void collect(PyObject *owner, void *list) {
     if (owner != NULL && *(PyObject **)list != NULL &&
         PyList_Append(*(PyObject **)list, owner) < 0)
         Py_CLEAR(*(PyObject **)list);
+}
+
+static void collect_owner(nhf_record *record, void *list) {
+    collect(record->owner, list); /* set and cleared with the GIL, which is held */
 }
 
 /* held_owners() -> list: what each record taken and not released owns (for tests:
@@ -267,6 +320,9 @@ static PyObject *py_held_owners(PyObject *self, PyObject *unused) {
     PyObject *list = PyList_New(0);
     if (list != NULL)
         nhf_records_each(collect_owner, &list);
+    const nhf_lane_owner_hooks *hooks = atomic_load(&lane_owners);
+    if (list != NULL && hooks != NULL) /* and the lanes' direct tasks' */
+        hooks->each_owner(collect, &list);
     return list;
 }
 

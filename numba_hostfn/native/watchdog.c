@@ -187,7 +187,8 @@ static void fail_on_context(nhf_record *record, void *job_) {
 
 /* ---- the watchdog's thread ---------------------------------------------------------- */
 
-/* The distinct (context, stream) pairs of the records in flight. */
+/* The distinct (context, stream) pairs of what is in flight: records, and the
+ * lanes' direct tasks. */
 typedef struct {
     struct watched {
         void *ctx, *stream;
@@ -196,15 +197,17 @@ typedef struct {
     long in_flight;
 } survey;
 
-static void survey_record(nhf_record *record, void *survey_) {
+/* The executor's lanes with direct tasks outstanding (nhf_watch_on_lanes). */
+static _Atomic(void (*)(nhf_watch_visit_fn visit, void *arg)) lanes_each;
+
+void nhf_watch_on_lanes(void (*each)(nhf_watch_visit_fn visit, void *arg)) {
+    atomic_store(&lanes_each, each);
+}
+
+/* A watched (context, stream) with n launches in flight there. */
+static void survey_pair(void *ctx, void *stream, long n, void *survey_) {
     survey *s = survey_;
-    if (NHF_PHASE(atomic_load(&record->state)) != NHF_IN_FLIGHT)
-        return;
-    void *ctx = atomic_load_explicit(&record->watch_ctx, memory_order_relaxed);
-    if (ctx == NULL)
-        return; /* not watched: nothing to query for it */
-    s->in_flight++;
-    void *stream = atomic_load_explicit(&record->watch, memory_order_relaxed);
+    s->in_flight += n;
     for (size_t i = 0; i < s->count; i++)
         if (s->pairs[i].ctx == ctx && s->pairs[i].stream == stream)
             return;
@@ -217,6 +220,25 @@ static void survey_record(nhf_record *record, void *survey_) {
         s->capacity = capacity;
     }
     s->pairs[s->count++] = (struct watched){ctx, stream};
+}
+
+static void survey_record(nhf_record *record, void *survey_) {
+    if (NHF_PHASE(atomic_load(&record->state)) != NHF_IN_FLIGHT)
+        return;
+    void *ctx = atomic_load_explicit(&record->watch_ctx, memory_order_relaxed);
+    if (ctx == NULL)
+        return; /* not watched: nothing to query for it */
+    survey_pair(ctx, atomic_load_explicit(&record->watch, memory_order_relaxed), 1, survey_);
+}
+
+/* The survey of what is in flight: the records, and the lanes' direct tasks. */
+static void survey_all(survey *s) {
+    s->count = 0;
+    s->in_flight = 0;
+    nhf_records_each(survey_record, s);
+    void (*each)(nhf_watch_visit_fn, void *) = atomic_load(&lanes_each);
+    if (each != NULL)
+        each(survey_pair, s);
 }
 
 /* The watchdog's thread: context ctx answered code, a fault.  Note it (found on
@@ -239,9 +261,7 @@ static void fail_context(const survey *s, void *ctx, unsigned code) {
 /* One poll: query every context with a record in flight, once; fail the
  * faulted ones.  Returns how many watched records were in flight. */
 static long poll_once(survey *s) {
-    s->count = 0;
-    s->in_flight = 0;
-    nhf_records_each(survey_record, s);
+    survey_all(s);
     nhf_query_fn query = atomic_load(&dog.query);
     for (size_t i = 0; i < s->count && query != NULL; i++) {
         bool first = true; /* the first pair of its context: query it */
@@ -326,7 +346,7 @@ static void *dog_main(void *unused) {
             s.count = 0;
             s.in_flight = 0;
             if (nhf_guard_open())
-                nhf_records_each(survey_record, &s);
+                survey_all(&s);
             pthread_mutex_lock(&dog.mutex);
             if (s.in_flight > 0)
                 atomic_store(&dog.active, 1);
@@ -367,6 +387,24 @@ void nhf_watch_prepare(nhf_record *record, void *stream) {
         ctx = NULL; /* the enqueue will fail too, or the stream is not the driver's */
     atomic_store_explicit(&record->watch, stream, memory_order_relaxed);
     atomic_store_explicit(&record->watch_ctx, ctx, memory_order_relaxed);
+}
+
+void *nhf_watch_context(void *stream) {
+    nhf_context_fn context_of = atomic_load_explicit(&dog.context_of, memory_order_acquire);
+    if (context_of == NULL || atomic_load_explicit(&dog.query, memory_order_relaxed) == NULL)
+        return NULL; /* no watchdog: the lane is not watched */
+    void *ctx = NULL;
+    if (context_of(stream, &ctx) != 0)
+        ctx = NULL; /* the enqueue will fail too, or the stream is not the driver's */
+    return ctx;
+}
+
+void nhf_watch_wake(void) {
+    if (atomic_load(&dog.active))
+        return;
+    pthread_mutex_lock(&dog.mutex);
+    wake_locked();
+    pthread_mutex_unlock(&dog.mutex);
 }
 
 void nhf_watch_enqueued(nhf_record *record, unsigned long taken) {
