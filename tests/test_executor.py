@@ -485,11 +485,11 @@ def test_a_tasks_owner_is_released_with_no_drain_and_nothing_launched_after(exec
 
 def test_a_compiled_tasks_owner_is_held_by_its_lane_task_with_no_record(executor, stream):
     """Compiled code on a lane is a direct task (invariant 15): no launch record is
-    taken, completed or drained for it; its task holds the owner, which pending()
-    counts, until the task has run, and the launching thread takes the owners of the
-    tasks that ran out of the lane as it fills those tasks again; a drain takes out
-    the rest.  (Before: a record a task, pushed on the completed stack by the pool
-    thread and drained by the launching thread.)"""
+    taken, completed or drained for it; the lane holds the owner, which pending()
+    counts, until the task has run, and the launching thread's next enqueues take the
+    owners of the tasks that ran out of the lane; a drain takes out the rest.
+    (Before: a record a task, pushed on the completed stack by the pool thread and
+    drained by the launching thread.)"""
     counter = np.zeros(1, np.int64)
     ref = nh.by_ref(counter)
     nh.drain()
@@ -510,14 +510,31 @@ def test_a_compiled_tasks_owner_is_held_by_its_lane_task_with_no_record(executor
         assert since()["enqueued"] == 2 and since()["ran"] == 0, since()
     finally:
         flag[0] = 1  # a failure above must not leave the stream held
-    n = 2
-    for _ in range(10):  # the launches outrun the stream at times: some must fill again
-        for _ in range(500):
+    stream.sync()
+    nh.drain()
+    assert since()["filled"] + since()["drained"] == 2, since()
+
+    # The launching thread takes the owners of tasks that ran out as it launches: on
+    # a thread of its own, while this one waits in join(), where no pending call (a
+    # drain) runs.  The second launch finds the first task run ("done" written).
+    filled = []
+
+    def launch_twice():
+        first = since()["filled"]
+        for _ in range(2):
             nh.host_launch(stream, increment, user_data=ref, executor=executor)
-        n += 500
-        if since()["filled"] > 0:
-            break
-    assert since()["filled"] > 0, since()
+            stream.sync()
+        filled.append(since()["filled"] - first)
+
+    thread = threading.Thread(target=launch_twice)
+    thread.start()
+    thread.join()
+    assert filled == [1], since()  # the first task's owner, taken out by the second launch
+
+    n = 4
+    for _ in range(500):  # volume: taken out by either
+        nh.host_launch(stream, increment, user_data=ref, executor=executor)
+    n += 500
     stream.sync()
     nh.drain()
     counts = since()

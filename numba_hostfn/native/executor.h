@@ -104,8 +104,8 @@ typedef struct lane {
     uint32_t seq;    /* the last number given */
     /* The owners of the direct tasks, oldest first: a ring that only the producer
      * and the drain touch, each under enqueue_mutex (no thread of the pool reads
-     * it).  An owner is taken out only once its task has run: by the producer, of
-     * tasks before the cursor it last read, or by a drain, up to the "done" word. */
+     * it).  An owner is taken out only once its task has run: by the producer's
+     * enqueues (nhf_lane_open_task) or by a drain, up to the "done" word. */
     held_owner *owners;
     size_t owners_size, owners_first, owners_count;
     /* Direct tasks counted in (a task taken back: out again), and their owners
@@ -113,7 +113,7 @@ typedef struct lane {
      * the watchdog's threads. */
     atomic_ulong direct_enqueued;
     atomic_ulong direct_released;
-    atomic_ulong released_by_drain; /* of direct_released (the rest: as filled again) */
+    atomic_ulong released_by_drain; /* of direct_released (the rest: by enqueues) */
 } lane;
 /* A lane is allocated on a cache line's boundary (aligned_zeroed, pool.c), and
  * what a spinning thread reads at each claim, what a claim writes and what the

@@ -368,9 +368,14 @@ task *nhf_lane_open_task(lane *l, nhf_hostfn trampoline, void *record, PyObject 
         return NULL;
     }
     nhf_enqueue_note_task(t->seq); /* for a wait on it (lane_reached) */
-    /* The owners of direct tasks before the cursor as last read (each has run; that
-     * one may be running), a few at a time: the rest at later enqueues or a drain. */
+    /* The owners of direct tasks that have run, a few at a time (the rest at later
+     * enqueues, or a drain): those before the cursor as last read, which every task
+     * there has passed; where the oldest other than this one is not among them, the
+     * "done" word says how far the pool got (one read of a line the pool writes at
+     * each task, only while an owner of an earlier task is held). */
     uint32_t ran = atomic_load_explicit(&l->cursor_seen->seq, memory_order_relaxed) - 1;
+    if (l->owners_count > (owner != NULL ? 1u : 0u) && !oldest_ran(l, ran))
+        ran = atomic_load_explicit(&l->words[1], memory_order_acquire);
     for (int i = 0; i < NHF_LANE_RELEASED && oldest_ran(l, ran); i++)
         released[i] = pop_owner(l);
     return t;
@@ -560,7 +565,7 @@ Py_ssize_t nhf_exec_release_ran(void) {
 /* A pool's thread, settling a drain it owes: whether owners of direct tasks that
  * have run wait for a drain: 1 if some lane has some and its producer released none
  * since the last settle looked (it stopped launching there), -1 if only lanes whose
- * producers are releasing them as they fill their tasks again have any (look again
+ * producers are releasing them as they launch have any (look again
  * later), 0 if none has any; with any_age, 1 if any lane has any. */
 int nhf_exec_owners_idle(bool any_age) {
     int answer = 0;
@@ -702,7 +707,7 @@ static PyObject *py_done_pause(PyObject *self, PyObject *arg) {
     return set_pause(&test_done_pause_ns, arg);
 }
 
-/* lane_owners() -> (enqueued, ran, released as filled again, released by a drain):
+/* lane_owners() -> (enqueued, ran, released by enqueues, released by a drain):
  * the lanes' direct tasks, summed over this process's pools (tests only). */
 static PyObject *py_lane_owners(PyObject *self, PyObject *unused) {
     (void)self, (void)unused;
@@ -725,7 +730,7 @@ static PyObject *py_lane_owners(PyObject *self, PyObject *unused) {
 static PyMethodDef methods[] = {
     {"lane_owners", py_lane_owners, METH_NOARGS,
      "lane_owners($module, /)\n--\n\n"
-     "Tests only, the lanes' direct tasks: (enqueued, ran, released as filled again, "
+     "Tests only, the lanes' direct tasks: (enqueued, ran, released by enqueues, "
      "released by a drain)"},
     {"exec_test_pause", py_test_pause, METH_O,
      "exec_test_pause($module, ns, /)\n--\n\n"

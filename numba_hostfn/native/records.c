@@ -238,8 +238,8 @@ void nhf_settle_drain(long now) {
         return;
     atomic_store(&owing.owed, false);
     /* The lanes' direct tasks: their owners wait for a drain only where their
-     * producer has stopped taking them out as it fills their tasks again (before
-     * this thread sleeps: wherever they wait); where it goes on, look again later. */
+     * producer has stopped taking them out as it launches (before this thread
+     * sleeps: wherever they wait); where it goes on, look again later. */
     const nhf_lane_owner_hooks *hooks = atomic_load(&lane_owners);
     int lanes = hooks != NULL ? hooks->idle(now == 0) : 0;
     if (lanes > 0)
