@@ -515,23 +515,28 @@ def test_a_compiled_tasks_owner_is_held_by_its_lane_task_with_no_record(executor
     assert since()["filled"] + since()["drained"] == 2, since()
 
     # The launching thread takes the owners of tasks that ran out as it launches: on
-    # a thread of its own, while this one waits in join(), where no pending call (a
-    # drain) runs.  The second launch finds the first task run ("done" written).
-    filled = []
-
-    def launch_twice():
+    # a thread of its own, so that its second launch finds the first task run ("done"
+    # written) and its owner still held, unless the pool thread's owed drain, a
+    # pending call, ran on this thread first, in the few bytecodes before join()
+    # blocks (seen on a loaded CI machine): tried until once it was not.
+    def launch_twice(filled):
         first = since()["filled"]
         for _ in range(2):
             nh.host_launch(stream, increment, user_data=ref, executor=executor)
             stream.sync()
         filled.append(since()["filled"] - first)
 
-    thread = threading.Thread(target=launch_twice)
-    thread.start()
-    thread.join()
+    n = 2
+    for _ in range(20):
+        filled = []
+        thread = threading.Thread(target=launch_twice, args=(filled,))
+        thread.start()
+        thread.join()
+        n += 2
+        if filled != [0]:
+            break
     assert filled == [1], since()  # the first task's owner, taken out by the second launch
 
-    n = 4
     for _ in range(500):  # volume: taken out by either
         nh.host_launch(stream, increment, user_data=ref, executor=executor)
     n += 500
