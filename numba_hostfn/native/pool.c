@@ -21,6 +21,14 @@ static void wake(nhf_pool *pool) {
 
 static uint32_t reached_word(const lane *l) { return atomic_load(&l->words[0]); }
 
+/* A lane's count with one writer at a time (the enqueue mutex's holder, or the
+ * claiming thread): a plain load and store, no locked instruction; order: what its
+ * readers need. */
+static void count_add(atomic_ulong *count, long change, memory_order order) {
+    unsigned long now = atomic_load_explicit(count, memory_order_relaxed);
+    atomic_store_explicit(count, now + (unsigned long)change, order);
+}
+
 /* The next task of a lane whose stream has reached it (or that a device fault
  * failed), claimed: the lane's cursor moves onto it; NULL if none.  A task on a
  * faulted lane that the stream has not reached is claimed only with the lane's
@@ -89,8 +97,7 @@ static void run(nhf_pool *pool, lane *l, task *t, bool failing) {
         /* Sequentially consistent, as the owed flag that nhf_owe_drain reads below,
          * and a settle clears before it reads this (nhf_exec_owners_idle): one of
          * the two sees the other. */
-        unsigned long ran = atomic_load_explicit(&l->direct_ran, memory_order_relaxed);
-        atomic_store(&l->direct_ran, ran + 1);
+        count_add(&l->direct_ran, 1, memory_order_seq_cst);
     } else if (failing) {
         nhf_record *record = t->record;
         (void)nhf_fault_fail_record(record, atomic_load(&l->fault), atomic_load(&record->state));
@@ -240,9 +247,7 @@ static PyObject *pop_owner(lane *l) {
     PyObject *owner = l->owners[l->owners_first].owner;
     l->owners_first = (l->owners_first + 1) % l->owners_size;
     l->owners_count--;
-    atomic_store_explicit(&l->direct_released,
-                          atomic_load_explicit(&l->direct_released, memory_order_relaxed) + 1,
-                          memory_order_release);
+    count_add(&l->direct_released, 1, memory_order_release);
     return owner;
 }
 
@@ -309,9 +314,7 @@ static task *append(lane *l, uint32_t seq, nhf_hostfn trampoline, void *record,
         l->owners[(l->owners_first + l->owners_count++) % l->owners_size] =
             (held_owner){seq, owner};
         /* Before the pool's count below: the watchdog reads both. */
-        atomic_store_explicit(&l->direct_enqueued,
-                              atomic_load_explicit(&l->direct_enqueued, memory_order_relaxed) + 1,
-                              memory_order_relaxed);
+        count_add(&l->direct_enqueued, 1, memory_order_relaxed);
     }
     l->seq = seq;
     atomic_store_explicit(&l->tail->next, t, memory_order_release);
@@ -331,9 +334,7 @@ static task *append(lane *l, uint32_t seq, nhf_hostfn trampoline, void *record,
 void nhf_lane_unlink_task(lane *l, task *t) {
     if (t->direct) { /* its owner, the newest, is the caller's again: refused */
         l->owners_count--;
-        atomic_store_explicit(&l->direct_enqueued,
-                              atomic_load_explicit(&l->direct_enqueued, memory_order_relaxed) - 1,
-                              memory_order_relaxed);
+        count_add(&l->direct_enqueued, -1, memory_order_relaxed);
     }
     atomic_store_explicit(&l->before->next, NULL, memory_order_release);
     l->tail = l->before;
@@ -527,9 +528,7 @@ static size_t take_ran(lane *l, PyObject **owners, size_t n, bool *busy) {
     size_t taken = 0;
     while (taken < n && oldest_ran(l, done)) {
         owners[taken++] = pop_owner(l);
-        atomic_store_explicit(&l->released_by_drain,
-                              atomic_load_explicit(&l->released_by_drain, memory_order_relaxed) + 1,
-                              memory_order_relaxed);
+        count_add(&l->released_by_drain, 1, memory_order_relaxed);
     }
     pthread_mutex_unlock(&l->enqueue_mutex);
     return taken;

@@ -146,11 +146,11 @@ static Py_ssize_t drain_lanes(void) {
     return -1 - released;
 }
 
-/* GIL held: nhf_drain, and the lanes' owners whether owed or not (drain()). */
+/* GIL held: nhf_drain, with the lanes' owners owed whether a settle owed them or
+ * not (drain()). */
 static Py_ssize_t drain_all(void) {
-    atomic_store(&handoff.lanes_owed, false);
-    Py_ssize_t lanes = drain_lanes();
-    return nhf_drain() + lanes;
+    atomic_store(&handoff.lanes_owed, true);
+    return nhf_drain();
 }
 
 Py_ssize_t nhf_drain(void) {
