@@ -4,10 +4,12 @@
   compiled function) -> next kernel", synchronized at the end, per iteration: the
   kernel alone, host_launch, host_launch(executor=), the core's enqueue on the
   executor's lane alone (``_core.enqueue``, given what host_launch(executor=) finds,
-  its owner made once: where its time goes), and four raw C baselines
+  its owner made once: where its time goes), and five raw C baselines
   built with nvcc (the kernel alone; kernel + cuLaunchHostFunc; kernel + cuStreamWriteValue32
   "reached" + a host thread spinning on it + cuStreamWaitValue32 "done"; the same
-  write and wait in one cuStreamBatchMemOp, as the executor enqueues them), all
+  write and wait in one cuStreamBatchMemOp, as the executor enqueues them; and that
+  batch as any safe enqueue from Python must make it, the GIL released around a
+  capture check and the call, as the enqueue section's safe C loop), all
   interleaved, one sample of each per round.  The Python rows
   launch the kernel with the C baselines' own ``tiny<<<1, 1, 0, stream>>>()``,
   called through ctypes (PyDLL, no argument: the cheapest call ctypes makes, since
@@ -66,6 +68,13 @@ C_KERNEL = "raw C: kernel alone"
 C_MEMOP = "raw C: kernel + stream memory operations + spinning thread"
 C_HOSTFN = "raw C: kernel + cuLaunchHostFunc"
 C_BATCH = "raw C: kernel + the same two in one cuStreamBatchMemOp + spinning thread"
+# The batched operation as any safe enqueue from Python must make it (the GIL released
+# around a capture check and the call, as the enqueue section's safe C loop does): what
+# the executor's enqueue cannot do without.
+C_SAFE_BATCH = (
+    "raw C: kernel + the batched operation with the capture check and the GIL released "
+    "+ spinning thread"
+)
 EXECUTOR = "kernel + host_launch(executor=)"
 # Where host_launch(executor=)'s time goes: the core's enqueue on the executor's lane,
 # given what host_launch finds (the lane, the trampoline, the address, an owner made
@@ -175,13 +184,14 @@ def run(nh, device, n: int, repeats: int, tasks: int) -> None:
         rows[C_HOSTFN] = lambda: _c_round_trip(stream, n, 1)
         rows[C_MEMOP] = lambda: _c_round_trip(stream, n, 2)
         rows[C_BATCH] = lambda: _c_round_trip(stream, n, 3)
+        rows[C_SAFE_BATCH] = lambda: _c_round_trip(stream, n, 4)
     # One sample of every row per round: the host drifts over seconds (a shared
     # machine), and the targets divide rows of the same rounds.
     table = [Row(ROUND_TRIP, name, "µs/iter") for name in rows]
     if device.simulator:
         table += [
             Row(ROUND_TRIP, name, "µs/iter", note="needs a GPU")
-            for name in (C_KERNEL, C_HOSTFN, C_MEMOP, C_BATCH)
+            for name in (C_KERNEL, C_HOSTFN, C_MEMOP, C_BATCH, C_SAFE_BATCH)
         ]
     interleaved(ROUND_TRIP, table, lambda row: rows[row.name](), repeats)
     _enqueue_host_time(nh, stream, empty, executor, repeats)
@@ -376,6 +386,11 @@ def targets() -> list[Target]:
             1.15,
         ),
         target(
+            "executor round trip / raw C with the batched operation as a safe enqueue makes it",
+            ratio(find(ROUND_TRIP, EXECUTOR), find(ROUND_TRIP, C_SAFE_BATCH)),
+            None,
+        ),
+        target(
             "executor's added time / the batched operation's (each over its loop's kernel alone)",
             _added(EXECUTOR, "kernel alone", C_BATCH, C_KERNEL),
             None,
@@ -451,6 +466,8 @@ C_ROUND_TRIP = r"""
 #include <pthread.h>
 #include <string.h>
 #include <time.h>
+extern "C" void *PyEval_SaveThread(void);      /* from the process's Python */
+extern "C" void PyEval_RestoreThread(void *);
 
 __global__ void tiny(void) {}
 static void CUDA_CB empty(void *p) { (void)p; }
@@ -497,7 +514,10 @@ static double now_us(void)
 /* n iterations of tiny kernel -> host work -> ...; mode 0: the kernel alone;
    mode 1: cuLaunchHostFunc,
    mode 2: write "reached", a spinning thread answers, wait for "done";
-   mode 3: mode 2's write and wait in one cuStreamBatchMemOp.
+   mode 3: mode 2's write and wait in one cuStreamBatchMemOp;
+   mode 4: mode 3 as a safe enqueue from Python makes it: the GIL released around a
+   capture check and the batch (the enqueue section's safe loop), so called with the
+   GIL held (through the PyDLL handle).
    Returns microseconds per iteration (-1 on error). */
 extern "C" double round_trip(unsigned long long stream_handle, int n, int mode)
 {
@@ -534,7 +554,17 @@ extern "C" double round_trip(unsigned long long stream_handle, int n, int mode)
             ops[1].waitValue.address = (CUdeviceptr)(words + 1);
             ops[1].waitValue.value = i;
             ops[1].waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
-            if (cuStreamBatchMemOp(stream, 2, ops, 0)) goto out;
+            if (mode == 3) {
+                if (cuStreamBatchMemOp(stream, 2, ops, 0)) goto out;
+                continue;
+            }
+            void *thread_state = PyEval_SaveThread();
+            CUstreamCaptureStatus capture;
+            CUresult rc = cuStreamIsCapturing(stream, &capture);
+            if (rc == CUDA_SUCCESS && capture == CU_STREAM_CAPTURE_STATUS_NONE)
+                rc = cuStreamBatchMemOp(stream, 2, ops, 0);
+            PyEval_RestoreThread(thread_state);
+            if (rc != CUDA_SUCCESS || capture != CU_STREAM_CAPTURE_STATUS_NONE) goto out;
         }
     }
     if (cuStreamSynchronize(stream) == CUDA_SUCCESS) per = (now_us() - start) / n;
@@ -574,6 +604,9 @@ def _lib() -> ctypes.CDLL:
             getattr(with_gil, name).restype = restype
         with_gil.tiny_on.argtypes = (ctypes.c_ulonglong,)
         with_gil.launch_tiny.argtypes = with_gil.tiny_failures.argtypes = ()
+        # Mode 4 releases and takes back the GIL itself, at each iteration.
+        with_gil.round_trip.argtypes = _LIB.round_trip.argtypes
+        with_gil.round_trip.restype = ctypes.c_double
         _LIB.with_gil = with_gil
     return _LIB
 
@@ -599,7 +632,9 @@ class _TinyKernel:
 
 def _c_round_trip(stream, n: int, mode: int) -> float:
     stream.sync()
-    per = _lib().round_trip(int(stream.handle), n, mode)
+    lib = _lib()
+    loop = lib.with_gil.round_trip if mode == 4 else lib.round_trip
+    per = loop(int(stream.handle), n, mode)
     if per < 0:
         raise RuntimeError("a driver call failed in the C round trip")
     return per
