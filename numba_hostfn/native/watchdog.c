@@ -378,25 +378,22 @@ static void wake_locked(void) {
     pthread_cond_signal(&dog.wake);
 }
 
-void nhf_watch_prepare(nhf_record *record, void *stream) {
-    nhf_context_fn context_of = atomic_load_explicit(&dog.context_of, memory_order_acquire);
-    if (context_of == NULL || atomic_load_explicit(&dog.query, memory_order_relaxed) == NULL)
-        return; /* no watchdog: the record is not watched */
-    void *ctx = NULL;
-    if (context_of(stream, &ctx) != 0)
-        ctx = NULL; /* the enqueue will fail too, or the stream is not the driver's */
-    atomic_store_explicit(&record->watch, stream, memory_order_relaxed);
-    atomic_store_explicit(&record->watch_ctx, ctx, memory_order_relaxed);
-}
-
 void *nhf_watch_context(void *stream) {
     nhf_context_fn context_of = atomic_load_explicit(&dog.context_of, memory_order_acquire);
     if (context_of == NULL || atomic_load_explicit(&dog.query, memory_order_relaxed) == NULL)
-        return NULL; /* no watchdog: the lane is not watched */
+        return NULL; /* no watchdog: not watched */
     void *ctx = NULL;
     if (context_of(stream, &ctx) != 0)
         ctx = NULL; /* the enqueue will fail too, or the stream is not the driver's */
     return ctx;
+}
+
+void nhf_watch_prepare(nhf_record *record, void *stream) {
+    void *ctx = nhf_watch_context(stream);
+    if (ctx == NULL)
+        return; /* not watched: both fields stay NULL, as nhf_record_take left them */
+    atomic_store_explicit(&record->watch, stream, memory_order_relaxed);
+    atomic_store_explicit(&record->watch_ctx, ctx, memory_order_relaxed);
 }
 
 void nhf_watch_wake(void) {
@@ -414,11 +411,7 @@ void nhf_watch_enqueued(nhf_record *record, unsigned long taken) {
     if (!atomic_compare_exchange_strong(&record->state, &expected,
                                         NHF_WITH_PHASE(taken, NHF_IN_FLIGHT)))
         return; /* it ran already (or was released and taken again) */
-    if (atomic_load(&dog.active))
-        return;
-    pthread_mutex_lock(&dog.mutex);
-    wake_locked();
-    pthread_mutex_unlock(&dog.mutex);
+    nhf_watch_wake();
 }
 
 /* ---- the CUDA backend's query ------------------------------------------------------- */
