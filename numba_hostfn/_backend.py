@@ -16,7 +16,7 @@ from . import _core
 from ._errors import FAULT_NAMES, CudaDriverError, DeviceFaultError
 from ._records import LaunchRecords
 
-__all__ = ["Backend", "Launch", "in_host_function_error"]
+__all__ = ["Backend", "Launch", "StaleLane", "in_host_function_error"]
 
 _CURESULT_MASK = 0xFFFFFFFF  # nhf.h's NHF_CURESULT_MASK: a driver call's CUresult
 #: How a task that an executor's wait left behind goes on (status KEPT).
@@ -26,6 +26,13 @@ _KEPT = "the task runs when the stream reaches it, but the stream does not wait 
 #: Each launch kind's trampoline on a stream, from the native table (``_classify.KINDS``
 #: is the whole row; this module sits below ``_classify``).
 _RUN = {row[1]: row[2] for row in _core.launch_kinds()}
+
+
+class StaleLane(RuntimeError):
+    """An executor's lane refused (status ``LANE_STALE``), having enqueued nothing: it
+    serves an earlier stream that had the stream's handle, destroyed with tasks still
+    to be reached.  The package's enqueue answers it with a lane of the stream's own
+    (``_executor.renew_lane``); it reaches a program only if that keeps failing."""
 
 
 class Launch(NamedTuple):
@@ -113,6 +120,12 @@ class Backend:
             return self.fault_error(code, "nothing was enqueued")
         if status & _core.EXECUTOR_CLOSED:
             return RuntimeError("the HostExecutor is closed; create a new one")
+        if status & _core.LANE_STALE:
+            return StaleLane(
+                "the HostExecutor's lane for this stream's handle still serves an earlier "
+                "stream that had the same handle, destroyed with tasks pending; nothing "
+                "was enqueued"
+            )
         if status & _core.QUEUE_STOPPED:
             return RuntimeError("the simulated stream is closed; create a new Stream")
         if status & _core.OUT_OF_MEMORY:

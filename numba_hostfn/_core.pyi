@@ -13,7 +13,7 @@ from typing_extensions import Buffer, disjoint_base
 
 # ---- the hooks for tests only (util.c's nhf_add_testing; each file adds its own):
 # driver_swap, exec_done_pause, exec_test_pause, held_owners, lane_owners, schedule_failures,
-# sim_pending,
+# sim_new_identity, sim_pending,
 # sim_watchdog_stream_uses, watchdog_stats.  Not an API: untyped here.
 _testing: ModuleType
 
@@ -26,6 +26,7 @@ KEPT: Final[int]
 EXECUTOR_CLOSED: Final[int]
 IN_HOST_FUNCTION: Final[int]
 FAULTED: Final[int]
+LANE_STALE: Final[int]
 
 # ---- routes and trampolines: numbers the core maps to its own functions ----
 ROUTE_CUDA: Final[int]

@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from . import _core
-from ._backend import Backend, Launch
+from ._backend import Backend, Launch, StaleLane
 from ._classify import KINDS, classify_function
-from ._executor import check_executor, copy_context_of, default_lane_of, lane_of
+from ._executor import check_executor, copy_context_of, default_lane_of, lane_of, renew_lane
 from ._graphs import add_captured_node, add_graph_node
 from ._process import get_backend
 from ._streams import stream_handle, target_kind
@@ -24,6 +24,7 @@ __all__ = [
     "enqueue",
     "raise_refused",
     "refuse_signal",
+    "renewed_route",
     "signal_route",
     "user_data_with_callable",
 ]
@@ -60,6 +61,13 @@ def signal_route(
         return (backend.executor_route, address, lane), driver
     # An executor's task owns the executor: it is collected only with nothing outstanding.
     return (backend.executor_route, lane_of(executor, handle), executor), None
+
+
+def renewed_route(target: Any, route: tuple[int, int, Any]) -> tuple[int, int, Any]:
+    """``route``, an executor's lane whose enqueue answered ``_core.LANE_STALE``, with a
+    new lane of that executor for ``target``'s stream (``_executor.renew_lane``)."""
+    handle = get_backend().stream_handle(target, stream_handle(target))
+    return (route[0], renew_lane(route[2], handle, route[1]), route[2])
 
 
 def refuse_signal(status: int, executor: Any, refusal: str) -> None:
@@ -151,9 +159,19 @@ def user_data_with_callable(fn: Any) -> ValueError:
 
 
 def _executor_enqueue(backend: Backend, handle: int, launch: Launch) -> bool:
-    """Enqueue on the executor's lane for stream ``handle``; False if it is capturing."""
+    """Enqueue on the executor's lane for stream ``handle``; False if it is capturing.
+
+    A lane that serves an earlier stream with this handle (destroyed with tasks
+    pending) refuses, having enqueued nothing: the stream gets a lane of its own.
+    """
     executor = launch.executor
     # The executor's copy trampoline finds its pool in the record's context.
     context = copy_context_of(executor) if launch.copy else ()
     lane = lane_of(executor, handle)
-    return backend.enqueue(lane, launch, backend.executor_route, "cuStreamWriteValue32", context)
+    while True:
+        try:
+            return backend.enqueue(
+                lane, launch, backend.executor_route, "cuStreamWriteValue32", context
+            )
+        except StaleLane:
+            lane = renew_lane(executor, handle, lane)

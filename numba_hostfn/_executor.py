@@ -31,6 +31,7 @@ __all__ = [
     "default_lane_of",
     "graph_slot_of",
     "lane_of",
+    "renew_lane",
 ]
 
 _WORDS_PER_BLOCK = 512  # lanes per block of pinned memory (8 bytes each: a page)
@@ -162,6 +163,25 @@ class HostExecutor(_core.ExecutorBase):
                 self._lanes[handle] = lane
         return lane
 
+    def _renew_lane(self, handle: int, stale: int) -> int:
+        """A lane of its own for the stream ``handle`` names now, in place of ``stale``,
+        whose enqueue answered ``_core.LANE_STALE``: the driver gave the handle of a
+        destroyed stream, whose tasks on ``stale`` are still to be reached, to this one
+        (LIFETIME.md, invariant 15).  ``stale`` keeps serving the destroyed stream; a
+        lane renewed meanwhile by another thread is returned as it is."""
+        if self._closed:
+            raise RuntimeError("the HostExecutor is closed; create a new one")
+        with self._lock:
+            if handle <= _DEFAULT_STREAM_HANDLES:
+                lane = self._lane_new(handle, self._words())  # found first from now on
+                self._lanes[handle, lane] = lane
+                return lane
+            lane = self._lanes.get(handle)
+            if lane is None or lane == stale:
+                lane = self._lane_new(handle, self._words())
+                self._lanes[handle] = lane
+        return lane
+
     def _reserve(self) -> None:
         """A new block of pinned words, if the current one is used up (under ``_lock``)."""
         if self._block_used == _WORDS_PER_BLOCK:
@@ -262,6 +282,13 @@ def lane_of(executor: HostExecutor, handle: int, most: int = 0) -> int:
     enqueue function), made on first use; 0 if it has none yet and already ``most``
     lanes (where given).  RuntimeError if the executor is closed."""
     return executor._lane(handle, most)
+
+
+def renew_lane(executor: HostExecutor, handle: int, stale: int) -> int:
+    """The address of a new lane of ``executor`` for stream ``handle``, whose lane
+    ``stale`` serves an earlier stream that had the handle (an enqueue's
+    ``_core.LANE_STALE``)."""
+    return executor._renew_lane(handle, stale)
 
 
 def graph_slot_of(executor: HostExecutor) -> _core.GraphSlot:

@@ -321,6 +321,34 @@ class Hold:
         self.release()
 
 
+def stream_with_handle_of(device, stream):
+    """A stream that has ``stream``'s handle: CUDA gives a destroyed stream's handle to
+    a later one, at once even while the destroyed one's work is pending (on an H200,
+    the handles of streams made and destroyed in turn alternate between two).  CUDA:
+    ``stream`` is destroyed, its work left pending, and streams are made (and
+    destroyed again) until one has its handle.  The simulator never gives a handle
+    again: there ``stream`` itself, given a new id (``sim_new_identity``), as CUDA's
+    new stream has; its queue stays the one before, so order holds there anyway."""
+    import numba_hostfn
+
+    if numba_hostfn.backend_name() != "cuda":
+        from numba_hostfn import _core
+
+        _core._testing.sim_new_identity(stream.handle)
+        return stream
+    handle = int(stream.handle)
+    device.close_stream(stream)
+    for _ in range(1000):
+        other = device.create_stream()
+        if int(other.handle) == handle:
+            return other
+        device.close_stream(other)
+    raise AssertionError(
+        "the driver gave none of 1,000 new streams a destroyed stream's handle: this "
+        "test needs another way to make one"
+    )
+
+
 def armed_fault(device, stream, delay: float = 0.0):
     """Device work that faults ``delay`` seconds after the returned ``fire()``: what is
     enqueued before ``fire()`` comes behind the fault, on either backend.

@@ -23,6 +23,7 @@ from _device import (
     released_eventually,
     rerun_on_simulator,
     run_child,
+    stream_with_handle_of,
     thread_state_count,
     threads_but_watchdog,
 )
@@ -90,6 +91,96 @@ def test_runs_between_prior_and_later_stream_work(executor, stream, device):
     device.store(stream, cell, 2, 7)  # device work after
     stream.sync()
     assert list(cell) == [1, 10, 7]
+
+
+def _task_on(how, stream, executor):
+    """One task on ``stream``'s lane of ``executor``, launched as ``how`` says."""
+    from numba_hostfn import _launch
+
+    if how == "compiled":  # host_launch's native path: a direct task
+        nh.host_launch(
+            stream, increment, user_data=nh.by_ref(np.zeros(1, np.int64)), executor=executor
+        )
+    elif how == "compiled, Python path":
+        with _launch.python_path():
+            nh.host_launch(
+                stream, increment, user_data=nh.by_ref(np.zeros(1, np.int64)), executor=executor
+            )
+    elif how == "Python callable":  # a record's task
+        nh.host_launch(stream, lambda: None, executor=executor)
+    elif how == "host_copy":
+        nh.host_copy(stream, np.zeros(64, np.uint8), np.ones(64, np.uint8), executor=executor)
+    else:  # a signal
+        return nh.done_future(stream, executor=executor)
+    return None
+
+
+LAUNCHES = ["compiled", "compiled, Python path", "Python callable", "host_copy", "done_future"]
+
+
+@pytest.mark.parametrize("how", LAUNCHES)
+def test_a_new_stream_with_a_destroyed_streams_handle_gets_a_lane_of_its_own(executor, device, how):
+    """CUDA gives a destroyed stream's handle to a later stream, at once even while the
+    destroyed one's work is pending, and a lane is found by its stream's handle.  The
+    destroyed stream's task comes after device work that stores a value half a second
+    later; the new stream reaches its own task at once.  The old task sees the value:
+    the new stream has a lane of its own (before: one lane per handle, whose "reached"
+    word the new stream wrote first, and a pool thread ran the old task at once)."""
+    old = device.create_stream()
+    cell = device.host_array(3)
+    device.store(old, cell, 0, 1, delay=0.5)
+    nh.host_launch(old, observe, user_data=nh.by_ref(cell), executor=executor)
+    handle = old.__cuda_stream__()[1]
+    stale = executor._lane(handle)
+    new = stream_with_handle_of(device, old)
+    future = _task_on(how, new, executor)
+    if future is not None:
+        future.result(timeout=30)
+    new.sync()
+    device.synchronize()  # the destroyed stream's work too (CUDA)
+    assert cell[1] == 10  # 10 * cell[0] + cell[2]: the task ran after the store
+    assert executor._lane(handle) != stale
+    assert executor.outstanding() == 0
+    device.close_stream(new)
+
+
+@pytest.mark.parametrize("how", LAUNCHES)
+def test_a_lane_whose_tasks_have_all_run_is_handed_to_the_next_stream_of_its_handle(
+    executor, device, how
+):
+    """Once every task of a destroyed stream has run, its lane serves the next stream
+    with the handle: a program that makes a stream per request, with handles coming
+    back, does not add a lane per stream (the pool's threads look at every lane)."""
+    old = device.create_stream()
+    nh.host_launch(old, lambda: None, executor=executor)
+    old.sync()
+    handle = old.__cuda_stream__()[1]
+    lane = executor._lane(handle)
+    new = stream_with_handle_of(device, old)
+    future = _task_on(how, new, executor)
+    if future is not None:
+        future.result(timeout=30)
+    new.sync()
+    assert executor._lane(handle) == lane
+    assert executor.outstanding() == 0
+    device.close_stream(new)
+
+
+def test_the_default_lane_of_a_destroyed_stream_with_waits_pending_serves_it_alone(device):
+    """done_future with no executor waits on the package's default lane: a new stream
+    with a destroyed stream's handle, whose wait on that lane is still to come, waits
+    on the driver's thread instead, and the destroyed stream's wait resolves only
+    once its stream got there (before: the new stream's arrival resolved it)."""
+    old = device.create_stream()
+    cell = device.host_array(1)
+    device.store(old, cell, 0, 1, delay=0.5)
+    waited = nh.done_future(old)
+    new = stream_with_handle_of(device, old)
+    nh.done_future(new).result(timeout=30)
+    waited.result(timeout=30)
+    assert cell[0] == 1  # resolved after the store
+    new.sync()
+    device.close_stream(new)
 
 
 def test_a_default_stream_handle_has_a_lane_per_stream_it_names(executor):

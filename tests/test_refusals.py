@@ -7,6 +7,7 @@ pins what each gives, so that a change to it shows here (issue 32)."""
 import pytest
 
 from numba_hostfn import _core
+from numba_hostfn._backend import StaleLane
 from numba_hostfn._cuda import CudaBackend
 from numba_hostfn._errors import CudaDriverError, DeviceFaultError
 from numba_hostfn._simbackend import SimulatorBackend
@@ -60,6 +61,8 @@ CUDA = [
     (CHECK_FAILED | INVALID_VALUE, WRITE, CudaDriverError, "cuStreamIsCapturing failed"),
     (_core.EXECUTOR_CLOSED, WRITE, RuntimeError, "the HostExecutor is closed"),
     (_core.OUT_OF_MEMORY, WRITE, MemoryError, "could not allocate"),
+    # the lane serves an earlier stream with the handle (the package renews it)
+    (_core.LANE_STALE, WRITE, StaleLane, "still serves an earlier stream"),
     # the write refused: taken back
     (INVALID_VALUE, WRITE, CudaDriverError, "cuStreamWriteValue32 failed: CUresult 1"),
     (ILLEGAL_ADDRESS, WRITE, DeviceFaultError, "nothing was enqueued (cuStreamWrite"),
@@ -80,6 +83,7 @@ SIMULATOR = [
     (_core.OUT_OF_MEMORY, LAUNCH, MemoryError, "could not allocate"),
     (_core.OUT_OF_MEMORY, "", MemoryError, "could not allocate"),
     (_core.EXECUTOR_CLOSED, WRITE, RuntimeError, "the HostExecutor is closed"),
+    (_core.LANE_STALE, WRITE, StaleLane, "still serves an earlier stream"),
     (FAULTED | ILLEGAL_ADDRESS, WRITE, DeviceFaultError, "nothing was enqueued"),
     (_core.QUEUE_STOPPED, WRITE, RuntimeError, "the simulated stream is closed"),
     (_core.OUT_OF_MEMORY, WRITE, MemoryError, "could not allocate"),

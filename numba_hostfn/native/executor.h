@@ -102,6 +102,11 @@ typedef struct lane {
     task *cursor_seen; /* the cursor as the producer last read it */
     task *spare;     /* a task taken back, to reuse first */
     uint32_t seq;    /* the last number given */
+    /* The id of the stream the lane serves (cuStreamGetId; the simulator's serial),
+     * set at its first enqueue (nhf_lane_identify): the handle may name another
+     * stream later. */
+    unsigned long long serves;
+    bool serves_known;
     /* The owners of the direct tasks, oldest first: a ring that only the producer
      * and the drain touch, each under enqueue_mutex (no thread of the pool reads
      * it).  An owner is taken out only once its task has run: by the producer's
@@ -192,15 +197,52 @@ static inline long nhf_pool_outstanding(nhf_pool *pool) {
     return atomic_load(&pool->enqueued) - finished;
 }
 
-/* Without the GIL, before a direct task's enqueue (its owner non-NULL): the
- * context the watchdog queries for the lane's direct tasks, as the stream's is now
- * (a record's enqueue finds it the same way, nhf_watch_prepare); written only when
- * it changes. */
-static inline void nhf_lane_watch(lane *l, PyObject *owner) {
+/* nhf_lane_identify's answers. */
+enum nhf_lane_identity {
+    NHF_LANE_SAME,  /* the stream the lane served at its last enqueue */
+    NHF_LANE_NEW,   /* its first stream, one it is handed to, or not known (no id) */
+    NHF_LANE_OTHER, /* another stream, and the lane's earlier one may still reach tasks */
+};
+
+/* Under the lane's enqueue mutex: whether l may take a task of the stream its handle
+ * names now, whose id is id (known false where the driver gave none).  A lane is
+ * found by its stream's handle, and the driver gives a destroyed stream's handle to
+ * a later stream, at once even while the destroyed one's work is pending (on an
+ * H200, every second cuStreamCreate: LIFETIME.md, invariant 15).  A lane whose
+ * tasks have all run is handed to the new stream (a non-default handle's: a default
+ * handle's lanes are found by the id already); else its earlier stream may still
+ * reach its tasks, and a task of the new stream, whose "reached" comes first, would
+ * let a pool thread run them early: NHF_LANE_OTHER, and the caller makes the new
+ * stream a lane of its own. */
+static inline enum nhf_lane_identity nhf_lane_identify(lane *l, bool known,
+                                                       unsigned long long id) {
+    if (!known)
+        return NHF_LANE_NEW;
+    if (l->serves_known && l->serves == id)
+        return NHF_LANE_SAME;
+    if (l->serves_known &&
+        ((uintptr_t)l->stream <= (uintptr_t)CU_STREAM_PER_THREAD ||
+         atomic_load_explicit(&l->fault, memory_order_relaxed) != 0 ||
+         atomic_load_explicit(&l->words[1], memory_order_acquire) != l->seq))
+        return NHF_LANE_OTHER;
+    l->serves = id;
+    l->serves_known = true;
+    return NHF_LANE_NEW;
+}
+
+/* Under the lane's enqueue mutex, before a direct task's enqueue (its owner
+ * non-NULL): the context the watchdog queries for the lane's direct tasks, the
+ * stream's (a record's enqueue finds it the same way, nhf_watch_prepare): looked up
+ * again only when the lane's stream may have changed (identity), or no watchdog
+ * had noted one; written only when it changes. */
+static inline void nhf_lane_watch(lane *l, PyObject *owner, enum nhf_lane_identity identity) {
     if (owner == NULL)
         return;
+    void *noted = atomic_load_explicit(&l->watch_ctx, memory_order_relaxed);
+    if (identity == NHF_LANE_SAME && noted != NULL)
+        return;
     void *ctx = nhf_watch_context(l->stream);
-    if (atomic_load_explicit(&l->watch_ctx, memory_order_relaxed) != ctx)
+    if (noted != ctx)
         atomic_store_explicit(&l->watch_ctx, ctx, memory_order_relaxed);
 }
 

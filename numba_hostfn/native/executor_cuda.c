@@ -5,12 +5,13 @@
 
 #include <string.h>
 
-/* Any thread: on a CUDA stream, refuse a capturing stream, append the task,
- * write "reached", wait for "done" (one cuStreamBatchMemOp, or two calls if the
- * batch is refused).  If the write fails the task is taken back; if the wait
- * fails after the write was enqueued, the task still runs (the stream reaches
- * the write): status NHF_KEPT | CUresult.  owner: a direct task's (NULL for a
- * record's); released: see nhf_lane_fn. */
+/* Any thread: on a CUDA stream, refuse a capturing stream, and a stream the lane
+ * does not serve (NHF_LANE_STALE, nhf_lane_identify), append the task, write
+ * "reached", wait for "done" (one cuStreamBatchMemOp, or two calls if the batch is
+ * refused).  If the write fails the task is taken back; if the wait fails after
+ * the write was enqueued, the task still runs (the stream reaches the write):
+ * status NHF_KEPT | CUresult.  owner: a direct task's (NULL for a record's);
+ * released: see nhf_lane_fn. */
 uint64_t nhf_exec_cuda_enqueue(void *lane_, nhf_hostfn trampoline, void *record,
                                PyObject *owner, PyObject **released) {
     lane *l = lane_;
@@ -23,9 +24,17 @@ uint64_t nhf_exec_cuda_enqueue(void *lane_, nhf_hostfn trampoline, void *record,
         return NHF_CAPTURE_CHECK_FAILED | (uint32_t)rc;
     if (capture != 0)
         return NHF_CAPTURING;
-    nhf_lane_watch(l, owner);
+    unsigned long long id = 0;
+    nhf_cuStreamGetId_fn get_id = NHF_CU(cuStreamGetId); /* CUDA 12.0 on */
+    bool known = get_id != NULL && get_id(l->stream, &id) == 0;
     uint64_t status = 0;
     pthread_mutex_lock(&l->enqueue_mutex);
+    enum nhf_lane_identity identity = nhf_lane_identify(l, known, id);
+    if (identity == NHF_LANE_OTHER) {
+        pthread_mutex_unlock(&l->enqueue_mutex);
+        return NHF_LANE_STALE;
+    }
+    nhf_lane_watch(l, owner, identity);
     task *t = nhf_lane_open_task(l, trampoline, record, owner, &status, released);
     if (t == NULL) {
         pthread_mutex_unlock(&l->enqueue_mutex);

@@ -14,13 +14,19 @@ static nhf_sim_word_op *new_word_op(_Atomic uint32_t *word, uint32_t value) {
 }
 
 /* Any thread: on a simulated stream, the same steps, as simulated device work
- * (nhf_lane_fn). */
+ * (nhf_lane_fn); the stream's id is the simulator's serial. */
 uint64_t nhf_exec_sim_enqueue(void *lane_, nhf_hostfn trampoline, void *record,
                               PyObject *owner, PyObject **released) {
     lane *l = lane_;
     uint64_t status = 0;
-    nhf_lane_watch(l, owner);
+    unsigned long long id = nhf_sim_stream_id(l->stream);
     pthread_mutex_lock(&l->enqueue_mutex);
+    enum nhf_lane_identity identity = nhf_lane_identify(l, true, id);
+    if (identity == NHF_LANE_OTHER) {
+        pthread_mutex_unlock(&l->enqueue_mutex);
+        return NHF_LANE_STALE;
+    }
+    nhf_lane_watch(l, owner, identity);
     nhf_sim_word_op *write_op = new_word_op(&l->words[0], l->seq + 1);
     nhf_sim_word_op *wait_op = new_word_op(&l->words[1], l->seq + 1);
     task *t = write_op && wait_op

@@ -261,8 +261,8 @@ static int fast_launch(PyObject *stream, PyObject *fn, PyObject *data, PyObject 
                                          (nhf_hostfn)address, (void *)arg, NULL, owner);
     if (status == NHF_NO_RECORD)
         goto error;
-    if (status == NHF_CAPTURING)
-        goto done; /* a graph node instead: the Python path */
+    if (status == NHF_CAPTURING || status == NHF_LANE_STALE)
+        goto done; /* a graph node instead, or a lane of the stream's own: the Python path */
     if (status != 0) {
         PyObject *word = PyLong_FromUnsignedLongLong(status);
         PyObject *raise_status = Py_NewRef(nhf_launch.raise_status); /* configure may swap it */

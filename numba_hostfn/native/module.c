@@ -37,6 +37,7 @@ PyMODINIT_FUNC PyInit__core(void) {
         add_status(module, "EXECUTOR_CLOSED", NHF_EXECUTOR_CLOSED) < 0 ||
         add_status(module, "IN_HOST_FUNCTION", NHF_IN_HOST_FUNCTION) < 0 ||
         add_status(module, "FAULTED", NHF_FAULTED) < 0 ||
+        add_status(module, "LANE_STALE", NHF_LANE_STALE) < 0 ||
         /* Bottom-up, as nhf.h lists the layers. */
         nhf_driver_init(module) < 0 || nhf_guard_init(module) < 0 ||
         nhf_compiled_init(module) < 0 ||

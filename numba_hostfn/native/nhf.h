@@ -147,6 +147,7 @@ static inline void nhf_cpu_relax(void) {
 #define NHF_EXECUTOR_CLOSED (UINT64_C(1) << 38)      /* the executor is closed */
 #define NHF_IN_HOST_FUNCTION (UINT64_C(1) << 40)     /* simulator: called by a host function */
 #define NHF_FAULTED (UINT64_C(1) << 41) /* the stream's context has a device fault (CUresult) */
+#define NHF_LANE_STALE (UINT64_C(1) << 42) /* an executor's lane serves an earlier stream */
 #define NHF_CURESULT_MASK UINT64_C(0xFFFFFFFF)
 
 /* A CUhostFn: void (*)(void *). */
@@ -576,6 +577,8 @@ uint64_t nhf_sim_enqueue(void *stream, nhf_hostfn fn, void *arg);
 int nhf_sim_query(void *stream);
 int nhf_sim_query_context(void *ctx);
 int nhf_sim_context_of(void *stream, void **ctx);
+/* Any thread: the simulator's cuStreamGetId (a serial number). */
+unsigned long long nhf_sim_stream_id(void *stream);
 /* Any thread: on a simulated stream's thread, whether its context has faulted. */
 bool nhf_sim_faulted_here(void);
 uint64_t nhf_sim_enqueue_device(void *stream, nhf_hostfn fn, void *arg);

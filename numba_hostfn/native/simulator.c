@@ -54,6 +54,10 @@ struct nhf_sim_stream {
     int has_ended;         /* the thread is past its last item: every closer may return */
     int capturing;         /* enqueues refuse: the capture path records */
     nhf_sim_ctx *ctx;      /* its context, set at creation */
+    /* Which stream it is (cuStreamGetId's): a number of its own, set at creation;
+     * sim_new_identity gives it another, as CUDA gives a destroyed stream's handle to
+     * a new one (an executor's lane then serves another stream). */
+    atomic_ullong serial;
     pthread_t thread;
     /* The stream's turn on the host-function thread. */
     nhf_sim_stream *host_next; /* link in the context's queue */
@@ -467,12 +471,16 @@ static nhf_sim_ctx *the_context(void) {
     return ctx;
 }
 
+/* The streams' serial numbers (nhf_sim_stream_id): the last one given. */
+static atomic_ullong last_serial;
+
 static nhf_sim_stream *stream_new(void) {
     nhf_sim_ctx *ctx = the_context();
     nhf_sim_stream *stream = ctx == NULL ? NULL : calloc(1, sizeof(nhf_sim_stream));
     if (stream == NULL)
         return NULL;
     stream->ctx = ctx;
+    atomic_store(&stream->serial, atomic_fetch_add(&last_serial, 1) + 1);
     pthread_condattr_t monotonic;
     if (pthread_condattr_init(&monotonic)) {
         free(stream);
@@ -659,6 +667,22 @@ int nhf_sim_context_of(void *stream_, void **ctx) {
         atomic_fetch_add(&watchdog_stream_uses, 1);
     *ctx = ((nhf_sim_stream *)stream_)->ctx;
     return 0;
+}
+
+/* Any thread: the simulator's cuStreamGetId. */
+unsigned long long nhf_sim_stream_id(void *stream) {
+    return atomic_load_explicit(&((nhf_sim_stream *)stream)->serial, memory_order_relaxed);
+}
+
+/* sim_new_identity(stream) (tests): the stream's id becomes a new one, as if CUDA had
+ * given its handle to a new stream; its queue stays the same. */
+static PyObject *py_new_identity(PyObject *self, PyObject *arg) {
+    (void)self;
+    nhf_sim_stream *stream = stream_arg(arg);
+    if (stream == NULL)
+        return NULL;
+    atomic_store(&stream->serial, atomic_fetch_add(&last_serial, 1) + 1);
+    Py_RETURN_NONE;
 }
 
 /* sim_watchdog_stream_uses() -> how many stream handles the watchdog's thread
@@ -971,6 +995,8 @@ static PyMethodDef testing_methods[] = {
      "Stream handles the watchdog's thread touched (0 by design)."},
     {"sim_pending", py_pending, METH_O, "sim_pending($module, stream, /)\n--\n\n"
      "Items enqueued on the stream and not yet finished."},
+    {"sim_new_identity", py_new_identity, METH_O, "sim_new_identity($module, stream, /)\n--\n\n"
+     "Give the stream a new id, as CUDA gives a destroyed stream's handle to a new one."},
     {NULL, NULL, 0, NULL},
 };
 
