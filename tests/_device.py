@@ -321,10 +321,37 @@ class Hold:
         self.release()
 
 
+def held_work(device, stream):
+    """Work on ``stream`` that holds it until the returned function is called: on
+    CUDA a wait on a word of host memory (``cuStreamWaitValue32``: device work, which
+    the driver may leave pending on a destroyed stream), on the simulator a
+    :class:`Hold`."""
+    import numba_hostfn
+
+    if numba_hostfn.backend_name() != "cuda":
+        return Hold(stream).release
+    import numpy as np
+    from cuda.bindings import driver
+
+    flag = device.host_array(1, np.uint32)
+    (err,) = driver.cuStreamWaitValue32(
+        driver.CUstream(int(stream.handle)),
+        flag.ctypes.data,
+        1,
+        driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ,
+    )
+    assert err == driver.CUresult.CUDA_SUCCESS, err
+
+    def release() -> None:
+        flag[0] = 1
+
+    return release
+
+
 def stream_with_handle_of(device, stream):
     """A stream that has ``stream``'s handle: CUDA gives a destroyed stream's handle to
-    a later one, at once even while the destroyed one's work is pending (on an H200,
-    the handles of streams made and destroyed in turn alternate between two).  CUDA:
+    a later one, even while the destroyed one's work is pending (on an H200, the
+    handles of streams made and destroyed in turn alternate between two).  CUDA:
     ``stream`` is destroyed, its work left pending, and streams are made (and
     destroyed again) until one has its handle.  The simulator never gives a handle
     again: there ``stream`` itself, given a new id (``sim_new_identity``), as CUDA's
@@ -338,14 +365,16 @@ def stream_with_handle_of(device, stream):
         return stream
     handle = int(stream.handle)
     device.close_stream(stream)
-    for _ in range(1000):
+    seen = set()
+    for _ in range(20_000):
         other = device.create_stream()
         if int(other.handle) == handle:
             return other
+        seen.add(int(other.handle))
         device.close_stream(other)
     raise AssertionError(
-        "the driver gave none of 1,000 new streams a destroyed stream's handle: this "
-        "test needs another way to make one"
+        f"the driver gave none of 20,000 new streams ({len(seen)} handles) a destroyed "
+        "stream's handle: this test needs another way to make one"
     )
 
 

@@ -20,6 +20,7 @@ from _device import (
     Hold,
     _wait_for_flag,
     driver_stand_ins,
+    held_work,
     released_eventually,
     rerun_on_simulator,
     run_child,
@@ -120,20 +121,29 @@ LAUNCHES = ["compiled", "compiled, Python path", "Python callable", "host_copy",
 
 @pytest.mark.parametrize("how", LAUNCHES)
 def test_a_new_stream_with_a_destroyed_streams_handle_gets_a_lane_of_its_own(executor, device, how):
-    """CUDA gives a destroyed stream's handle to a later stream, at once even while the
+    """CUDA gives a destroyed stream's handle to a later stream, even while the
     destroyed one's work is pending, and a lane is found by its stream's handle.  The
-    destroyed stream's task comes after device work that stores a value half a second
-    later; the new stream reaches its own task at once.  The old task sees the value:
-    the new stream has a lane of its own (before: one lane per handle, whose "reached"
-    word the new stream wrote first, and a pool thread ran the old task at once)."""
+    destroyed stream's task comes after held device work and a store; the new stream
+    reaches its own task at once, and on CUDA it has run before the hold is released.
+    The old task sees the store: the new stream has a lane of its own (before: one
+    lane per handle, whose "reached" word the new stream wrote first, and a pool
+    thread ran the old task then, before the store)."""
     old = device.create_stream()
     cell = device.host_array(3)
-    device.store(old, cell, 0, 1, delay=0.5)
+    release = held_work(device, old)
+    device.store(old, cell, 0, 1)
     nh.host_launch(old, observe, user_data=nh.by_ref(cell), executor=executor)
     handle = old.__cuda_stream__()[1]
     stale = executor._lane(handle)
     new = stream_with_handle_of(device, old)
-    future = _task_on(how, new, executor)
+    try:
+        future = _task_on(how, new, executor)
+        if nh.backend_name() == "cuda":  # the simulator's new stream is the held queue
+            if future is not None:
+                future.result(timeout=30)
+            new.sync()
+    finally:
+        release()
     if future is not None:
         future.result(timeout=30)
     new.sync()
@@ -173,10 +183,17 @@ def test_the_default_lane_of_a_destroyed_stream_with_waits_pending_serves_it_alo
     once its stream got there (before: the new stream's arrival resolved it)."""
     old = device.create_stream()
     cell = device.host_array(1)
-    device.store(old, cell, 0, 1, delay=0.5)
+    release = held_work(device, old)
+    device.store(old, cell, 0, 1)
     waited = nh.done_future(old)
     new = stream_with_handle_of(device, old)
-    nh.done_future(new).result(timeout=30)
+    try:
+        if nh.backend_name() == "cuda":  # the simulator's new stream is the held queue
+            nh.done_future(new).result(timeout=30)
+            time.sleep(0.05)  # a wait resolved early would be set by now
+            assert not waited.done()
+    finally:
+        release()
     waited.result(timeout=30)
     assert cell[0] == 1  # resolved after the store
     new.sync()
