@@ -20,11 +20,11 @@ from _device import (
     Hold,
     _wait_for_flag,
     driver_stand_ins,
+    handle_of_a_new_stream,
     held_work,
     released_eventually,
     rerun_on_simulator,
     run_child,
-    stream_with_handle_of,
     thread_state_count,
     threads_but_watchdog,
 )
@@ -120,84 +120,71 @@ LAUNCHES = ["compiled", "compiled, Python path", "Python callable", "host_copy",
 
 
 @pytest.mark.parametrize("how", LAUNCHES)
-def test_a_new_stream_with_a_destroyed_streams_handle_gets_a_lane_of_its_own(executor, device, how):
+def test_a_new_stream_with_a_destroyed_streams_handle_gets_a_lane_of_its_own(
+    executor, stream, device, how
+):
     """CUDA gives a destroyed stream's handle to a later stream, even while the
-    destroyed one's work is pending, and a lane is found by its stream's handle.  The
-    destroyed stream's task comes after held device work and a store; the new stream
-    reaches its own task at once, and on CUDA it has run before the hold is released.
-    The old task sees the store: the new stream has a lane of its own (before: one
-    lane per handle, whose "reached" word the new stream wrote first, and a pool
-    thread ran the old task then, before the store)."""
-    old = device.create_stream()
+    destroyed one's work is pending, and a lane is found by its stream's handle.  A
+    task comes after held work and a store; then the handle names a new stream
+    (``handle_of_a_new_stream``), whose task gets a lane of its own (before: the old
+    stream's lane, whose "reached" word the new stream wrote first, so a pool thread
+    ran the old task before its stream got there).  The old task still sees the
+    store, and both run."""
     cell = device.host_array(3)
-    release = held_work(device, old)
-    device.store(old, cell, 0, 1)
-    nh.host_launch(old, observe, user_data=nh.by_ref(cell), executor=executor)
-    handle = old.__cuda_stream__()[1]
-    stale = executor._lane(handle)
-    new = stream_with_handle_of(device, old)
-    try:
-        future = _task_on(how, new, executor)
-        if nh.backend_name() == "cuda":  # the simulator's new stream is the held queue
-            if future is not None:
-                future.result(timeout=30)
-            new.sync()
-    finally:
+    with held_work(device, stream) as release:
+        device.store(stream, cell, 0, 1)
+        nh.host_launch(stream, observe, user_data=nh.by_ref(cell), executor=executor)
+        handle = stream.__cuda_stream__()[1]
+        old = executor._lane(handle)
+        with handle_of_a_new_stream(stream):
+            future = _task_on(how, stream, executor)
+            new = executor._lane(handle)
         release()
-    if future is not None:
-        future.result(timeout=30)
-    new.sync()
-    device.synchronize()  # the destroyed stream's work too (CUDA)
-    assert cell[1] == 10  # 10 * cell[0] + cell[2]: the task ran after the store
-    assert executor._lane(handle) != stale
+        if future is not None:
+            future.result(timeout=30)
+        stream.sync()
+    assert new != old
+    assert cell[1] == 10  # 10 * cell[0] + cell[2]: the old task ran after the store
     assert executor.outstanding() == 0
-    device.close_stream(new)
 
 
 @pytest.mark.parametrize("how", LAUNCHES)
 def test_a_lane_whose_tasks_have_all_run_is_handed_to_the_next_stream_of_its_handle(
-    executor, device, how
+    executor, stream, how
 ):
     """Once every task of a destroyed stream has run, its lane serves the next stream
     with the handle: a program that makes a stream per request, with handles coming
     back, does not add a lane per stream (the pool's threads look at every lane)."""
-    old = device.create_stream()
-    nh.host_launch(old, lambda: None, executor=executor)
-    old.sync()
-    handle = old.__cuda_stream__()[1]
+    nh.host_launch(stream, lambda: None, executor=executor)
+    stream.sync()
+    handle = stream.__cuda_stream__()[1]
     lane = executor._lane(handle)
-    new = stream_with_handle_of(device, old)
-    future = _task_on(how, new, executor)
-    if future is not None:
-        future.result(timeout=30)
-    new.sync()
+    with handle_of_a_new_stream(stream):
+        future = _task_on(how, stream, executor)
+        if future is not None:
+            future.result(timeout=30)
+        stream.sync()
     assert executor._lane(handle) == lane
     assert executor.outstanding() == 0
-    device.close_stream(new)
 
 
-def test_the_default_lane_of_a_destroyed_stream_with_waits_pending_serves_it_alone(device):
+def test_the_default_lane_leaves_a_destroyed_streams_lane_to_its_pending_waits(stream, device):
     """done_future with no executor waits on the package's default lane: a new stream
     with a destroyed stream's handle, whose wait on that lane is still to come, waits
-    on the driver's thread instead, and the destroyed stream's wait resolves only
-    once its stream got there (before: the new stream's arrival resolved it)."""
-    old = device.create_stream()
+    on the driver's thread instead (the lane refuses it: LANE_STALE), and the old
+    wait resolves once its stream got there, after the store."""
     cell = device.host_array(1)
-    release = held_work(device, old)
-    device.store(old, cell, 0, 1)
-    waited = nh.done_future(old)
-    new = stream_with_handle_of(device, old)
-    try:
-        if nh.backend_name() == "cuda":  # the simulator's new stream is the held queue
-            nh.done_future(new).result(timeout=30)
-            time.sleep(0.05)  # a wait resolved early would be set by now
-            assert not waited.done()
-    finally:
+    with held_work(device, stream) as release:
+        device.store(stream, cell, 0, 1)
+        waited = nh.done_future(stream)
+        with handle_of_a_new_stream(stream):
+            other = nh.done_future(stream)
         release()
-    waited.result(timeout=30)
-    assert cell[0] == 1  # resolved after the store
-    new.sync()
-    device.close_stream(new)
+        waited.result(timeout=30)
+        assert cell[0] == 1
+        other.result(timeout=30)
+    assert waited._watch[0] != 0  # (lane, task): on the default lane
+    assert other._watch == (0, 0)  # on the driver's thread
 
 
 def test_a_default_stream_handle_has_a_lane_per_stream_it_names(executor):
