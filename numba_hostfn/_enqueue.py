@@ -20,6 +20,7 @@ from ._streams import stream_handle, target_kind
 from ._userdata import resolve_user_data
 
 __all__ = [
+    "RENEWALS",
     "check_target",
     "enqueue",
     "raise_refused",
@@ -61,6 +62,12 @@ def signal_route(
         return (backend.executor_route, address, lane), driver
     # An executor's task owns the executor: it is collected only with nothing outstanding.
     return (backend.executor_route, lane_of(executor, handle), executor), None
+
+
+#: Lanes made in turn for one launch whose lane answers LANE_STALE: a new lane's first
+#: enqueue never does (it notes its stream then), so one is enough but where another
+#: thread renewed the lane meanwhile; past these, the refusal is raised (StaleLane).
+RENEWALS = 3
 
 
 def renewed_route(target: Any, route: tuple[int, int, Any]) -> tuple[int, int, Any]:
@@ -168,10 +175,11 @@ def _executor_enqueue(backend: Backend, handle: int, launch: Launch) -> bool:
     # The executor's copy trampoline finds its pool in the record's context.
     context = copy_context_of(executor) if launch.copy else ()
     lane = lane_of(executor, handle)
-    while True:
+    for _ in range(RENEWALS):
         try:
             return backend.enqueue(
                 lane, launch, backend.executor_route, "cuStreamWriteValue32", context
             )
         except StaleLane:
             lane = renew_lane(executor, handle, lane)
+    return backend.enqueue(lane, launch, backend.executor_route, "cuStreamWriteValue32", context)

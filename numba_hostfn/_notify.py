@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _core
 from ._compat import any_thread_pending_call, on_foreign_thread, running_loop
-from ._enqueue import refuse_signal, renewed_route, signal_route
+from ._enqueue import RENEWALS, refuse_signal, renewed_route, signal_route
 from ._process import forked, get_backend
 
 if TYPE_CHECKING:  # imported where used: a first launch needs neither (start-up time)
@@ -92,7 +92,9 @@ class _Channel:
         ``(0, 0)``."""
         route, fallback = signal_route(target, executor, refusal, default_lane)
         status, task = self.dispatcher.launch(*route, entry)
-        while status == _core.LANE_STALE and fallback is None:
+        for _ in range(RENEWALS):
+            if status != _core.LANE_STALE or fallback is not None:
+                break
             # The executor's lane serves an earlier stream with this handle.
             route = renewed_route(target, route)
             status, task = self.dispatcher.launch(*route, entry)
