@@ -14,6 +14,8 @@ __all__ = [
     "Capture",
     "Hold",
     "armed_fault",
+    "handle_of_a_new_stream",
+    "held_work",
     "watchdog_polled",
     "threads_but_watchdog",
     "watchdog_threads",

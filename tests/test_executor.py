@@ -19,6 +19,7 @@ from _device import (
     Capture,
     Hold,
     _wait_for_flag,
+    child_env,
     driver_stand_ins,
     handle_of_a_new_stream,
     held_work,
@@ -185,6 +186,101 @@ def test_the_default_lane_leaves_a_destroyed_streams_lane_to_its_pending_waits(s
         other.result(timeout=30)
     assert waited._watch[0] != 0  # (lane, task): on the default lane
     assert other._watch == (0, 0)  # on the driver's thread
+
+
+def test_the_cuda_lane_enqueue_refuses_a_stream_it_does_not_serve_until_its_tasks_ran():
+    """The CUDA route's lane enqueue (``nhf_exec_cuda_enqueue``), run on this CPU in a
+    child whose driver table is Python stand-ins: the stream's id comes from
+    ``cuStreamGetId`` and "reached" is written only when the test says the stream got
+    there.  With a task of stream 100 still to be reached, an enqueue for stream 200
+    on that handle is refused, with nothing put on the stream (``LANE_STALE``); once
+    the task has run, the lane is handed to stream 200.  (The tests above check the
+    same through ``host_launch`` on the simulator's route; this one, the CUDA route's
+    C, which only the GPU suite runs otherwise.)"""
+    out = run_child(
+        textwrap.dedent("""
+        import ctypes, os, time
+        import numpy as np
+        import numba_hostfn as nh
+        from numba_hostfn import _core
+
+        executor = nh.HostExecutor(threads=1)
+        vp, c_int, u32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32
+        keep, now, held, ran = [], [100], [], []
+
+        def entry(proto, fn):
+            keep.append(proto(fn))
+            return ctypes.cast(keep[-1], vp).value
+
+        def put(out, value):
+            out[0] = value
+            return 0
+
+        def write(stream, address, value, flags):  # the stream is not there yet
+            held.append((address, value))
+            return 0
+
+        ptr = ctypes.POINTER
+        calls = {
+            "cuStreamIsCapturing": entry(
+                ctypes.CFUNCTYPE(c_int, vp, ptr(c_int)), lambda s, out: put(out, 0)
+            ),
+            "cuStreamGetId": entry(
+                ctypes.CFUNCTYPE(c_int, vp, ptr(ctypes.c_ulonglong)),
+                lambda s, out: put(out, now[0]),
+            ),
+            "cuStreamGetCtx": entry(
+                ctypes.CFUNCTYPE(c_int, vp, ptr(vp)), lambda s, out: put(out, 0x1000)
+            ),
+            "cuThreadExchangeStreamCaptureMode": entry(
+                ctypes.CFUNCTYPE(c_int, ptr(c_int)), lambda out: put(out, 0)
+            ),
+            "cuStreamWriteValue32": entry(
+                ctypes.CFUNCTYPE(c_int, vp, ctypes.c_uint64, u32, ctypes.c_uint), write
+            ),
+            "cuStreamBatchMemOp": 0,  # none: the two single calls
+        }
+        zero = entry(ctypes.CFUNCTYPE(c_int), lambda: 0)
+        _core.driver_load(tuple(calls.get(n, zero) for n, _ in _core.driver_entry_points()))
+        _core.watchdog_configure(_core.ROUTE_CUDA)
+
+        words = np.zeros(2, np.uint32)
+        lane = executor._lane_new(0x7000, words.ctypes.data)
+        task = ctypes.CFUNCTYPE(None, vp)(lambda arg: ran.append(arg))
+        owner = _core.launch_owner(task, None, None, executor)
+        address = ctypes.cast(task, vp).value
+
+        def enqueue():
+            return _core.enqueue(_core.ROUTE_CUDA_LANE, lane, _core.RUN_COMPILED, address, 7, owner)
+
+        def stream_gets_there():
+            for where, value in held:
+                u32.from_address(where).value = value
+            held.clear()
+            for _ in range(5000):
+                if executor.outstanding() == 0:
+                    return
+                time.sleep(0.001)
+            raise AssertionError("the task did not run")
+
+        assert enqueue() == 0 and len(held) == 1  # stream 100's task
+        now[0] = 200  # the handle names another stream
+        assert enqueue() == _core.LANE_STALE, "a lane with a task pending was handed on"
+        assert len(held) == 1 and executor.outstanding() == 1  # nothing enqueued
+        stream_gets_there()
+        assert ran == [7]
+        assert enqueue() == 0 and len(held) == 1  # every task ran: stream 200's lane now
+        stream_gets_there()
+        assert ran == [7, 7]
+        now[0] = 300
+        assert enqueue() == 0  # idle again: handed on again
+        stream_gets_there()
+        print("ok", ran)
+        os._exit(0)  # the backend was rewired: no exit hooks against it
+        """),
+        env=child_env(NUMBA_HOSTFN_SIMULATOR="1"),
+    )
+    assert out.strip() == "ok [7, 7, 7]"
 
 
 def test_a_default_stream_handle_has_a_lane_per_stream_it_names(executor):
