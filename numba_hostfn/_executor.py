@@ -132,7 +132,7 @@ class HostExecutor(_core.ExecutorBase):
         get_backend()  # in a forked child: RuntimeError, naming spawn
         return self._outstanding()
 
-    def _lane(self, handle: int, most: int = 0) -> int:
+    def _lane(self, handle: int, most: int = 0, stale: int = 0) -> int:
         """The lane (its words and task queue) for stream ``handle``, made on first use
         (``lane_of``); 0 if it has none and already ``most`` lanes (where given).
 
@@ -140,42 +140,29 @@ class HostExecutor(_core.ExecutorBase):
         (0x2: in each thread too): the native core keys its lanes by the stream's id
         and context as this thread names them, so one lane never serves two streams,
         whose arrivals would release each other's tasks (before: one lane per
-        handle)."""
+        handle).  ``stale``: a lane whose enqueue answered ``_core.LANE_STALE`` (the
+        driver gave the handle of a destroyed stream, whose tasks on it are still to be
+        reached, to this one: LIFETIME.md, invariant 15) counts as none, so the stream
+        gets a new lane (``renew_lane``); ``stale`` keeps serving the destroyed stream.
+        A lane another thread made in its place meanwhile is returned as it is."""
         if self._closed:
             raise RuntimeError("the HostExecutor is closed; create a new one")
         if handle <= _DEFAULT_STREAM_HANDLES:
             lane = self._find_lane(handle)  # this thread's stream of that handle
-            if lane:
+            if lane and lane != stale:
                 return lane
             with self._lock:
-                lane = self._find_lane(handle) or self._lane_new(handle, self._words())
+                lane = self._find_lane(handle)  # the newest, made last
+                if not lane or lane == stale:
+                    lane = self._lane_new(handle, self._words())
                 self._lanes[handle, lane] = lane
             return lane
         lane = self._lanes.get(handle)
-        if lane is not None:
+        if lane is not None and lane != stale:
             return lane
-        if most and len(self._lanes) >= most:
+        if most and lane is None and len(self._lanes) >= most:
             return 0
         with self._lock:
-            lane = self._lanes.get(handle)
-            if lane is None:
-                lane = self._lane_new(handle, self._words())
-                self._lanes[handle] = lane
-        return lane
-
-    def _renew_lane(self, handle: int, stale: int) -> int:
-        """A lane of its own for the stream ``handle`` names now, in place of ``stale``,
-        whose enqueue answered ``_core.LANE_STALE``: the driver gave the handle of a
-        destroyed stream, whose tasks on ``stale`` are still to be reached, to this one
-        (LIFETIME.md, invariant 15).  ``stale`` keeps serving the destroyed stream; a
-        lane renewed meanwhile by another thread is returned as it is."""
-        if self._closed:
-            raise RuntimeError("the HostExecutor is closed; create a new one")
-        with self._lock:
-            if handle <= _DEFAULT_STREAM_HANDLES:
-                lane = self._lane_new(handle, self._words())  # found first from now on
-                self._lanes[handle, lane] = lane
-                return lane
             lane = self._lanes.get(handle)
             if lane is None or lane == stale:
                 lane = self._lane_new(handle, self._words())
@@ -288,7 +275,7 @@ def renew_lane(executor: HostExecutor, handle: int, stale: int) -> int:
     """The address of a new lane of ``executor`` for stream ``handle``, whose lane
     ``stale`` serves an earlier stream that had the handle (an enqueue's
     ``_core.LANE_STALE``)."""
-    return executor._renew_lane(handle, stale)
+    return executor._lane(handle, stale=stale)
 
 
 def graph_slot_of(executor: HostExecutor) -> _core.GraphSlot:

@@ -369,7 +369,8 @@ def handle_of_a_new_stream(stream):
     H200, 20,000 new streams did not bring one handle back.  So CUDA's
     ``cuStreamGetId`` is a stand-in for the block that gives this handle a new id
     (the driver's answer for any other), and the simulator gives the stream a new
-    serial (``sim_new_identity``; a later stream never gets its handle there).  The
+    serial (``sim_new_identity``, which stays after the block; a later stream never
+    gets its handle there).  The
     queue stays the one before, so the tests check the lanes the package chooses;
     the stream order they protect is the driver's.
     """

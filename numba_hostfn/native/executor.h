@@ -246,6 +246,22 @@ static inline void nhf_lane_watch(lane *l, PyObject *owner, enum nhf_lane_identi
         atomic_store_explicit(&l->watch_ctx, ctx, memory_order_relaxed);
 }
 
+/* Without the GIL, at a task's enqueue on either route: take the lane's enqueue
+ * mutex for a task of the stream whose id is id (known: see nhf_lane_identify) and
+ * note the direct task's context (nhf_lane_watch).  False, the mutex not held, if
+ * the lane serves another stream: the enqueue then answers NHF_LANE_STALE. */
+static inline bool nhf_lane_lock_for(lane *l, bool known, unsigned long long id,
+                                     PyObject *owner) {
+    pthread_mutex_lock(&l->enqueue_mutex);
+    enum nhf_lane_identity identity = nhf_lane_identify(l, known, id);
+    if (identity == NHF_LANE_OTHER) {
+        pthread_mutex_unlock(&l->enqueue_mutex);
+        return false;
+    }
+    nhf_lane_watch(l, owner, identity);
+    return true;
+}
+
 /* ---- parallel_copy.c ---------------------------------------------------------- */
 
 /* Any thread (a pool's): join the pool's current copy, if it has chunks left

@@ -27,14 +27,9 @@ uint64_t nhf_exec_cuda_enqueue(void *lane_, nhf_hostfn trampoline, void *record,
     unsigned long long id = 0;
     nhf_cuStreamGetId_fn get_id = NHF_CU(cuStreamGetId); /* CUDA 12.0 on */
     bool known = get_id != NULL && get_id(l->stream, &id) == 0;
-    uint64_t status = 0;
-    pthread_mutex_lock(&l->enqueue_mutex);
-    enum nhf_lane_identity identity = nhf_lane_identify(l, known, id);
-    if (identity == NHF_LANE_OTHER) {
-        pthread_mutex_unlock(&l->enqueue_mutex);
+    if (!nhf_lane_lock_for(l, known, id, owner))
         return NHF_LANE_STALE;
-    }
-    nhf_lane_watch(l, owner, identity);
+    uint64_t status = 0;
     task *t = nhf_lane_open_task(l, trampoline, record, owner, &status, released);
     if (t == NULL) {
         pthread_mutex_unlock(&l->enqueue_mutex);

@@ -18,15 +18,9 @@ static nhf_sim_word_op *new_word_op(_Atomic uint32_t *word, uint32_t value) {
 uint64_t nhf_exec_sim_enqueue(void *lane_, nhf_hostfn trampoline, void *record,
                               PyObject *owner, PyObject **released) {
     lane *l = lane_;
-    uint64_t status = 0;
-    unsigned long long id = nhf_sim_stream_id(l->stream);
-    pthread_mutex_lock(&l->enqueue_mutex);
-    enum nhf_lane_identity identity = nhf_lane_identify(l, true, id);
-    if (identity == NHF_LANE_OTHER) {
-        pthread_mutex_unlock(&l->enqueue_mutex);
+    if (!nhf_lane_lock_for(l, true, nhf_sim_stream_id(l->stream), owner))
         return NHF_LANE_STALE;
-    }
-    nhf_lane_watch(l, owner, identity);
+    uint64_t status = 0;
     nhf_sim_word_op *write_op = new_word_op(&l->words[0], l->seq + 1);
     nhf_sim_word_op *wait_op = new_word_op(&l->words[1], l->seq + 1);
     task *t = write_op && wait_op
