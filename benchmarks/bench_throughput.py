@@ -2,7 +2,10 @@
 
 On one stream and spread round-robin over 4 streams, from the first enqueue to the
 last stream's sync: a HostFunction and a Python callable; on a GPU also CuPy's
-Stream.launch_host_func on one stream.  Ratios are to the first row.
+Stream.launch_host_func on one stream.  The rows of each stream count are
+interleaved, one loop of each per round, so that drift over seconds (a shared
+machine) hits the HostFunction's, the end-to-end target's baseline, alike.  Ratios
+are to the first row.
 """
 
 from __future__ import annotations
@@ -10,14 +13,15 @@ from __future__ import annotations
 import time
 
 from _bench import (
+    Row,
     Target,
     compiled_functions,
     cupy_stream,
     find,
+    interleaved,
     noop,
     noop_arg,
     ratio,
-    record,
     target,
 )
 
@@ -29,34 +33,46 @@ def run(nh, device, n: int, repeats: int) -> None:
     empty, _ = compiled_functions(nh)
     for n_streams in (1, 4):
         streams = [device.create_stream() for _ in range(n_streams)]
-
-        def run_one(fn, streams=streams):
-            start = time.perf_counter()
-            for i in range(n):
-                nh.host_launch(streams[i % len(streams)], fn)
+        try:
+            _interleave(nh, device, streams, empty, n, repeats)
+        finally:
             for s in streams:
-                s.sync()
-            elapsed = time.perf_counter() - start
-            nh.drain()
-            return elapsed / n * 1e6
+                s.close()
 
-        label = "1 stream" if n_streams == 1 else f"{n_streams} streams"
-        record(GROUP, f"HostFunction, {label}", "µs/fn", lambda: run_one(empty), repeats)
-        record(GROUP, f"Python callable, {label}", "µs/fn", lambda: run_one(noop), repeats)
-        if not device.simulator and n_streams == 1:
 
-            def cupy_run(stream=streams[0]):
+def _interleave(nh, device, streams: list, empty, n: int, repeats: int) -> None:
+    """The rows of one stream count, one loop of each per round."""
 
-                cs = cupy_stream(stream)
-                start = time.perf_counter()
-                for _ in range(n):
-                    cs.launch_host_func(noop_arg, None)
-                stream.sync()  # cuda.core's sync releases the GIL the callbacks need
-                return (time.perf_counter() - start) / n * 1e6
-
-            record(GROUP, "CuPy launch_host_func, 1 stream", "µs/fn", cupy_run, repeats)
+    def run_one(fn) -> float:
+        start = time.perf_counter()
+        for i in range(n):
+            nh.host_launch(streams[i % len(streams)], fn)
         for s in streams:
-            s.close()
+            s.sync()
+        elapsed = time.perf_counter() - start
+        nh.drain()
+        return elapsed / n * 1e6
+
+    label = "1 stream" if len(streams) == 1 else f"{len(streams)} streams"
+    rows = {
+        f"HostFunction, {label}": lambda: run_one(empty),
+        f"Python callable, {label}": lambda: run_one(noop),
+    }
+    if not device.simulator and len(streams) == 1:
+        cupy = []  # made at its first sample: a failure to import CuPy is the row's note
+
+        def cupy_run() -> float:
+            if not cupy:
+                cupy.append(cupy_stream(streams[0]))
+            start = time.perf_counter()
+            for _ in range(n):
+                cupy[0].launch_host_func(noop_arg, None)
+            streams[0].sync()  # cuda.core's sync releases the GIL the callbacks need
+            return (time.perf_counter() - start) / n * 1e6
+
+        rows["CuPy launch_host_func, 1 stream"] = cupy_run
+    table = [Row(GROUP, name, "µs/fn") for name in rows]
+    interleaved(f"{GROUP}, {label}", table, lambda row: rows[row.name](), repeats)
 
 
 def targets() -> list[Target]:
