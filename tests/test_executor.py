@@ -283,6 +283,60 @@ def test_the_cuda_lane_enqueue_refuses_a_stream_it_does_not_serve_until_its_task
     assert out.strip() == "ok [7, 7, 7]"
 
 
+@pytest.mark.parametrize("how", ["compiled", "Python callable", "host_copy", "done_future"])
+def test_a_launch_whose_renewed_lanes_stay_stale_is_refused_after_renewals(
+    executor, stream, device, monkeypatch, how
+):
+    """A lane made for a stream notes that stream at its first enqueue, so one renewal
+    is enough but where another thread renewed the lane meanwhile.  Should each lane
+    renewed for a launch answer LANE_STALE again (here the stale lane, handed back),
+    the launch is refused after ``RENEWALS`` of them, a RuntimeError (StaleLane) that
+    says why, with nothing enqueued and nothing kept, where it would loop for ever."""
+    from numba_hostfn import _enqueue
+
+    renewed = []
+
+    def stale_again(executor_, handle, stale):
+        renewed.append(stale)
+        assert len(renewed) <= 2 * _enqueue.RENEWALS, "the lane renewed without a bound"
+        return stale
+
+    monkeypatch.setattr(_enqueue, "renew_lane", stale_again)
+    cell, out = device.host_array(3), np.zeros(64, np.uint8)
+    count, called, kept = np.zeros(1, np.int64), [], []
+
+    def launch():
+        if how == "compiled":
+            nh.host_launch(stream, increment, user_data=nh.by_ref(count), executor=executor)
+        elif how == "Python callable":
+
+            def callback():
+                called.append(1)
+
+            kept.append(weakref.ref(callback))
+            nh.host_launch(stream, callback, executor=executor)
+        elif how == "host_copy":
+            nh.host_copy(stream, out, np.ones(64, np.uint8), executor=executor)
+        else:
+            nh.done_future(stream, executor=executor)
+
+    with held_work(device, stream) as release:
+        nh.host_launch(stream, observe, user_data=nh.by_ref(cell), executor=executor)
+        handle = stream.__cuda_stream__()[1]
+        old = executor._lane(handle)
+        with handle_of_a_new_stream(stream):
+            with pytest.raises(RuntimeError, match="still serves an earlier stream"):
+                launch()
+        assert executor.outstanding() == 1  # the held task alone
+        release()
+        stream.sync()
+    assert renewed == [old] * _enqueue.RENEWALS
+    assert executor.outstanding() == 0
+    assert count[0] == 0 and called == [] and not out.any()  # none of it ran
+    gc.collect()
+    assert all(ref() is None for ref in kept)  # the refused launch kept no owner
+
+
 def test_a_default_stream_handle_has_a_lane_per_stream_it_names(executor):
     """A CUDA default-stream handle names another stream in each context (0, 0x1), and
     in each thread too (0x2): the core keys its lanes by the stream's unique id
