@@ -2,10 +2,14 @@
 
 On one stream and spread round-robin over 4 streams, from the first enqueue to the
 last stream's sync: a HostFunction and a Python callable; on a GPU also CuPy's
-Stream.launch_host_func on one stream.  The rows of each stream count are
-interleaved, one loop of each per round, so that drift over seconds (a shared
-machine) hits the HostFunction's, the end-to-end target's baseline, alike.  Ratios
-are to the first row.
+Stream.launch_host_func on one stream.  On one stream also the same two enqueued
+behind device work that holds the stream, timed from its release to the sync: the
+driver's thread running them with the main thread idle in sync(), where the first
+rows also have it enqueueing (a Python callable's trampoline then waits for the GIL
+that the enqueueing thread holds between its launches).  The rows of each stream
+count are interleaved, one loop of each per round, so that drift over seconds (a
+shared machine) hits the HostFunction's, the end-to-end target's baseline, alike.
+Ratios are to the first row.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import time
 
 from _bench import (
+    Gate,
     Row,
     Target,
     compiled_functions,
@@ -26,6 +31,7 @@ from _bench import (
 )
 
 GROUP = "throughput"
+HELD = "run behind held work, enqueue not timed"
 PLOTS = [(GROUP, "throughput.png")]
 
 
@@ -58,6 +64,24 @@ def _interleave(nh, device, streams: list, empty, n: int, repeats: int) -> None:
         f"HostFunction, {label}": lambda: run_one(empty),
         f"Python callable, {label}": lambda: run_one(noop),
     }
+    if len(streams) == 1:
+        gate = Gate(device)
+
+        def run_held(fn) -> float:
+            gate.close_on(streams[0])
+            try:
+                for _ in range(n):
+                    nh.host_launch(streams[0], fn)
+                start = time.perf_counter()
+            finally:  # a failing row must not leave the stream held
+                gate.open()
+            streams[0].sync()
+            elapsed = time.perf_counter() - start
+            nh.drain()
+            return elapsed / n * 1e6
+
+        rows[f"HostFunction, 1 stream, {HELD}"] = lambda: run_held(empty)
+        rows[f"Python callable, 1 stream, {HELD}"] = lambda: run_held(noop)
     if not device.simulator and len(streams) == 1:
         cupy = []  # made at its first sample: a failure to import CuPy is the row's note
 
@@ -86,5 +110,14 @@ def targets() -> list[Target]:
                 find(GROUP, "HostFunction, 1 stream"),
             ),
             1.1,
-        )
+        ),
+        # Informational: the same with the main thread idle in sync() throughout.
+        target(
+            f"Python callable / HostFunction, 1 stream, {HELD}",
+            ratio(
+                find(GROUP, f"Python callable, 1 stream, {HELD}"),
+                find(GROUP, f"HostFunction, 1 stream, {HELD}"),
+            ),
+            None,
+        ),
     ]
