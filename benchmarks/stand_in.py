@@ -23,7 +23,8 @@ H200 ``cuStreamIsCapturing`` and ``cuStreamGetCtx`` take about 29 ns each,
 H200 host's cache latencies.  Each row is the median over rounds of N calls, in µs a
 call; the rows are interleaved, one sample each per round.  Linux, with a C compiler
 (``cc``, or ``$CC``) and a source checkout (the stand-ins use the core's own
-``driver.h`` for cuda.h's layouts); the process runs on the simulator backend, rewired, and leaves
+``driver.h`` for cuda.h's layouts: beside this folder, or where
+``NUMBA_HOSTFN_SOURCE_TREE`` says); the process runs on the simulator backend, rewired, and leaves
 with ``os._exit`` once the report is printed.
 """
 
@@ -120,9 +121,15 @@ def build() -> ctypes.CDLL:
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc or not shutil.which(cc.split()[0]):
         raise SystemExit("stand_in.py needs a C compiler (cc, or $CC)")
-    native = os.path.join(os.path.dirname(HERE), "numba_hostfn", "native")
+    # A copy of benchmarks/ beside an installed wheel (.ci/gpu wheel) reads the sources
+    # where NUMBA_HOSTFN_SOURCE_TREE says, as the tests marked checkout do.
+    tree = os.environ.get("NUMBA_HOSTFN_SOURCE_TREE") or os.path.dirname(HERE)
+    native = os.path.join(tree, "numba_hostfn", "native")
     if not os.path.isfile(os.path.join(native, "driver.h")):
-        raise SystemExit(f"stand_in.py needs a source checkout: no driver.h in {native}")
+        raise SystemExit(
+            f"stand_in.py needs a source checkout: no driver.h in {native} (run it from a "
+            "checkout, or set NUMBA_HOSTFN_SOURCE_TREE to one)"
+        )
     folder = tempfile.mkdtemp(prefix="nhf-stand-in-")
     source, library = os.path.join(folder, "stand_in.c"), os.path.join(folder, "stand_in.so")
     with open(source, "w") as f:

@@ -40,6 +40,7 @@ def test_queue_depth_probe_smoke():
     assert len(lines) == 10 and all("all enqueued" in line for line in lines), run.stdout
 
 
+@pytest.mark.checkout  # the stand-ins are built against the core's driver.h
 @pytest.mark.skipif(
     not (shutil.which("cc") or shutil.which("gcc")), reason="needs a C compiler (cc)"
 )
