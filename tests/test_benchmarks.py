@@ -81,6 +81,12 @@ def test_benchmark_suite_smoke(tmp_path):
     resolve = report.split("### done_future resolve")[1].split("### default lane")[0]
     assert "### done_future, device end to the result set" in resolve
     assert resolve.count("| µs |") == 8 and "| -- " not in resolve, resolve
+    # Throughput on the simulator: 1 stream (also run behind held work) and 4 streams,
+    # every row measured, and the held rows' ratio among the targets.
+    throughput = report.split("### throughput")[1].split("###")[0]
+    assert throughput.count("| µs/fn |") == 6 and "| -- " not in throughput, throughput
+    held = "Python callable / HostFunction, 1 stream, run behind held work, enqueue not timed"
+    assert f"| {held} | n/a |" not in report, report
     # The executor's enqueue, timed on the enqueuing thread: both launches measured.
     enqueue = report.split("### executor: enqueue, host time")[1].split("###")[0]
     assert enqueue.count("| µs/call |") == 2 and "| -- " not in enqueue, enqueue
