@@ -73,9 +73,9 @@ def _interleave(nh, device, streams: list, empty, n: int, repeats: int) -> None:
                 for _ in range(n):
                     nh.host_launch(streams[0], fn)
                 start = time.perf_counter()
-            finally:  # a failing row must not leave the stream held
+            finally:  # a failing row must leave the stream neither held nor busy
                 gate.open()
-            streams[0].sync()
+                streams[0].sync()
             elapsed = time.perf_counter() - start
             nh.drain()
             return elapsed / n * 1e6
