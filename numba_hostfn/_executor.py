@@ -144,7 +144,11 @@ class HostExecutor(_core.ExecutorBase):
         driver gave the handle of a destroyed stream, whose tasks on it are still to be
         reached, to this one: LIFETIME.md, invariant 15) counts as none, so the stream
         gets a new lane (``renew_lane``); ``stale`` keeps serving the destroyed stream.
-        A lane another thread made in its place meanwhile is returned as it is."""
+        A lane another thread made in its place meanwhile is returned as it is.  A
+        default-stream handle's stream with no lane takes an idle one of that handle
+        and context (``_reuse_lane``: each thread's per-thread stream is another, so a
+        program that starts threads would otherwise add a lane per thread for ever),
+        else a new one."""
         if self._closed:
             raise RuntimeError("the HostExecutor is closed; create a new one")
         if handle <= _DEFAULT_STREAM_HANDLES:
@@ -154,6 +158,8 @@ class HostExecutor(_core.ExecutorBase):
             with self._lock:
                 lane = self._find_lane(handle)  # the newest, made last
                 if not lane or lane == stale:
+                    lane = self._reuse_lane(handle, stale)
+                if not lane:
                     lane = self._lane_new(handle, self._words())
                 self._lanes[handle, lane] = lane
             return lane

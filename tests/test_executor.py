@@ -283,6 +283,126 @@ def test_the_cuda_lane_enqueue_refuses_a_stream_it_does_not_serve_until_its_task
     assert out.strip() == "ok [7, 7, 7]"
 
 
+def test_a_per_thread_stream_takes_an_idle_lane_of_its_handle_and_never_a_busy_one():
+    """Each thread's per-thread default stream (handle 0x2) is another stream, so a lane
+    per stream would add a lane for every thread a program ever starts, for the pool to
+    walk for ever.  On the CUDA route's C, in a child whose driver table is Python
+    stand-ins (cuStreamGetId gives each thread's stream its own id, and "reached" is
+    written only when the test says the streams got there): a thread whose stream has
+    no lane takes one whose tasks have all run, never one with a task pending; the
+    thread that had it, enqueueing on it later, is refused (``LANE_STALE``, nothing
+    enqueued) and takes another idle one; three threads use two lanes."""
+    out = run_child(
+        textwrap.dedent("""
+        import ctypes, itertools, os, queue, threading, time
+        import numba_hostfn as nh
+        from numba_hostfn import _core
+
+        executor = nh.HostExecutor(threads=1)
+        vp, c_int, u32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32
+        keep, held, ran, streams, ids = [], [], [], threading.local(), itertools.count(101)
+
+        def entry(proto, fn):
+            keep.append(proto(fn))
+            return ctypes.cast(keep[-1], vp).value
+
+        def put(out, value):
+            out[0] = value
+            return 0
+
+        def stream_id(handle, out):  # 0x2: the calling thread's own stream
+            if not hasattr(streams, "id"):
+                streams.id = next(ids)
+            return put(out, streams.id if handle == 2 else 1)
+
+        def write(stream, address, value, flags):  # the stream is not there yet
+            held.append((address, value))
+            return 0
+
+        ptr = ctypes.POINTER
+        calls = {
+            "cuStreamIsCapturing": entry(
+                ctypes.CFUNCTYPE(c_int, vp, ptr(c_int)), lambda s, out: put(out, 0)
+            ),
+            "cuStreamGetId": entry(ctypes.CFUNCTYPE(c_int, vp, ptr(ctypes.c_ulonglong)), stream_id),
+            "cuCtxGetCurrent": entry(ctypes.CFUNCTYPE(c_int, ptr(vp)), lambda out: put(out, 0xC0)),
+            "cuStreamGetCtx": entry(
+                ctypes.CFUNCTYPE(c_int, vp, ptr(vp)), lambda s, out: put(out, 0xC0)
+            ),
+            "cuThreadExchangeStreamCaptureMode": entry(
+                ctypes.CFUNCTYPE(c_int, ptr(c_int)), lambda out: put(out, 0)
+            ),
+            "cuStreamWriteValue32": entry(
+                ctypes.CFUNCTYPE(c_int, vp, ctypes.c_uint64, u32, ctypes.c_uint), write
+            ),
+            "cuStreamBatchMemOp": 0,  # none: the two single calls
+        }
+        zero = entry(ctypes.CFUNCTYPE(c_int), lambda: 0)
+        _core.driver_load(tuple(calls.get(n, zero) for n, _ in _core.driver_entry_points()))
+        _core.watchdog_configure(_core.ROUTE_CUDA)
+        task = ctypes.CFUNCTYPE(None, vp)(lambda arg: ran.append(arg))
+        owner = _core.launch_owner(task, None, None, executor)
+        address = ctypes.cast(task, vp).value
+
+        class Thread:  # a thread that lives on, with its per-thread stream
+            def __init__(self):
+                self.calls, self.answers = queue.Queue(), queue.Queue()
+                threading.Thread(target=self.serve, daemon=True).start()
+
+            def serve(self):
+                while True:
+                    call = self.calls.get()
+                    try:
+                        self.answers.put((True, call()))
+                    except BaseException as exc:
+                        self.answers.put((False, exc))
+
+            def __call__(self, call):
+                self.calls.put(call)
+                ok, value = self.answers.get(timeout=60)
+                if not ok:
+                    raise value
+                return value
+
+        def enqueue(lane):
+            return _core.enqueue(_core.ROUTE_CUDA_LANE, lane, _core.RUN_COMPILED, address, 7, owner)
+
+        def streams_get_there():
+            for where, value in held:
+                u32.from_address(where).value = value
+            held.clear()
+            for _ in range(5000):
+                if executor.outstanding() == 0:
+                    return
+                time.sleep(0.001)
+            raise AssertionError("the tasks did not run")
+
+        one, two, three = Thread(), Thread(), Thread()
+        a = one(lambda: executor._lane(2))
+        assert one(lambda: enqueue(a)) == 0  # its stream is not there yet
+        b = two(lambda: executor._lane(2))
+        assert b != a, "a lane with a task pending was handed to another thread's stream"
+        assert two(lambda: enqueue(b)) == 0
+        streams_get_there()
+        c = three(lambda: executor._lane(2))
+        assert c in (a, b), "a new lane where an idle one was there"
+        assert three(lambda: enqueue(c)) == 0 and len(held) == 1
+        had = one if c == a else two  # the thread whose lane c was
+        assert had(lambda: enqueue(c)) == _core.LANE_STALE
+        assert len(held) == 1 and executor.outstanding() == 1  # nothing enqueued
+        other = had(lambda: executor._lane(2))
+        assert other in (a, b) and other != c  # the idle one
+        assert had(lambda: enqueue(other)) == 0
+        streams_get_there()
+        assert len(executor._lanes) == 2
+        print("ok", ran)
+        os._exit(0)  # the backend was rewired: no exit hooks against it
+        """),
+        env=child_env(NUMBA_HOSTFN_SIMULATOR="1"),
+    )
+    assert out.strip() == "ok [7, 7, 7, 7]"
+
+
 @pytest.mark.parametrize("how", ["compiled", "Python callable", "host_copy", "done_future"])
 def test_a_launch_whose_renewed_lanes_stay_stale_is_refused_after_renewals(
     executor, stream, device, monkeypatch, how
@@ -342,7 +462,10 @@ def test_a_default_stream_handle_has_a_lane_per_stream_it_names(executor):
     in each thread too (0x2): the core keys its lanes by the stream's unique id
     (cuStreamGetId) and context (before: one lane per handle, whose "reached" word
     two streams then wrote, releasing each other's tasks).  Any other handle names one
-    stream everywhere: one lane.  The driver's two answers are stand-ins here, so this
+    stream everywhere: one lane.  A lane with no task outstanding is handed to the next
+    stream of its handle and context (a thread's per-thread stream after another
+    thread's; the child test below checks that a lane with a task pending is not),
+    never to another context's.  The driver's two answers are stand-ins here, so this
     runs on either backend; the lanes are made, never enqueued on."""
     context = [0xC0]
     ids = {}
@@ -377,7 +500,11 @@ def test_a_default_stream_handle_has_a_lane_per_stream_it_names(executor):
         a, b = lanes_on_threads(created)
         assert a == b
         a, b = lanes_on_threads(2)  # CU_STREAM_PER_THREAD: each thread's own stream
-        assert a != b and executor._lane(2) not in (a, b)
+        assert a == b == executor._lane(2)  # idle: each stream takes it in turn
+        context[0] = 0xC1
+        other = executor._lane(2)  # another context's stream: a lane of its own
+        assert other != a and lanes_on_threads(2) == [other, other]
+        context[0] = 0xC0
         for handle in (0, 1):  # the legacy default stream: one per context
             a, b = lanes_on_threads(handle)
             assert a == b == executor._lane(handle)

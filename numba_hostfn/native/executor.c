@@ -106,6 +106,22 @@ static PyObject *executor_find_lane(PyObject *self_, PyObject *stream_) {
     return PyLong_FromVoidPtr(nhf_exec_find_lane(pool, stream));
 }
 
+/* _reuse_lane(stream, stale): an idle lane of a default-stream handle, other than the
+ * lane stale (0: none), handed to the stream this thread names (nhf_exec_reuse_lane),
+ * or 0. */
+static PyObject *executor_reuse_lane(PyObject *self_, PyObject *const *args,
+                                     Py_ssize_t nargs) {
+    nhf_pool *pool = started((nhf_executor_object *)self_);
+    void *stream, *stale;
+    if (pool == NULL)
+        return NULL;
+    if (nhf_check_nargs("_reuse_lane(stream, stale)", nargs, 2) < 0)
+        return NULL;
+    if (nhf_address_arg(args[0], &stream) < 0 || nhf_address_arg(args[1], &stale) < 0)
+        return NULL;
+    return PyLong_FromVoidPtr(nhf_exec_reuse_lane(pool, stream, stale));
+}
+
 /* _lane_new(stream, words): a lane for stream, its words at words (two zeroed
  * 32-bit words of pinned memory); its address. */
 static PyObject *executor_lane_new(PyObject *self_, PyObject *const *args, Py_ssize_t nargs) {
@@ -203,6 +219,9 @@ static PyMethodDef executor_methods[] = {
     {"_find_lane", executor_find_lane, METH_O,
      "_find_lane($self, stream, /)\n--\n\n"
      "The lane for stream as this thread names it, or 0"},
+    {"_reuse_lane", (PyCFunction)(void (*)(void))executor_reuse_lane, METH_FASTCALL,
+     "_reuse_lane($self, stream, stale, /)\n--\n\n"
+     "An idle lane of a default-stream handle, handed to this thread's stream, or 0"},
     {"_lane_new", (PyCFunction)(void (*)(void))executor_lane_new, METH_FASTCALL,
      "_lane_new($self, stream, words, /)\n--\n\n"
      "Returns lane address"},

@@ -68,7 +68,9 @@ typedef struct lane {
     /* With stream, which stream it is (nhf_cuda_stream_key): for a default-stream
      * handle, the id of the stream it named where the lane was made, and that
      * context (a fault of another context is not this lane's); 0 and NULL for any
-     * other handle. */
+     * other handle.  id changes when an idle lane is handed to another stream of
+     * its handle and context (nhf_exec_reuse_lane); it is written and read with the
+     * GIL held (nhf_exec_find_lane), ctx never changes. */
     void *ctx;
     unsigned long long id;
     _Atomic uint32_t *words; /* reached, then done */
@@ -204,13 +206,22 @@ enum nhf_lane_identity {
     NHF_LANE_OTHER, /* another stream, and the lane's earlier one may still reach tasks */
 };
 
+/* Under the lane's enqueue mutex: whether every task of l has run ("done" is the last
+ * number given) and its stream has no fault: its stream will reach nothing more of
+ * it, and another stream may have it. */
+static inline bool nhf_lane_idle(lane *l) {
+    return atomic_load_explicit(&l->fault, memory_order_relaxed) == 0 &&
+           atomic_load_explicit(&l->words[1], memory_order_acquire) == l->seq;
+}
+
 /* Under the lane's enqueue mutex: whether l may take a task of the stream its handle
  * names now, whose id is id (known false where the driver gave none).  A lane is
  * found by its stream's handle, and the driver gives a destroyed stream's handle to
  * a later stream, at once even while the destroyed one's work is pending (on an
  * H200, every second cuStreamCreate: LIFETIME.md, invariant 15).  A lane whose
  * tasks have all run is handed to the new stream (a non-default handle's: a default
- * handle's lanes are found by the id already); else its earlier stream may still
+ * handle's lanes are found by the id, and an idle one is handed on as it is found,
+ * nhf_exec_reuse_lane); else its earlier stream may still
  * reach its tasks, and a task of the new stream, whose "reached" comes first, would
  * let a pool thread run them early: NHF_LANE_OTHER, and the caller makes the new
  * stream a lane of its own. */
@@ -221,9 +232,7 @@ static inline enum nhf_lane_identity nhf_lane_identify(lane *l, bool known,
     if (l->serves_known && l->serves == id)
         return NHF_LANE_SAME;
     if (l->serves_known &&
-        ((uintptr_t)l->stream <= (uintptr_t)CU_STREAM_PER_THREAD ||
-         atomic_load_explicit(&l->fault, memory_order_relaxed) != 0 ||
-         atomic_load_explicit(&l->words[1], memory_order_acquire) != l->seq))
+        ((uintptr_t)l->stream <= (uintptr_t)CU_STREAM_PER_THREAD || !nhf_lane_idle(l)))
         return NHF_LANE_OTHER;
     l->serves = id;
     l->serves_known = true;

@@ -662,6 +662,35 @@ void *nhf_exec_find_lane(nhf_pool *pool, void *stream) {
     return NULL;
 }
 
+void *nhf_exec_reuse_lane(nhf_pool *pool, void *stream, void *stale) {
+    if ((uintptr_t)stream > (uintptr_t)CU_STREAM_PER_THREAD)
+        return NULL; /* one stream at a time: nhf_lane_identify hands its lane on */
+    void *ctx;
+    unsigned long long id;
+    nhf_cuda_stream_key(stream, &ctx, &id);
+    if (id == 0)
+        return NULL; /* no id from the driver: streams it names cannot be told apart */
+    for (lane *l = atomic_load(&pool->lanes); l != NULL; l = l->next) {
+        /* Another context's lane stays its own (its fault is that context's). */
+        if (l == stale || l->stream != stream || l->ctx != ctx)
+            continue;
+        if (pthread_mutex_trylock(&l->enqueue_mutex) != 0)
+            continue; /* a producer is inside an enqueue on it: not idle */
+        bool idle = nhf_lane_idle(l);
+        if (idle) {
+            /* A producer that found it under its former id and enqueues now is
+             * refused (nhf_lane_identify: NHF_LANE_OTHER), and finds another. */
+            l->id = id;
+            l->serves = id;
+            l->serves_known = true;
+        }
+        pthread_mutex_unlock(&l->enqueue_mutex);
+        if (idle)
+            return l;
+    }
+    return NULL;
+}
+
 /* _lane_new(stream, words) of ExecutorBase: a lane for stream, its words at
  * words (two zeroed 32-bit words of pinned memory). */
 lane *nhf_lane_new(nhf_pool *pool, void *stream, void *words) {
