@@ -253,12 +253,13 @@ def test_the_cuda_lane_enqueue_refuses_a_stream_it_does_not_serve_until_its_task
         def enqueue():
             return _core.enqueue(_core.ROUTE_CUDA_LANE, lane, _core.RUN_COMPILED, address, 7, owner)
 
-        def stream_gets_there():
+        def stream_gets_there():  # "reached" written; then each task's "done", its last step
             for where, value in held:
                 u32.from_address(where).value = value
+            done = list(held)
             held.clear()
             for _ in range(5000):
-                if executor.outstanding() == 0:
+                if all(u32.from_address(where + 4).value >= value for where, value in done):
                     return
                 time.sleep(0.001)
             raise AssertionError("the task did not run")
@@ -367,12 +368,13 @@ def test_a_per_thread_stream_takes_an_idle_lane_of_its_handle_and_never_a_busy_o
         def enqueue(lane):
             return _core.enqueue(_core.ROUTE_CUDA_LANE, lane, _core.RUN_COMPILED, address, 7, owner)
 
-        def streams_get_there():
+        def streams_get_there():  # "reached" written; then each task's "done", its last step
             for where, value in held:
                 u32.from_address(where).value = value
+            done = list(held)
             held.clear()
             for _ in range(5000):
-                if executor.outstanding() == 0:
+                if all(u32.from_address(where + 4).value >= value for where, value in done):
                     return
                 time.sleep(0.001)
             raise AssertionError("the tasks did not run")
