@@ -188,6 +188,75 @@ def test_the_default_lane_leaves_a_destroyed_streams_lane_to_its_pending_waits(s
     assert other._watch == (0, 0)  # on the driver's thread
 
 
+#: A child's setup for the CUDA route's lane enqueue on this CPU (the tests below): a
+#: driver table of Python stand-ins, where "reached" is written only when the test says
+#: the streams got there (``streams_get_there``), and a compiled task that notes its
+#: argument.  The script defines ``stream_id(handle)`` first (what cuStreamGetId answers).
+LANE_STAND_INS = textwrap.dedent("""
+    import ctypes, os, time
+    import numba_hostfn as nh
+    from numba_hostfn import _core
+
+    executor = nh.HostExecutor(threads=1)
+    vp, c_int, u32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32
+    keep, held, ran = [], [], []
+
+    def entry(proto, fn):
+        keep.append(proto(fn))
+        return ctypes.cast(keep[-1], vp).value
+
+    def put(out, value):
+        out[0] = value
+        return 0
+
+    def write(stream, address, value, flags):  # the stream is not there yet
+        held.append((address, value))
+        return 0
+
+    ptr = ctypes.POINTER
+    calls = {
+        "cuStreamIsCapturing": entry(
+            ctypes.CFUNCTYPE(c_int, vp, ptr(c_int)), lambda s, out: put(out, 0)
+        ),
+        "cuStreamGetId": entry(
+            ctypes.CFUNCTYPE(c_int, vp, ptr(ctypes.c_ulonglong)),
+            lambda s, out: put(out, stream_id(s)),
+        ),
+        "cuCtxGetCurrent": entry(ctypes.CFUNCTYPE(c_int, ptr(vp)), lambda out: put(out, 0xC0)),
+        "cuStreamGetCtx": entry(
+            ctypes.CFUNCTYPE(c_int, vp, ptr(vp)), lambda s, out: put(out, 0xC0)
+        ),
+        "cuThreadExchangeStreamCaptureMode": entry(
+            ctypes.CFUNCTYPE(c_int, ptr(c_int)), lambda out: put(out, 0)
+        ),
+        "cuStreamWriteValue32": entry(
+            ctypes.CFUNCTYPE(c_int, vp, ctypes.c_uint64, u32, ctypes.c_uint), write
+        ),
+        "cuStreamBatchMemOp": 0,  # none: the two single calls
+    }
+    zero = entry(ctypes.CFUNCTYPE(c_int), lambda: 0)
+    _core.driver_load(tuple(calls.get(n, zero) for n, _ in _core.driver_entry_points()))
+    _core.watchdog_configure(_core.ROUTE_CUDA)
+    task = ctypes.CFUNCTYPE(None, vp)(lambda arg: ran.append(arg))
+    owner = _core.launch_owner(task, None, None, executor)
+    address = ctypes.cast(task, vp).value
+
+    def enqueue(lane):
+        return _core.enqueue(_core.ROUTE_CUDA_LANE, lane, _core.RUN_COMPILED, address, 7, owner)
+
+    def streams_get_there():  # "reached" written; then each task's "done", its last step
+        for where, value in held:
+            u32.from_address(where).value = value
+        done = list(held)
+        held.clear()
+        for _ in range(5000):
+            if all(u32.from_address(where + 4).value >= value for where, value in done):
+                return
+            time.sleep(0.001)
+        raise AssertionError("the tasks did not run")
+""")
+
+
 def test_the_cuda_lane_enqueue_refuses_a_stream_it_does_not_serve_until_its_tasks_ran():
     """The CUDA route's lane enqueue (``nhf_exec_cuda_enqueue``), run on this CPU in a
     child whose driver table is Python stand-ins: the stream's id comes from
@@ -197,90 +266,36 @@ def test_the_cuda_lane_enqueue_refuses_a_stream_it_does_not_serve_until_its_task
     the task has run, the lane is handed to stream 200.  (The tests above check the
     same through ``host_launch`` on the simulator's route; this one, the CUDA route's
     C, which only the GPU suite runs otherwise.)"""
-    out = run_child(
+    script = (
         textwrap.dedent("""
-        import ctypes, os, time
+        now = [100]
+
+        def stream_id(handle):
+            return now[0]
+    """)
+        + LANE_STAND_INS
+        + textwrap.dedent("""
         import numpy as np
-        import numba_hostfn as nh
-        from numba_hostfn import _core
-
-        executor = nh.HostExecutor(threads=1)
-        vp, c_int, u32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32
-        keep, now, held, ran = [], [100], [], []
-
-        def entry(proto, fn):
-            keep.append(proto(fn))
-            return ctypes.cast(keep[-1], vp).value
-
-        def put(out, value):
-            out[0] = value
-            return 0
-
-        def write(stream, address, value, flags):  # the stream is not there yet
-            held.append((address, value))
-            return 0
-
-        ptr = ctypes.POINTER
-        calls = {
-            "cuStreamIsCapturing": entry(
-                ctypes.CFUNCTYPE(c_int, vp, ptr(c_int)), lambda s, out: put(out, 0)
-            ),
-            "cuStreamGetId": entry(
-                ctypes.CFUNCTYPE(c_int, vp, ptr(ctypes.c_ulonglong)),
-                lambda s, out: put(out, now[0]),
-            ),
-            "cuStreamGetCtx": entry(
-                ctypes.CFUNCTYPE(c_int, vp, ptr(vp)), lambda s, out: put(out, 0x1000)
-            ),
-            "cuThreadExchangeStreamCaptureMode": entry(
-                ctypes.CFUNCTYPE(c_int, ptr(c_int)), lambda out: put(out, 0)
-            ),
-            "cuStreamWriteValue32": entry(
-                ctypes.CFUNCTYPE(c_int, vp, ctypes.c_uint64, u32, ctypes.c_uint), write
-            ),
-            "cuStreamBatchMemOp": 0,  # none: the two single calls
-        }
-        zero = entry(ctypes.CFUNCTYPE(c_int), lambda: 0)
-        _core.driver_load(tuple(calls.get(n, zero) for n, _ in _core.driver_entry_points()))
-        _core.watchdog_configure(_core.ROUTE_CUDA)
 
         words = np.zeros(2, np.uint32)
         lane = executor._lane_new(0x7000, words.ctypes.data)
-        task = ctypes.CFUNCTYPE(None, vp)(lambda arg: ran.append(arg))
-        owner = _core.launch_owner(task, None, None, executor)
-        address = ctypes.cast(task, vp).value
-
-        def enqueue():
-            return _core.enqueue(_core.ROUTE_CUDA_LANE, lane, _core.RUN_COMPILED, address, 7, owner)
-
-        def stream_gets_there():  # "reached" written; then each task's "done", its last step
-            for where, value in held:
-                u32.from_address(where).value = value
-            done = list(held)
-            held.clear()
-            for _ in range(5000):
-                if all(u32.from_address(where + 4).value >= value for where, value in done):
-                    return
-                time.sleep(0.001)
-            raise AssertionError("the task did not run")
-
-        assert enqueue() == 0 and len(held) == 1  # stream 100's task
+        assert enqueue(lane) == 0 and len(held) == 1  # stream 100's task
         now[0] = 200  # the handle names another stream
-        assert enqueue() == _core.LANE_STALE, "a lane with a task pending was handed on"
+        assert enqueue(lane) == _core.LANE_STALE, "a lane with a task pending was handed on"
         assert len(held) == 1 and executor.outstanding() == 1  # nothing enqueued
-        stream_gets_there()
+        streams_get_there()
         assert ran == [7]
-        assert enqueue() == 0 and len(held) == 1  # every task ran: stream 200's lane now
-        stream_gets_there()
+        assert enqueue(lane) == 0 and len(held) == 1  # every task ran: stream 200's lane now
+        streams_get_there()
         assert ran == [7, 7]
         now[0] = 300
-        assert enqueue() == 0  # idle again: handed on again
-        stream_gets_there()
+        assert enqueue(lane) == 0  # idle again: handed on again
+        streams_get_there()
         print("ok", ran)
         os._exit(0)  # the backend was rewired: no exit hooks against it
-        """),
-        env=child_env(NUMBA_HOSTFN_SIMULATOR="1"),
+    """)
     )
+    out = run_child(script, env=child_env(NUMBA_HOSTFN_SIMULATOR="1"))
     assert out.strip() == "ok [7, 7, 7]"
 
 
@@ -293,58 +308,19 @@ def test_a_per_thread_stream_takes_an_idle_lane_of_its_handle_and_never_a_busy_o
     no lane takes one whose tasks have all run, never one with a task pending; the
     thread that had it, enqueueing on it later, is refused (``LANE_STALE``, nothing
     enqueued) and takes another idle one; three threads use two lanes."""
-    out = run_child(
+    script = (
         textwrap.dedent("""
-        import ctypes, itertools, os, queue, threading, time
-        import numba_hostfn as nh
-        from numba_hostfn import _core
+        import itertools, queue, threading
 
-        executor = nh.HostExecutor(threads=1)
-        vp, c_int, u32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32
-        keep, held, ran, streams, ids = [], [], [], threading.local(), itertools.count(101)
+        streams, ids = threading.local(), itertools.count(101)
 
-        def entry(proto, fn):
-            keep.append(proto(fn))
-            return ctypes.cast(keep[-1], vp).value
-
-        def put(out, value):
-            out[0] = value
-            return 0
-
-        def stream_id(handle, out):  # 0x2: the calling thread's own stream
+        def stream_id(handle):  # 0x2: the calling thread's own stream
             if not hasattr(streams, "id"):
                 streams.id = next(ids)
-            return put(out, streams.id if handle == 2 else 1)
-
-        def write(stream, address, value, flags):  # the stream is not there yet
-            held.append((address, value))
-            return 0
-
-        ptr = ctypes.POINTER
-        calls = {
-            "cuStreamIsCapturing": entry(
-                ctypes.CFUNCTYPE(c_int, vp, ptr(c_int)), lambda s, out: put(out, 0)
-            ),
-            "cuStreamGetId": entry(ctypes.CFUNCTYPE(c_int, vp, ptr(ctypes.c_ulonglong)), stream_id),
-            "cuCtxGetCurrent": entry(ctypes.CFUNCTYPE(c_int, ptr(vp)), lambda out: put(out, 0xC0)),
-            "cuStreamGetCtx": entry(
-                ctypes.CFUNCTYPE(c_int, vp, ptr(vp)), lambda s, out: put(out, 0xC0)
-            ),
-            "cuThreadExchangeStreamCaptureMode": entry(
-                ctypes.CFUNCTYPE(c_int, ptr(c_int)), lambda out: put(out, 0)
-            ),
-            "cuStreamWriteValue32": entry(
-                ctypes.CFUNCTYPE(c_int, vp, ctypes.c_uint64, u32, ctypes.c_uint), write
-            ),
-            "cuStreamBatchMemOp": 0,  # none: the two single calls
-        }
-        zero = entry(ctypes.CFUNCTYPE(c_int), lambda: 0)
-        _core.driver_load(tuple(calls.get(n, zero) for n, _ in _core.driver_entry_points()))
-        _core.watchdog_configure(_core.ROUTE_CUDA)
-        task = ctypes.CFUNCTYPE(None, vp)(lambda arg: ran.append(arg))
-        owner = _core.launch_owner(task, None, None, executor)
-        address = ctypes.cast(task, vp).value
-
+            return streams.id if handle == 2 else 1
+    """)
+        + LANE_STAND_INS
+        + textwrap.dedent("""
         class Thread:  # a thread that lives on, with its per-thread stream
             def __init__(self):
                 self.calls, self.answers = queue.Queue(), queue.Queue()
@@ -364,20 +340,6 @@ def test_a_per_thread_stream_takes_an_idle_lane_of_its_handle_and_never_a_busy_o
                 if not ok:
                     raise value
                 return value
-
-        def enqueue(lane):
-            return _core.enqueue(_core.ROUTE_CUDA_LANE, lane, _core.RUN_COMPILED, address, 7, owner)
-
-        def streams_get_there():  # "reached" written; then each task's "done", its last step
-            for where, value in held:
-                u32.from_address(where).value = value
-            done = list(held)
-            held.clear()
-            for _ in range(5000):
-                if all(u32.from_address(where + 4).value >= value for where, value in done):
-                    return
-                time.sleep(0.001)
-            raise AssertionError("the tasks did not run")
 
         one, two, three = Thread(), Thread(), Thread()
         a = one(lambda: executor._lane(2))
@@ -399,9 +361,9 @@ def test_a_per_thread_stream_takes_an_idle_lane_of_its_handle_and_never_a_busy_o
         assert len(executor._lanes) == 2
         print("ok", ran)
         os._exit(0)  # the backend was rewired: no exit hooks against it
-        """),
-        env=child_env(NUMBA_HOSTFN_SIMULATOR="1"),
+    """)
     )
+    out = run_child(script, env=child_env(NUMBA_HOSTFN_SIMULATOR="1"))
     assert out.strip() == "ok [7, 7, 7, 7]"
 
 
