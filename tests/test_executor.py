@@ -854,8 +854,12 @@ def test_a_compiled_tasks_owner_is_held_by_its_lane_task_with_no_record(executor
     # a thread of its own, so that its second launch finds the first task run ("done"
     # written) and its owner still held, unless the pool thread's owed drain, a
     # pending call, ran on this thread first, in the few bytecodes before join()
-    # blocks (seen on a loaded CI machine): tried until once it was not.
+    # blocks (seen on a loaded CI machine): tried until once it was not.  Each try
+    # starts with a drain: a try whose first owner went to that drain leaves its
+    # second task's owner held, and the next try's first launch would take it out
+    # too (seen on CI: filled == [2]).
     def launch_twice(filled):
+        nh.drain()
         first = since()["filled"]
         for _ in range(2):
             nh.host_launch(stream, increment, user_data=ref, executor=executor)
