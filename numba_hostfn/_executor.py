@@ -248,7 +248,10 @@ class HostExecutor(_core.ExecutorBase):
             self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else f"{len(self._lanes)} streams"
+        # Lanes, not streams: a stream whose handle the driver gave out again, or a
+        # default handle's stream in each thread or context, has a lane of its own.
+        lanes = len(self._lanes)
+        state = "closed" if self._closed else f"{lanes} lane{'' if lanes == 1 else 's'}"
         return f"<numba_hostfn.HostExecutor threads={self.threads} {state}>"
 
 

@@ -607,6 +607,25 @@ def test_tasks_that_raise_are_reported_and_the_stream_goes_on(executor, stream, 
     assert kinds == ["KeyError", "ValueError"]
 
 
+def test_repr_counts_lanes_and_says_closed(device):
+    """The repr counts lanes, which a stream may have more than one of over its life
+    (a reused handle, a default handle's stream in each thread): it never says
+    streams.  (Before: "1 streams".)"""
+    ex = nh.HostExecutor(threads=2)
+    try:
+        assert repr(ex) == "<numba_hostfn.HostExecutor threads=2 0 lanes>"
+        counter = np.zeros(1, np.int64)
+        first, second = device.create_stream(), device.create_stream()
+        for stream, lanes in ((first, "1 lane"), (first, "1 lane"), (second, "2 lanes")):
+            nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=ex)
+            stream.sync()
+            assert repr(ex).endswith(f" {lanes}>"), repr(ex)
+        assert counter[0] == 3
+    finally:
+        ex.close()
+    assert repr(ex) == "<numba_hostfn.HostExecutor threads=2 closed>"
+
+
 def test_close_finishes_outstanding_work_first(stream, device):
     counter = np.zeros(1, np.int64)
     ex = nh.HostExecutor(threads=2)
