@@ -200,6 +200,7 @@ LANE_STAND_INS = textwrap.dedent("""
     executor = nh.HostExecutor(threads=1)
     vp, c_int, u32 = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32
     keep, held, ran = [], [], []
+    context, pushed, faulted = [0xC0], [], set()  # the streams' context; the watchdog's
 
     def entry(proto, fn):
         keep.append(proto(fn))
@@ -224,7 +225,15 @@ LANE_STAND_INS = textwrap.dedent("""
         ),
         "cuCtxGetCurrent": entry(ctypes.CFUNCTYPE(c_int, ptr(vp)), lambda out: put(out, 0xC0)),
         "cuStreamGetCtx": entry(
-            ctypes.CFUNCTYPE(c_int, vp, ptr(vp)), lambda s, out: put(out, 0xC0)
+            ctypes.CFUNCTYPE(c_int, vp, ptr(vp)), lambda s, out: put(out, context[0])
+        ),
+        # The watchdog's query of a context: the one pushed answers 700 if faulted.
+        "cuCtxPushCurrent": entry(ctypes.CFUNCTYPE(c_int, vp), lambda c: pushed.append(c) or 0),
+        "cuCtxPopCurrent": entry(
+            ctypes.CFUNCTYPE(c_int, ptr(vp)), lambda out: put(out, pushed.pop())
+        ),
+        "cuStreamQuery": entry(
+            ctypes.CFUNCTYPE(c_int, vp), lambda s: 700 if pushed[-1] in faulted else 0
         ),
         "cuThreadExchangeStreamCaptureMode": entry(
             ctypes.CFUNCTYPE(c_int, ptr(c_int)), lambda out: put(out, 0)
@@ -365,6 +374,52 @@ def test_a_per_thread_stream_takes_an_idle_lane_of_its_handle_and_never_a_busy_o
     )
     out = run_child(script, env=child_env(NUMBA_HOSTFN_SIMULATOR="1"))
     assert out.strip() == "ok [7, 7, 7, 7]"
+
+
+def test_a_device_fault_fails_the_lanes_of_its_context_not_a_destroyed_streams_of_another():
+    """The driver gives a destroyed stream's handle to a new stream, of another context
+    too.  A fault of the new stream's context fails the tasks of that stream's lane,
+    and not those of the destroyed stream's lane on the same handle, whose context is
+    healthy: its stream still reaches them, and they run.  (Before: a fault was matched
+    to lanes by the handle alone, and the destroyed stream's tasks were failed, never
+    run, though its stream got there.)  On the CUDA route's C, in a child whose driver
+    table is Python stand-ins: the watchdog's query answers 700 for context 0xA0."""
+    script = (
+        textwrap.dedent("""
+        now = [100]
+
+        def stream_id(handle):
+            return now[0]
+    """)
+        + LANE_STAND_INS
+        + textwrap.dedent("""
+        import numpy as np
+
+        words = np.zeros(4, np.uint32)
+        destroyed = executor._lane_new(0x7000, words.ctypes.data)
+        context[0] = 0xB0
+        assert enqueue(destroyed) == 0  # stream 100's task, in context 0xB0
+        now[0], context[0] = 200, 0xA0  # the handle now names a stream of context 0xA0
+        assert enqueue(destroyed) == _core.LANE_STALE
+        new = executor._lane_new(0x7000, words.ctypes.data + 8)
+        assert enqueue(new) == 0 and len(held) == 2 and executor.outstanding() == 2
+        faulted.add(0xA0)
+        for _ in range(5000):  # the watchdog finds it, and the pool fails 0xA0's task
+            if executor.outstanding() < 2:
+                break
+            time.sleep(0.001)
+        assert [f[:2] for f in _core.fault_info()] == [(0xA0, 700)], _core.fault_info()
+        time.sleep(0.05)  # where the destroyed stream's lane was failed too: failed by now
+        assert executor.outstanding() == 1 and ran == [], (executor.outstanding(), ran)
+        held[:] = held[:1]  # stream 100 gets there; the faulted stream never does
+        streams_get_there()
+        assert ran == [7] and executor.outstanding() == 0
+        print("ok", ran)
+        os._exit(0)  # the backend was rewired: no exit hooks against it
+    """)
+    )
+    out = run_child(script, env=child_env(NUMBA_HOSTFN_SIMULATOR="1"))
+    assert out.strip() == "ok [7]"
 
 
 @pytest.mark.parametrize("how", ["compiled", "Python callable", "host_copy", "done_future"])

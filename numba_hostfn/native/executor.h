@@ -79,9 +79,10 @@ typedef struct lane {
      * reach the tasks it has not reached (invariant 23).  Read by every claim: here,
      * not beside what the producer writes at each enqueue. */
     atomic_uint fault;
-    /* The context the watchdog queries for the lane's direct tasks (no record
-     * carries it): the stream's, as the last direct enqueue found it (written only
-     * when it changes); NULL with no watchdog. */
+    /* The context of the lane's stream, as its last enqueue found it (written only
+     * when it changes; NULL with no watchdog): the watchdog queries it for the
+     * lane's direct tasks (no record carries it), and a fault of another context is
+     * not this lane's (nhf_exec_fault_stream). */
     _Atomic(void *) watch_ctx;
     /* Written by the pool's threads at each claim.  A thread took the lane's next
      * task and runs it, until its "done" is written (set by compare-and-swap): a
@@ -239,14 +240,13 @@ static inline enum nhf_lane_identity nhf_lane_identify(lane *l, bool known,
     return NHF_LANE_NEW;
 }
 
-/* Under the lane's enqueue mutex, before a direct task's enqueue (its owner
- * non-NULL): the context the watchdog queries for the lane's direct tasks, the
- * stream's (a record's enqueue finds it the same way, nhf_watch_prepare): looked up
- * again only when the lane's stream may have changed (identity), or no watchdog
- * had noted one; written only when it changes. */
-static inline void nhf_lane_watch(lane *l, PyObject *owner, enum nhf_lane_identity identity) {
-    if (owner == NULL)
-        return;
+/* Under the lane's enqueue mutex, before a task's enqueue: the context of the
+ * lane's stream, which the watchdog queries for the lane's direct tasks (a record's
+ * enqueue finds it the same way, nhf_watch_prepare) and a fault is matched by
+ * (nhf_exec_fault_stream: a record's task too): looked up again only when the lane's
+ * stream may have changed (identity), or no watchdog had noted one; written only
+ * when it changes. */
+static inline void nhf_lane_watch(lane *l, enum nhf_lane_identity identity) {
     void *noted = atomic_load_explicit(&l->watch_ctx, memory_order_relaxed);
     if (identity == NHF_LANE_SAME && noted != NULL)
         return;
@@ -257,17 +257,16 @@ static inline void nhf_lane_watch(lane *l, PyObject *owner, enum nhf_lane_identi
 
 /* Without the GIL, at a task's enqueue on either route: take the lane's enqueue
  * mutex for a task of the stream whose id is id (known: see nhf_lane_identify) and
- * note the direct task's context (nhf_lane_watch).  False, the mutex not held, if
- * the lane serves another stream: the enqueue then answers NHF_LANE_STALE. */
-static inline bool nhf_lane_lock_for(lane *l, bool known, unsigned long long id,
-                                     PyObject *owner) {
+ * note its stream's context (nhf_lane_watch).  False, the mutex not held, if the
+ * lane serves another stream: the enqueue then answers NHF_LANE_STALE. */
+static inline bool nhf_lane_lock_for(lane *l, bool known, unsigned long long id) {
     pthread_mutex_lock(&l->enqueue_mutex);
     enum nhf_lane_identity identity = nhf_lane_identify(l, known, id);
     if (identity == NHF_LANE_OTHER) {
         pthread_mutex_unlock(&l->enqueue_mutex);
         return false;
     }
-    nhf_lane_watch(l, owner, identity);
+    nhf_lane_watch(l, identity);
     return true;
 }
 

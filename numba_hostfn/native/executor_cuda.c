@@ -27,7 +27,7 @@ uint64_t nhf_exec_cuda_enqueue(void *lane_, nhf_hostfn trampoline, void *record,
     unsigned long long id = 0;
     nhf_cuStreamGetId_fn get_id = NHF_CU(cuStreamGetId); /* CUDA 12.0 on */
     bool known = get_id != NULL && get_id(l->stream, &id) == 0;
-    if (!nhf_lane_lock_for(l, known, id, owner))
+    if (!nhf_lane_lock_for(l, known, id))
         return NHF_LANE_STALE;
     uint64_t status = 0;
     task *t = nhf_lane_open_task(l, trampoline, record, owner, &status, released);

@@ -18,7 +18,7 @@ static nhf_sim_word_op *new_word_op(_Atomic uint32_t *word, uint32_t value) {
 uint64_t nhf_exec_sim_enqueue(void *lane_, nhf_hostfn trampoline, void *record,
                               PyObject *owner, PyObject **released) {
     lane *l = lane_;
-    if (!nhf_lane_lock_for(l, true, nhf_sim_stream_id(l->stream), owner))
+    if (!nhf_lane_lock_for(l, true, nhf_sim_stream_id(l->stream)))
         return NHF_LANE_STALE;
     uint64_t status = 0;
     nhf_sim_word_op *write_op = new_word_op(&l->words[0], l->seq + 1);

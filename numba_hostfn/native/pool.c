@@ -499,9 +499,15 @@ void nhf_exec_fault_stream(void *stream, void *ctx, unsigned code) {
         bool marked = false;
         for (lane *l = atomic_load(&pool->lanes); l != NULL; l = l->next) {
             unsigned expected = 0;
-            /* A default-stream handle's lane is another context's stream unless
-             * its context is the faulted one. */
-            bool same = l->stream == stream && (l->ctx == NULL || l->ctx == ctx);
+            /* The handle alone does not say which stream: the driver gives a
+             * destroyed stream's handle to a new one, of another context too, while
+             * the destroyed one's tasks are pending.  A lane of another context (a
+             * default handle's, where it was made; any other, as its stream's last
+             * enqueue found it) is another stream's, whose tasks its stream still
+             * reaches.  Where no context was noted (no watchdog then), the handle. */
+            void *noted = l->ctx != NULL ? l->ctx
+                                         : atomic_load_explicit(&l->watch_ctx, memory_order_relaxed);
+            bool same = l->stream == stream && (noted == NULL || noted == ctx);
             if (same && atomic_compare_exchange_strong(&l->fault, &expected, code))
                 marked = true;
         }
