@@ -143,7 +143,8 @@ class HostExecutor(_core.ExecutorBase):
         handle).  ``stale``: a lane whose enqueue answered ``_core.LANE_STALE`` (the
         driver gave the handle of a destroyed stream, whose tasks on it are still to be
         reached, to this one: LIFETIME.md, invariant 15) counts as none, so the stream
-        gets a new lane (``renew_lane``); ``stale`` keeps serving the destroyed stream.
+        gets another lane (``renew_lane``): one of the handle's whose tasks have all run
+        (``_reuse_lane``), else a new one; ``stale`` keeps serving the destroyed stream.
         A lane another thread made in its place meanwhile is returned as it is.  A
         default-stream handle's stream with no lane takes an idle one of that handle
         and context (``_reuse_lane``: each thread's per-thread stream is another, so a
@@ -171,7 +172,11 @@ class HostExecutor(_core.ExecutorBase):
         with self._lock:
             lane = self._lanes.get(handle)
             if lane is None or lane == stale:
-                lane = self._lane_new(handle, self._words())
+                # A renewal: one of its lanes passed by earlier whose tasks have run
+                # serves, else a new one (a handle then has as many lanes as its
+                # streams with tasks outstanding at once).
+                reused = self._reuse_lane(handle, lane) if lane is not None else 0
+                lane = reused or self._lane_new(handle, self._words())
                 self._lanes[handle] = lane
         return lane
 
@@ -250,7 +255,7 @@ class HostExecutor(_core.ExecutorBase):
     def __repr__(self) -> str:
         # Lanes, not streams: a stream whose handle the driver gave out again, or a
         # default handle's stream in each thread or context, has a lane of its own.
-        lanes = len(self._lanes)
+        lanes = self._lane_count()
         state = "closed" if self._closed else f"{lanes} lane{'' if lanes == 1 else 's'}"
         return f"<numba_hostfn.HostExecutor threads={self.threads} {state}>"
 

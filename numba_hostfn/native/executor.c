@@ -106,9 +106,9 @@ static PyObject *executor_find_lane(PyObject *self_, PyObject *stream_) {
     return PyLong_FromVoidPtr(nhf_exec_find_lane(pool, stream));
 }
 
-/* _reuse_lane(stream, stale): an idle lane of a default-stream handle, other than the
- * lane stale (0: none), handed to the stream this thread names (nhf_exec_reuse_lane),
- * or 0. */
+/* _reuse_lane(stream, stale): an idle lane for the stream this thread names, where it
+ * has none (stale 0: a default-stream handle's) or its lane stale answered LANE_STALE
+ * (nhf_exec_reuse_lane), or 0. */
 static PyObject *executor_reuse_lane(PyObject *self_, PyObject *const *args,
                                      Py_ssize_t nargs) {
     nhf_pool *pool = started((nhf_executor_object *)self_);
@@ -120,6 +120,13 @@ static PyObject *executor_reuse_lane(PyObject *self_, PyObject *const *args,
     if (nhf_address_arg(args[0], &stream) < 0 || nhf_address_arg(args[1], &stale) < 0)
         return NULL;
     return PyLong_FromVoidPtr(nhf_exec_reuse_lane(pool, stream, stale));
+}
+
+/* _lane_count(): how many lanes the pool has. */
+static PyObject *executor_lane_count(PyObject *self_, PyObject *unused) {
+    (void)unused;
+    nhf_pool *pool = ((nhf_executor_object *)self_)->pool;
+    return PyLong_FromSize_t(pool == NULL ? 0 : nhf_exec_lane_count(pool));
 }
 
 /* _lane_new(stream, words): a lane for stream, its words at words (two zeroed
@@ -221,7 +228,9 @@ static PyMethodDef executor_methods[] = {
      "The lane for stream as this thread names it, or 0"},
     {"_reuse_lane", (PyCFunction)(void (*)(void))executor_reuse_lane, METH_FASTCALL,
      "_reuse_lane($self, stream, stale, /)\n--\n\n"
-     "An idle lane of a default-stream handle, handed to this thread's stream, or 0"},
+     "An idle lane, handed to the stream this thread names, or 0"},
+    {"_lane_count", executor_lane_count, METH_NOARGS, "_lane_count($self, /)\n--\n\n"
+     "How many lanes the pool has"},
     {"_lane_new", (PyCFunction)(void (*)(void))executor_lane_new, METH_FASTCALL,
      "_lane_new($self, stream, words, /)\n--\n\n"
      "Returns lane address"},

@@ -73,6 +73,11 @@ typedef struct lane {
      * GIL held (nhf_exec_find_lane), ctx never changes. */
     void *ctx;
     unsigned long long id;
+    /* Any other handle's lane: a later stream of the handle has another lane, this
+     * one serving a destroyed stream that had tasks still to reach then (renewed:
+     * nhf_exec_reuse_lane), so the lookup passes it by; once its tasks have run, a
+     * later renewal of the handle takes it back.  GIL held, as id. */
+    bool superseded;
     _Atomic uint32_t *words; /* reached, then done */
     nhf_pool *pool;
     /* Set once by the watchdog: the stream has a device fault, and will never

@@ -612,12 +612,18 @@ extern PyTypeObject nhf_executor_type;
 /* GIL held: the lane of the pool for stream, as the calling thread names it (a
  * default-stream handle: nhf_cuda_stream_key), or NULL (pool.c). */
 void *nhf_exec_find_lane(nhf_pool *pool, void *stream);
-/* GIL held, where nhf_exec_find_lane found no lane for stream, a default-stream
- * handle (0, 0x1, 0x2): a lane of that handle and context, other than stale,
- * whose tasks have all run, handed to the stream the calling thread names now (a
- * thread's per-thread stream after another thread's, whose lane would otherwise
- * stay for ever); NULL if none is idle, or the handle is no default one (pool.c). */
+/* GIL held, where nhf_exec_find_lane found no lane for stream, or found stale, whose
+ * enqueue answered NHF_LANE_STALE: a lane whose tasks have all run, handed to the
+ * stream the handle names now, else NULL (the caller makes one).  A default-stream
+ * handle (0, 0x1, 0x2): a lane of that handle and context, other than stale (a
+ * thread's per-thread stream after another thread's, whose lane would otherwise stay
+ * for ever).  Any other handle, with stale: stale is passed by from now on, and a
+ * lane of the handle passed by earlier serves (a handle given again and again to
+ * streams destroyed with tasks pending would otherwise add a lane each time); with
+ * no stale, NULL (pool.c). */
 void *nhf_exec_reuse_lane(nhf_pool *pool, void *stream, void *stale);
+/* GIL held: how many lanes the pool has (pool.c). */
+size_t nhf_exec_lane_count(nhf_pool *pool);
 /* The enqueue functions of a lane (executor_cuda.c, executor_sim.c). */
 uint64_t nhf_exec_cuda_enqueue(void *lane, nhf_hostfn trampoline, void *record,
                                PyObject *owner, PyObject **released);

@@ -505,8 +505,9 @@ void nhf_exec_fault_stream(void *stream, void *ctx, unsigned code) {
              * default handle's, where it was made; any other, as its stream's last
              * enqueue found it) is another stream's, whose tasks its stream still
              * reaches.  Where no context was noted (no watchdog then), the handle. */
-            void *noted = l->ctx != NULL ? l->ctx
-                                         : atomic_load_explicit(&l->watch_ctx, memory_order_relaxed);
+            void *noted = l->ctx;
+            if (noted == NULL)
+                noted = atomic_load_explicit(&l->watch_ctx, memory_order_relaxed);
             bool same = l->stream == stream && (noted == NULL || noted == ctx);
             if (same && atomic_compare_exchange_strong(&l->fault, &expected, code))
                 marked = true;
@@ -663,14 +664,59 @@ void *nhf_exec_find_lane(nhf_pool *pool, void *stream) {
     unsigned long long id;
     nhf_cuda_stream_key(stream, &ctx, &id);
     for (lane *l = atomic_load(&pool->lanes); l != NULL; l = l->next)
-        if (l->stream == stream && l->id == id && l->ctx == ctx)
+        if (l->stream == stream && l->id == id && l->ctx == ctx && !l->superseded)
             return l;
     return NULL;
 }
 
-void *nhf_exec_reuse_lane(nhf_pool *pool, void *stream, void *stale) {
-    if ((uintptr_t)stream > (uintptr_t)CU_STREAM_PER_THREAD)
-        return NULL; /* one stream at a time: nhf_lane_identify hands its lane on */
+/* GIL held: whether l's tasks have all run and it has no fault, l then handed on as
+ * rekey says (under its enqueue mutex, which it only tries: a producer inside an
+ * enqueue holds it, and the lane is not idle then). */
+static bool take_if_idle(lane *l, void (*rekey)(lane *l, unsigned long long id),
+                         unsigned long long id) {
+    if (pthread_mutex_trylock(&l->enqueue_mutex) != 0)
+        return false;
+    bool idle = nhf_lane_idle(l);
+    if (idle)
+        rekey(l, id);
+    pthread_mutex_unlock(&l->enqueue_mutex);
+    return idle;
+}
+
+/* A default handle's lane, for the stream of that id: a producer that found it under
+ * its former id and enqueues now is refused (nhf_lane_identify: NHF_LANE_OTHER), and
+ * finds another. */
+static void rekey_to_id(lane *l, unsigned long long id) {
+    l->id = id;
+    l->serves = id;
+    l->serves_known = true;
+}
+
+/* Any other handle's superseded lane, the handle's lane again: its next enqueue finds
+ * it idle and serving another stream, and hands it to the one the handle names then
+ * (nhf_lane_identify). */
+static void rekey_unsuperseded(lane *l, unsigned long long id) {
+    (void)id;
+    l->superseded = false;
+}
+
+void *nhf_exec_reuse_lane(nhf_pool *pool, void *stream, void *stale_) {
+    lane *stale = stale_;
+    if ((uintptr_t)stream > (uintptr_t)CU_STREAM_PER_THREAD) {
+        /* One stream at a time: its lane answered LANE_STALE (stale), as it serves a
+         * destroyed stream with tasks still to reach.  That lane is passed by from
+         * now on, and one passed by earlier whose tasks have all run serves instead:
+         * a handle has as many lanes as its streams with tasks outstanding at once,
+         * not one more at every renewal. */
+        if (stale == NULL)
+            return NULL; /* no renewal: its first lane, or nhf_lane_identify's to hand on */
+        stale->superseded = true;
+        for (lane *l = atomic_load(&pool->lanes); l != NULL; l = l->next)
+            if (l != stale && l->stream == stream && l->superseded &&
+                take_if_idle(l, rekey_unsuperseded, 0))
+                return l;
+        return NULL;
+    }
     void *ctx;
     unsigned long long id;
     nhf_cuda_stream_key(stream, &ctx, &id);
@@ -678,23 +724,17 @@ void *nhf_exec_reuse_lane(nhf_pool *pool, void *stream, void *stale) {
         return NULL; /* no id from the driver: streams it names cannot be told apart */
     for (lane *l = atomic_load(&pool->lanes); l != NULL; l = l->next) {
         /* Another context's lane stays its own (its fault is that context's). */
-        if (l == stale || l->stream != stream || l->ctx != ctx)
-            continue;
-        if (pthread_mutex_trylock(&l->enqueue_mutex) != 0)
-            continue; /* a producer is inside an enqueue on it: not idle */
-        bool idle = nhf_lane_idle(l);
-        if (idle) {
-            /* A producer that found it under its former id and enqueues now is
-             * refused (nhf_lane_identify: NHF_LANE_OTHER), and finds another. */
-            l->id = id;
-            l->serves = id;
-            l->serves_known = true;
-        }
-        pthread_mutex_unlock(&l->enqueue_mutex);
-        if (idle)
+        if (l != stale && l->stream == stream && l->ctx == ctx && take_if_idle(l, rekey_to_id, id))
             return l;
     }
     return NULL;
+}
+
+size_t nhf_exec_lane_count(nhf_pool *pool) {
+    size_t n = 0;
+    for (lane *l = atomic_load(&pool->lanes); l != NULL; l = l->next)
+        n++;
+    return n;
 }
 
 /* _lane_new(stream, words) of ExecutorBase: a lane for stream, its words at
