@@ -729,6 +729,21 @@ def test_repr_counts_lanes_and_says_closed(device):
     assert repr(ex) == "<numba_hostfn.HostExecutor threads=2 closed>"
 
 
+def test_reuse_lane_refuses_a_stale_lane_that_is_not_the_executors(executor, stream):
+    """``_reuse_lane`` marks the stale lane it is given: an address that is no lane of
+    this executor (another executor's, or none) is refused, never written to."""
+    handle = stream.__cuda_stream__()[1]
+    nh.host_launch(stream, lambda: None, executor=executor)
+    stream.sync()
+    with nh.HostExecutor(threads=1) as other:
+        nh.host_launch(stream, lambda: None, executor=other)
+        stream.sync()
+        for stale in (other._lane(handle), np.zeros(8, np.uint64).ctypes.data):
+            with pytest.raises(ValueError, match="no lane of this executor"):
+                executor._reuse_lane(handle, stale)
+    assert executor._reuse_lane(handle, 0) == 0  # no renewal: none to reuse
+
+
 def test_close_finishes_outstanding_work_first(stream, device):
     counter = np.zeros(1, np.int64)
     ex = nh.HostExecutor(threads=2)

@@ -119,6 +119,10 @@ static PyObject *executor_reuse_lane(PyObject *self_, PyObject *const *args,
         return NULL;
     if (nhf_address_arg(args[0], &stream) < 0 || nhf_address_arg(args[1], &stale) < 0)
         return NULL;
+    if (stale != NULL && !nhf_exec_has_lane(pool, stale)) { /* it is written to */
+        PyErr_SetString(PyExc_ValueError, "_reuse_lane: stale is no lane of this executor");
+        return NULL;
+    }
     return PyLong_FromVoidPtr(nhf_exec_reuse_lane(pool, stream, stale));
 }
 

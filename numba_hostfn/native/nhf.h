@@ -622,6 +622,8 @@ void *nhf_exec_find_lane(nhf_pool *pool, void *stream);
  * streams destroyed with tasks pending would otherwise add a lane each time); with
  * no stale, NULL (pool.c). */
 void *nhf_exec_reuse_lane(nhf_pool *pool, void *stream, void *stale);
+/* GIL held: whether lane is one of the pool's (pool.c). */
+bool nhf_exec_has_lane(nhf_pool *pool, void *lane);
 /* GIL held: how many lanes the pool has (pool.c). */
 size_t nhf_exec_lane_count(nhf_pool *pool);
 /* The enqueue functions of a lane (executor_cuda.c, executor_sim.c). */

@@ -730,6 +730,13 @@ void *nhf_exec_reuse_lane(nhf_pool *pool, void *stream, void *stale_) {
     return NULL;
 }
 
+bool nhf_exec_has_lane(nhf_pool *pool, void *lane_) {
+    for (lane *l = atomic_load(&pool->lanes); l != NULL; l = l->next)
+        if (l == lane_)
+            return true;
+    return false;
+}
+
 size_t nhf_exec_lane_count(nhf_pool *pool) {
     size_t n = 0;
     for (lane *l = atomic_load(&pool->lanes); l != NULL; l = l->next)
