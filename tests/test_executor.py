@@ -729,7 +729,7 @@ def test_repr_counts_lanes_and_says_closed(device):
     assert repr(ex) == "<numba_hostfn.HostExecutor threads=2 closed>"
 
 
-def test_reuse_lane_refuses_a_stale_lane_that_is_not_the_executors(executor, stream):
+def test_reuse_lane_refuses_a_stale_lane_that_is_not_the_executors(executor, stream, device):
     """``_reuse_lane`` marks the stale lane it is given: an address that is no lane of
     this executor (another executor's, or none) is refused, never written to."""
     handle = stream.__cuda_stream__()[1]
@@ -742,6 +742,13 @@ def test_reuse_lane_refuses_a_stale_lane_that_is_not_the_executors(executor, str
             with pytest.raises(ValueError, match="no lane of this executor"):
                 executor._reuse_lane(handle, stale)
     assert executor._reuse_lane(handle, 0) == 0  # no renewal: none to reuse
+    # A lane of another handle is no renewal of this one's: it is not passed by.
+    second = device.create_stream()
+    nh.host_launch(second, lambda: None, executor=executor)
+    second.sync()
+    lane = executor._find_lane(second.__cuda_stream__()[1])
+    assert lane != 0 and executor._reuse_lane(handle, lane) == 0
+    assert executor._find_lane(second.__cuda_stream__()[1]) == lane
 
 
 def test_close_finishes_outstanding_work_first(stream, device):

@@ -708,7 +708,7 @@ void *nhf_exec_reuse_lane(nhf_pool *pool, void *stream, void *stale_) {
          * now on, and one passed by earlier whose tasks have all run serves instead:
          * a handle has as many lanes as its streams with tasks outstanding at once,
          * not one more at every renewal. */
-        if (stale == NULL)
+        if (stale == NULL || stale->stream != stream)
             return NULL; /* no renewal: its first lane, or nhf_lane_identify's to hand on */
         stale->superseded = true;
         for (lane *l = atomic_load(&pool->lanes); l != NULL; l = l->next)
