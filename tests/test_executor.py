@@ -414,15 +414,16 @@ def test_a_per_thread_stream_takes_an_idle_lane_of_its_handle_and_never_a_busy_o
 
 @pytest.mark.parametrize("how", ["compiled", "Python callable"])
 def test_a_device_fault_fails_the_lanes_of_its_context_not_a_destroyed_streams_of_another(how):
-    """The driver gives a destroyed stream's handle to a new stream, of another context
-    too.  A fault of the new stream's context fails the tasks of that stream's lane,
-    and not those of the destroyed stream's lane on the same handle, whose context is
-    healthy: its stream still reaches them, and they run.  (Before: a fault was matched
-    to lanes by the handle alone, and the destroyed stream's tasks were failed, never
-    run, though its stream got there.)  On the CUDA route's C, in a child whose driver
-    table is Python stand-ins: the watchdog's query answers 700 for context 0xA0.  A
-    compiled task is a direct one (no record); a Python callable's has a record, which
-    the watchdog fails by its own context, and the lane's mark by the lane's."""
+    """The driver gives a destroyed stream's handle to a new stream, and nothing keeps
+    that one in the destroyed one's context.  A fault of the new stream's context fails
+    the tasks of that stream's lane, and not those of the destroyed stream's lane on the
+    same handle, whose context is healthy: its stream still reaches them, and they run.
+    (Before: a fault was matched to lanes by the handle alone, and the destroyed
+    stream's tasks were failed, never run, though its stream got there.)  On the CUDA
+    route's C, in a child whose driver table is Python stand-ins: the watchdog's query
+    answers 700 for context 0xA0.  A compiled task is a direct one (no record); a
+    Python callable's has a record, which the watchdog fails by its own context, and
+    the lane's mark by the lane's."""
     script = (
         textwrap.dedent(f"""
         now, how = [100], {how!r}

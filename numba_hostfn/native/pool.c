@@ -500,8 +500,9 @@ void nhf_exec_fault_stream(void *stream, void *ctx, unsigned code) {
         for (lane *l = atomic_load(&pool->lanes); l != NULL; l = l->next) {
             unsigned expected = 0;
             /* The handle alone does not say which stream: the driver gives a
-             * destroyed stream's handle to a new one, of another context too, while
-             * the destroyed one's tasks are pending.  A lane of another context (a
+             * destroyed stream's handle to a new one while the destroyed one's tasks
+             * are pending (seen on the H200), and nothing keeps that one in the same
+             * context (not seen: the H200 has one).  A lane of another context (a
              * default handle's, where it was made; any other, as its stream's last
              * enqueue found it) is another stream's, whose tasks its stream still
              * reaches.  Where no context was noted (no watchdog then), the handle. */
