@@ -502,7 +502,7 @@ void nhf_exec_fault_stream(void *stream, void *ctx, unsigned code) {
             /* The handle alone does not say which stream: the driver gives a
              * destroyed stream's handle to a new one while the destroyed one's tasks
              * are pending (seen on the H200), and nothing keeps that one in the same
-             * context (not seen: the H200 has one).  A lane of another context (a
+             * context (not seen; not looked for).  A lane of another context (a
              * default handle's, where it was made; any other, as its stream's last
              * enqueue found it) is another stream's, whose tasks its stream still
              * reaches.  Where no context was noted (no watchdog then), the handle. */
