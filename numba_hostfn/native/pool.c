@@ -670,35 +670,16 @@ void *nhf_exec_find_lane(nhf_pool *pool, void *stream) {
     return NULL;
 }
 
-/* GIL held: whether l's tasks have all run and it has no fault, l then handed on as
- * rekey says (under its enqueue mutex, which it only tries: a producer inside an
- * enqueue holds it, and the lane is not idle then). */
-static bool take_if_idle(lane *l, void (*rekey)(lane *l, unsigned long long id),
-                         unsigned long long id) {
+/* GIL held: true, with l's enqueue mutex held, if its tasks have all run and it has
+ * no fault; else false, the mutex not held.  Only tried: a producer inside an
+ * enqueue holds it, and the lane is not idle then. */
+static bool lock_if_idle(lane *l) {
     if (pthread_mutex_trylock(&l->enqueue_mutex) != 0)
         return false;
-    bool idle = nhf_lane_idle(l);
-    if (idle)
-        rekey(l, id);
+    if (nhf_lane_idle(l))
+        return true;
     pthread_mutex_unlock(&l->enqueue_mutex);
-    return idle;
-}
-
-/* A default handle's lane, for the stream of that id: a producer that found it under
- * its former id and enqueues now is refused (nhf_lane_identify: NHF_LANE_OTHER), and
- * finds another. */
-static void rekey_to_id(lane *l, unsigned long long id) {
-    l->id = id;
-    l->serves = id;
-    l->serves_known = true;
-}
-
-/* Any other handle's superseded lane, the handle's lane again: its next enqueue finds
- * it idle and serving another stream, and hands it to the one the handle names then
- * (nhf_lane_identify). */
-static void rekey_unsuperseded(lane *l, unsigned long long id) {
-    (void)id;
-    l->superseded = false;
+    return false;
 }
 
 void *nhf_exec_reuse_lane(nhf_pool *pool, void *stream, void *stale_) {
@@ -712,10 +693,16 @@ void *nhf_exec_reuse_lane(nhf_pool *pool, void *stream, void *stale_) {
         if (stale == NULL || stale->stream != stream)
             return NULL; /* no renewal: its first lane, or nhf_lane_identify's to hand on */
         stale->superseded = true;
-        for (lane *l = atomic_load(&pool->lanes); l != NULL; l = l->next)
-            if (l != stale && l->stream == stream && l->superseded &&
-                take_if_idle(l, rekey_unsuperseded, 0))
-                return l;
+        for (lane *l = atomic_load(&pool->lanes); l != NULL; l = l->next) {
+            if (l == stale || l->stream != stream || !l->superseded || !lock_if_idle(l))
+                continue;
+            /* The handle's lane again: its next enqueue finds it idle and serving
+             * another stream, and hands it to the one the handle names then
+             * (nhf_lane_identify). */
+            l->superseded = false;
+            pthread_mutex_unlock(&l->enqueue_mutex);
+            return l;
+        }
         return NULL;
     }
     void *ctx;
@@ -725,8 +712,15 @@ void *nhf_exec_reuse_lane(nhf_pool *pool, void *stream, void *stale_) {
         return NULL; /* no id from the driver: streams it names cannot be told apart */
     for (lane *l = atomic_load(&pool->lanes); l != NULL; l = l->next) {
         /* Another context's lane stays its own (its fault is that context's). */
-        if (l != stale && l->stream == stream && l->ctx == ctx && take_if_idle(l, rekey_to_id, id))
-            return l;
+        if (l == stale || l->stream != stream || l->ctx != ctx || !lock_if_idle(l))
+            continue;
+        /* A producer that found it under its former id and enqueues now is refused
+         * (nhf_lane_identify: NHF_LANE_OTHER), and finds another. */
+        l->id = id;
+        l->serves = id;
+        l->serves_known = true;
+        pthread_mutex_unlock(&l->enqueue_mutex);
+        return l;
     }
     return NULL;
 }
