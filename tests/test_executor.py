@@ -471,6 +471,61 @@ def test_a_device_fault_fails_the_lanes_of_its_context_not_a_destroyed_streams_o
     assert out.strip() == "ok [7]"
 
 
+@pytest.mark.parametrize("how", ["compiled", "Python callable"])
+def test_a_fault_of_a_destroyed_streams_context_leaves_a_new_lane_of_its_handle_alone(how):
+    """A stream that got a destroyed stream's handle has a new lane (a renewal); the
+    destroyed stream's context faults before that lane's first enqueue has noted the
+    new stream's context.  The new lane is not marked: it has no task, and its stream,
+    of a healthy context, runs what it enqueues next.  (Before: a lane with no context
+    noted matched every fault on its handle, so it was marked, and each launch of the
+    healthy stream on it was refused with the fault, for ever: a lane is renewed only
+    when it answers LANE_STALE.)  On the CUDA route's C with Python stand-ins, as the
+    test above; the watchdog's query answers 700 for context 0xB0."""
+    script = (
+        textwrap.dedent(f"""
+        now, how = [100], {how!r}
+
+        def stream_id(handle):
+            return now[0]
+    """)
+        + LANE_STAND_INS
+        + textwrap.dedent("""
+        import numpy as np
+
+        if how == "Python callable":
+            python = next(row for row in _core.launch_kinds() if row[1] == "python")
+            callable_ = lambda: ran.append(7)
+            callable_owner = _core.launch_owner(callable_, None, None, executor)
+
+            def enqueue(lane):  # as _enqueue does for a Python callable: a record
+                route, run, fn = _core.ROUTE_CUDA_LANE, python[2], python[3]
+                return _core.enqueue(route, lane, run, fn, id(callable_), callable_owner)
+
+        words = np.zeros(4, np.uint32)
+        destroyed = executor._lane_new(0x7000, words.ctypes.data)
+        context[0] = 0xB0
+        assert enqueue(destroyed) == 0  # stream 100's task, in context 0xB0
+        now[0], context[0] = 200, 0xA0  # the handle now names a stream of context 0xA0
+        assert enqueue(destroyed) == _core.LANE_STALE
+        new = executor._lane_new(0x7000, words.ctypes.data + 8)  # no enqueue on it yet
+        faulted.add(0xB0)  # the destroyed stream's context faults
+        for _ in range(5000):  # the watchdog finds it, and the pool fails 0xB0's task
+            if executor.outstanding() == 0:
+                break
+            time.sleep(0.001)
+        assert [f[:2] for f in _core.fault_info()] == [(0xB0, 700)], _core.fault_info()
+        statuses = [enqueue(new) for _ in range(2)]  # the healthy stream 200's launches
+        assert statuses == [0, 0], [hex(s) for s in statuses]
+        held[:] = held[1:]  # stream 200 gets there; the faulted stream 100 never does
+        streams_get_there()
+        print("ok", ran)
+        os._exit(0)  # the backend was rewired: no exit hooks against it
+    """)
+    )
+    out = run_child(script, env=child_env(NUMBA_HOSTFN_SIMULATOR="1"))
+    assert out.strip() == "ok [7, 7]"
+
+
 @pytest.mark.parametrize("how", ["compiled", "Python callable", "host_copy", "done_future"])
 def test_a_launch_whose_renewed_lanes_stay_stale_is_refused_after_renewals(
     executor, stream, device, monkeypatch, how

@@ -6,6 +6,8 @@ thread.  Every test runs on the simulator too.
 """
 
 import asyncio
+import concurrent.futures
+import contextlib
 import ctypes
 import gc
 import os
@@ -16,7 +18,7 @@ import time
 
 import numpy as np
 import pytest
-from _device import CHILD_PREAMBLE, Capture, Hold, run_child
+from _device import CHILD_PREAMBLE, Capture, Hold, _wait_for_flag, held_work, run_child
 from numba import carray
 
 import numba_hostfn as nh
@@ -1208,3 +1210,98 @@ def test_exit_with_default_lane_waits_outstanding():
     lines = run_child(LANE_EXIT_SCRIPT).splitlines()
     assert "exiting with 51 on the lane" in lines, lines
     assert "worker on the lane True" in lines and "worker resolved True" in lines, lines
+
+
+@contextlib.contextmanager
+def _held_by_device_work(device, stream):
+    """``stream`` held by device work until the block ends, other streams' host
+    functions running meanwhile: on CUDA ``held_work``; on the simulator a compiled
+    wait on the stream's own thread (``Stream.launch``), where ``held_work``'s host
+    function would hold the simulated driver's thread, every stream's."""
+    if nh.backend_name() == "cuda":
+        with held_work(device, stream):
+            yield
+        return
+    flag = np.zeros(1, np.int64)
+    stream.launch(_wait_for_flag(), user_data=nh.by_ref(flag))
+    try:
+        yield
+    finally:
+        flag[0] = 1
+
+
+def _done_future_whose_enqueue_drains_a_lane_launch(device, signalled):
+    """``done_future(signalled)`` from a worker thread whose enqueue, as it drains,
+    releases an owner whose finalizer launches on an executor's lane from that
+    thread (invariant 11 allows it): a launch that notes its lane task's number as
+    the thread's last.  Returns the future.  The owner's record is left to that
+    drain: the main thread, blocked in ``join()``, runs no pending call (the worker
+    waits until it is there), and a try where the main thread drained it first,
+    which tests nothing, is run again."""
+    s0, s2 = device.create_stream(), device.create_stream()
+    counter = np.zeros(1, np.int64)
+    executor = nh.HostExecutor(threads=1)
+    where, seen = [], {}
+
+    class Owner:
+        def __call__(self):
+            pass
+
+        def __del__(self):
+            where.append(threading.current_thread().name)
+            nh.host_launch(s2, increment, user_data=nh.by_ref(counter), executor=executor)
+
+    def body():
+        time.sleep(0.2)  # the main thread is in join() by then
+        nh.host_launch(s0, Owner())
+        s0.sync()
+        seen["future"] = nh.done_future(signalled)
+
+    try:
+        for _ in range(5):
+            where.clear()
+            worker = threading.Thread(target=body, name="enqueuer")
+            worker.start()
+            worker.join(60)
+            if where == ["enqueuer"]:
+                return seen["future"]
+        raise AssertionError(f"the owner was never released by the enqueue's drain: {where}")
+    finally:
+        for s in (s0, s2):
+            s.sync()
+        executor.close()
+        nh.drain()
+        for s in (s0, s2):
+            device.close_stream(s)
+
+
+def test_a_done_future_watches_its_own_lane_task_when_its_enqueues_drain_launches_on_a_lane(
+    device, stream
+):
+    """The lane task a ``done_future`` on the default lane watches is its own
+    signal's, though the drain its enqueue runs launched on another lane meanwhile.
+    (Before: that launch's task number, the thread's last, was taken for the
+    signal's, so ``result()`` watched the wrong number on the stream's lane and
+    returned at once, the stream still held: invariant 25.)"""
+    for _ in range(3):  # the stream's default-lane "reached" word is past 1
+        assert nh.done_future(stream).result(timeout=30) is stream
+    with _held_by_device_work(device, stream):
+        future = _done_future_whose_enqueue_drains_a_lane_launch(device, stream)
+        assert future._watch[1] >= 4, future._watch  # after the stream's three waits
+        with pytest.raises(concurrent.futures.TimeoutError):
+            future.result(timeout=0.2)
+    assert future.result(timeout=30) is stream
+
+
+def test_a_done_future_on_the_drivers_thread_never_watches_a_lane(device, stream, monkeypatch):
+    """A ``done_future`` whose signal takes the driver's thread (no default lane) has
+    no lane task to watch, though the drain its enqueue runs launched on a lane.
+    (Before: that launch's task number was taken for the signal's, so the future
+    watched (the stream's handle, that number), and ``result()`` read the stream's
+    handle as a lane's memory: a crash on the simulator.)"""
+    from numba_hostfn import _executor
+
+    monkeypatch.setattr(_executor, "_default_off", True)
+    future = _done_future_whose_enqueue_drains_a_lane_launch(device, stream)
+    assert future._watch == (0, 0)
+    assert future.result(timeout=30) is stream

@@ -93,13 +93,20 @@ uint64_t nhf_enqueue_record(int route, void *target, nhf_hostfn trampoline, nhf_
     Py_END_ALLOW_THREADS
     if (status == 0 || (status & NHF_KEPT))
         nhf_watch_enqueued(record, taken);
-    if (status == 0) {
-        if (nhf_drain_wanted())
-            (void)nhf_drain();
-    } else if (!(status & NHF_KEPT)) {
+    bool drain = status == 0 && nhf_drain_wanted();
+    bool refused = status != 0 && !(status & NHF_KEPT);
+    /* The drain and the releases below run finalizers, which may launch on a lane
+     * from this thread: this enqueue's task number (nhf_enqueue_last_task) is kept
+     * across them.  Read only where they run: a TLS access is a call here. */
+    bool python = drain || refused || released[0] != NULL;
+    uint32_t task = python ? last_task : 0;
+    if (drain)
+        (void)nhf_drain();
+    if (refused)
         nhf_record_release(record); /* refused: nothing will run it (invariant 3) */
-    }
     release_owners(released, NHF_LANE_RELEASED);
+    if (python)
+        last_task = task;
     return status;
 }
 

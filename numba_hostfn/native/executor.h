@@ -89,6 +89,10 @@ typedef struct lane {
      * lane's direct tasks (no record carries it), and a fault of another context is
      * not this lane's (nhf_exec_fault_stream). */
     _Atomic(void *) watch_ctx;
+    /* Whether an enqueue noted watch_ctx since the lane was made or handed back
+     * (nhf_exec_reuse_lane): set after watch_ctx, with release.  A lane with none has
+     * no task, and no fault is its own (nhf_exec_fault_stream). */
+    atomic_bool watch_noted;
     /* Written by the pool's threads at each claim.  A thread took the lane's next
      * task and runs it, until its "done" is written (set by compare-and-swap): a
      * lane's tasks run in order, and the claim makes one reader of the chain. */
@@ -253,11 +257,14 @@ static inline enum nhf_lane_identity nhf_lane_identify(lane *l, bool known,
  * when it changes. */
 static inline void nhf_lane_watch(lane *l, enum nhf_lane_identity identity) {
     void *noted = atomic_load_explicit(&l->watch_ctx, memory_order_relaxed);
-    if (identity == NHF_LANE_SAME && noted != NULL)
+    bool fresh = !atomic_load_explicit(&l->watch_noted, memory_order_relaxed);
+    if (identity == NHF_LANE_SAME && noted != NULL && !fresh)
         return;
     void *ctx = nhf_watch_context(l->stream);
     if (noted != ctx)
         atomic_store_explicit(&l->watch_ctx, ctx, memory_order_relaxed);
+    if (fresh) /* after watch_ctx: nhf_exec_fault_stream reads them the other way */
+        atomic_store_explicit(&l->watch_noted, true, memory_order_release);
 }
 
 /* Without the GIL, at a task's enqueue on either route: take the lane's enqueue

@@ -386,7 +386,9 @@ void nhf_enqueue_note_task(uint32_t task);
  * nhf_enqueue_note_task(0): the number of the lane task that enqueue opened (what
  * its stream writes to the lane's "reached" word, for lane_reached), or 0 if it
  * opened none (not a lane's route, or refused first).  Per thread: the enqueue ran
- * on this thread, with no Python code in between. */
+ * on this thread, and kept the number across the Python code it runs after its
+ * driver call (the drain's and the releases' finalizers, which may launch on a lane
+ * from this thread: LIFETIME.md, invariant 25). */
 uint32_t nhf_enqueue_last_task(void);
 
 /* GIL held, at module load: route's enqueue function, and, where its target is

@@ -450,8 +450,9 @@ static PyObject *dispatcher_launch(PyObject *self_, PyObject *const *args, Py_ss
     nhf_enqueue_note_task(0);
     uint64_t status = enqueue_signal(route, target, d->ch, key, args[2]);
     uint32_t task = 0;
-    if (status == 0 || (status & NHF_KEPT))
-        task = nhf_enqueue_last_task(); /* a lane's: what its stream will write */
+    bool lane = route == NHF_ROUTE_CUDA_LANE || route == NHF_ROUTE_SIM_LANE;
+    if (lane && (status == 0 || (status & NHF_KEPT)))
+        task = nhf_enqueue_last_task(); /* what its stream will write to the lane's word */
     if (status != 0 && !(status & NHF_KEPT)) {
         PyObject *type, *value, *traceback;
         PyErr_Fetch(&type, &value, &traceback); /* a no-record error, if any */

@@ -507,8 +507,14 @@ void nhf_exec_fault_stream(void *stream, void *ctx, unsigned code) {
              * enqueue found it) is another stream's, whose tasks its stream still
              * reaches.  Where no context was noted (no watchdog then), the handle. */
             void *noted = l->ctx;
-            if (noted == NULL)
+            if (noted == NULL) {
+                /* A lane no enqueue noted since it was made (or handed back) has no
+                 * task: a producer inside its first enqueue noted the context before
+                 * its task went on, and the next poll finds that task. */
+                if (!atomic_load_explicit(&l->watch_noted, memory_order_acquire))
+                    continue;
                 noted = atomic_load_explicit(&l->watch_ctx, memory_order_relaxed);
+            }
             bool same = l->stream == stream && (noted == NULL || noted == ctx);
             if (same && atomic_compare_exchange_strong(&l->fault, &expected, code))
                 marked = true;
@@ -700,6 +706,9 @@ void *nhf_exec_reuse_lane(nhf_pool *pool, void *stream, void *stale_) {
              * another stream, and hands it to the one the handle names then
              * (nhf_lane_identify). */
             l->superseded = false;
+            /* Its earlier stream reaches nothing more of it: a fault of that stream's
+             * context is no longer this lane's, until an enqueue notes the new one. */
+            atomic_store_explicit(&l->watch_noted, false, memory_order_relaxed);
             pthread_mutex_unlock(&l->enqueue_mutex);
             return l;
         }
