@@ -33,9 +33,16 @@ from ._compat import (
     pointer_prototype,
     text_signature,
 )
-from ._hostfunction import HostFunction
+from ._hostfunction import CUhostFn, HostFunction
 
-__all__ = ["KINDS", "KindsByType", "LaunchKind", "classify_function", "refuse_coroutine_function"]
+__all__ = [
+    "KINDS",
+    "KindsByType",
+    "LaunchKind",
+    "classify_function",
+    "compiled_layout",
+    "refuse_coroutine_function",
+]
 
 
 class LaunchKind(NamedTuple):
@@ -90,6 +97,16 @@ def _forget(kinds: dict, key: int, ref: weakref.ref) -> None:
 
 
 _COMPILED = KINDS["compiled"]
+# A CompiledBase's own fields, read past any subclass attribute of the same name.
+_COMPILED_ADDRESS = vars(_core.CompiledBase)["address"].__get__
+_COMPILED_KIND = vars(_core.CompiledBase)["_kind"].__get__
+_COMPILED_DTYPE = vars(_core.CompiledBase)["dtype"].__get__
+_COMPILED_READS = vars(_core.CompiledBase)["reads_user_data"].__get__
+
+
+def compiled_layout(fn: Any) -> tuple[Any, bool]:
+    """A CompiledBase's declared (dtype, reads_user_data), as bound (its own fields)."""
+    return _COMPILED_DTYPE(fn), _COMPILED_READS(fn)
 
 
 def _prototype_error(detail: str) -> TypeError:
@@ -106,25 +123,32 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
         _refuse_unlaunchable(fn)
         return "python", 0, fn
     if issubclass(type(fn), _core.CompiledBase):
-        if issubclass(type(fn), HostFunction) and not fn.address:
+        # Its own fields, as bound (and as the native path reads them): a subclass's
+        # property of the same name changes neither what is launched nor its checks.
+        address, declared_kind = _COMPILED_ADDRESS(fn), _COMPILED_KIND(fn)
+        if issubclass(type(fn), HostFunction) and not address:
             # Made with __new__ alone: the driver's thread would call NULL.
             raise ValueError(
                 "host_launch() got a HostFunction with no machine code (its address is "
                 "NULL: made with HostFunction.__new__, never compiled); make it with "
                 "@numba_hostfn.host_callback"
             )
-        if fn._kind != _COMPILED.number or not fn.address:  # as the native path reads it
-            declared = next((k.name for k in KINDS.values() if k.number == fn._kind), fn._kind)
+        if declared_kind != _COMPILED.number or not address:  # as the native path reads it
+            declared = next(
+                (k.name for k in KINDS.values() if k.number == declared_kind), declared_kind
+            )
             raise TypeError(
                 f"host_launch() got a {type(fn).__name__!r} object, a _core.CompiledBase "
-                f"that declares launch kind {declared!r} (address {fn.address:#x}); only a "
+                f"that declares launch kind {declared!r} (address {address:#x}); only a "
                 "bound one-argument compiled function, of kind 'compiled', is launched as "
                 "compiled code: make it with @numba_hostfn.host_callback, or bind it with "
                 "_bind(address, dtype, layout_bytes, reads_user_data, _core.KIND_COMPILED)"
             )
-        return "compiled", fn.address, fn
+        return "compiled", address, fn
     if issubclass(type(fn), CFuncPtr):
-        flags = pointer_flags(fn)
+        # CUhostFn is CFUNCTYPE's cdecl type, whatever its _flags_ attribute says now
+        # (ctypes calls it by its type's own flags; the native path takes it so).
+        flags = _CDECL if type(fn) is CUhostFn else pointer_flags(fn)
         if flags != _CDECL:
             kind = "PYFUNCTYPE" if flags & FUNCFLAG_PYTHONAPI else f"flags {flags:#x}"
             raise _prototype_error(f"declared with {kind}")

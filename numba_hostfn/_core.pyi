@@ -141,6 +141,7 @@ def configure_launch(
     sim_stream_type: type | None = ...,
     cuda_stream_type: type | None = ...,
     cuhostfn_type: type | None = ...,
+    byref_type: type | None = ...,
     c_void_p: type | None = ...,
     prototype: tuple[Any, Any] | None = ...,
     wanted: bool = ...,

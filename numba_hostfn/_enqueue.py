@@ -12,7 +12,7 @@ from typing import Any
 
 from . import _core
 from ._backend import Backend, Launch, StaleLane
-from ._classify import KINDS, classify_function
+from ._classify import KINDS, classify_function, compiled_layout
 from ._executor import check_executor, copy_context_of, default_lane_of, lane_of, renew_lane
 from ._graphs import add_captured_node, add_graph_node
 from ._process import get_backend
@@ -127,8 +127,7 @@ def enqueue(
             raise user_data_with_callable(fn)
         arg, data_owned = id(fn), None  # the PyObject*, kept alive by fn_owned
     else:
-        layout = fn.dtype if kind == "compiled" else None
-        reads = kind == "compiled" and fn.reads_user_data
+        layout, reads = compiled_layout(fn) if kind == "compiled" else (None, False)
         arg, data_owned = resolve_user_data(user_data, layout, fn, reads)
     if executor is not None:
         check_executor(executor)

@@ -22,6 +22,7 @@ from ._enqueue import check_target, enqueue, raise_refused, user_data_with_calla
 from ._hostfunction import CUhostFn
 from ._notify import launch_nonblocking
 from ._process import on_backend
+from ._userdata import ByRef
 
 __all__ = ["host_launch", "host_launch_python", "launch_counts", "python_path"]
 
@@ -145,6 +146,7 @@ def _configure_native(backend: Any) -> None:
         sim_stream_type=backend.stream_type if backend.name == "simulator" else None,
         cuda_stream_type=backend.stream_type if backend.name == "cuda" else None,
         cuhostfn_type=CUhostFn,
+        byref_type=ByRef,
         c_void_p=ctypes.c_void_p,
         prototype=POINTER_PROTOTYPE,
     )

@@ -283,6 +283,11 @@ def _null_for_a_reader(fn: Any, what: str) -> ValueError:
     )
 
 
+_REF_ADDRESS = vars(_core.BufferRef)["address"].__get__
+_REF_NBYTES = vars(_core.BufferRef)["nbytes"].__get__
+_REF_DTYPE = vars(_core.BufferRef)["dtype"].__get__
+
+
 def resolve_user_data(
     user_data: Any, layout: np.dtype | None, fn: Any, reads: bool = False
 ) -> tuple[int, Any]:
@@ -300,12 +305,14 @@ def resolve_user_data(
             raise _null_for_a_reader(fn, "user_data=None")
         return 0, None
     if isinstance(user_data, ByRef):
-        if not user_data.address:  # made with __new__ alone: no buffer exported
+        # Its own export (as the native path reads it), past a subclass's properties.
+        address = _REF_ADDRESS(user_data)
+        if not address:  # made with __new__ alone: no buffer exported
             raise ValueError(
                 "host_launch() got a ByRef that holds no buffer; make it with by_ref(array)"
             )
-        _check_layout(user_data.nbytes, user_data.dtype, layout, "by_ref(...)", fn)
-        return user_data.address, user_data
+        _check_layout(_REF_NBYTES(user_data), _REF_DTYPE(user_data), layout, "by_ref(...)", fn)
+        return address, user_data
     if isinstance(user_data, Record):
         # Shared, as by_ref shares a buffer: the body's writes land in the record.
         shared = ByRef(user_data.data, what="record()")

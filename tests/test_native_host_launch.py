@@ -200,10 +200,10 @@ def test_errors_are_raised_by_the_python_path_with_nothing_enqueued(stream):
 
 
 def test_a_buffer_ref_no_launch_could_use_is_refused_where_it_is_made(stream):
-    """The native path takes any _core.BufferRef as user data: an empty buffer or
-    one of object pointers is refused when the BufferRef is made, and a ByRef made
-    without its buffer is refused by the launch (main launched the empty
-    bytearray's shared buffer, and a NULL)."""
+    """The native path takes a ByRef (by_ref's type, a _core.BufferRef) as user
+    data: an empty buffer or one of object pointers is refused when the BufferRef is
+    made, and a ByRef made without its buffer is refused by the launch (main launched
+    the empty bytearray's shared buffer, and a NULL)."""
     from numba_hostfn import _core, _userdata
 
     with pytest.raises(ValueError, match="at least one byte"):
@@ -704,3 +704,139 @@ def test_an_executor_launch_owns_the_same_on_both_paths(stream):
 
         fast, python = owned(contextlib.nullcontext()), owned(_launch.python_path())
     assert fast == python == [("fn", ("copy", "BufferRef", "bytearray", b"ab"), None, "data")]
+
+
+# ---- review: inputs on which the two paths disagreed ----------------------------------
+
+
+def _outcome(stream, path, launch):
+    """("ok" | the error's type and message, whether it took the fast path), with
+    everything launched drained and nothing left pending by a refusal."""
+    with path, _settled(stream) as pending:
+        before = _launch.launch_counts()
+        try:
+            launch()
+            result = "ok"
+        except Exception as e:  # what each path raises, compared below
+            result = (type(e).__name__, str(e))
+            assert nh.pending() == pending  # a refusal enqueued nothing
+        fast = _launch.launch_counts()["fell_through"] == before["fell_through"]
+    return result, fast
+
+
+def _both_paths(stream, launch):
+    return (
+        _outcome(stream, contextlib.nullcontext(), launch)[0],
+        _outcome(stream, _launch.python_path(), launch)[0],
+    )
+
+
+def test_a_cuda_stream_attribute_on_a_registered_stream_type_means_what_python_means(request):
+    """__cuda_stream__ read as an attribute (not a method) is a stream to the Python
+    path (_streams.stream_handle: ``protocol() if callable(protocol) else protocol``);
+    the native path called it on the registered stream types and raised
+    "'tuple' object is not callable" instead of launching."""
+    if rerun_on_simulator(request):
+        return
+    stream = nh.create_stream()
+    nh.host_launch(stream, touch)
+    stream.sync()
+    nh.drain()
+    outcomes = []
+    for path in (contextlib.nullcontext(), _launch.python_path()):
+        stream.__cuda_stream__ = stream.__cuda_stream__()  # its own (0, handle), as a value
+        try:
+            with path:
+                nh.host_launch(stream, touch)
+            outcomes.append("ok")
+        except Exception as e:
+            outcomes.append((type(e).__name__, str(e)))
+        finally:
+            del stream.__cuda_stream__
+        stream.sync()
+        nh.drain()
+    assert outcomes == ["ok", "ok"], outcomes
+    stream.close()
+
+
+def test_a_bare_buffer_ref_is_user_data_on_neither_path_or_both(stream):
+    """A _core.BufferRef that is no ByRef: the Python path refuses it (TypeError, it
+    has no buffer), the native path launched it as a ByRef."""
+    launch = lambda: nh.host_launch(stream, touch, user_data=_core.BufferRef(bytearray(4)))  # noqa: E731
+    fast, python = _both_paths(stream, launch)
+    assert fast == python, (fast, python)
+
+
+class _ZeroAddress(nh.ByRef):
+    __slots__ = ()
+
+    @property
+    def address(self):
+        return 0
+
+
+class _OtherDtype(nh.ByRef):
+    __slots__ = ()
+
+    @property
+    def dtype(self):
+        return np.dtype(np.uint8)
+
+
+class _FewerBytes(nh.ByRef):
+    __slots__ = ()
+
+    @property
+    def nbytes(self):
+        return 3
+
+
+def _host_function_subclass(name, value):
+    cls = type(name, (nh.HostFunction,), {name: property(lambda self: value)})
+
+    def body(p):
+        pass
+
+    return cls(body)
+
+
+SUBCLASS_CASES = {
+    "ByRef.address": (lambda: touch, lambda: {"user_data": _ZeroAddress(bytearray(4))}),
+    "ByRef.dtype": (lambda: typed, lambda: {"user_data": _OtherDtype(_record())}),
+    "ByRef.nbytes": (lambda: typed, lambda: {"user_data": _FewerBytes(_record())}),
+    "HostFunction.reads_user_data": (
+        lambda: _host_function_subclass("reads_user_data", True),
+        lambda: {},
+    ),
+    "HostFunction.address": (lambda: _host_function_subclass("address", 0), lambda: {}),
+    "HostFunction._kind": (lambda: _host_function_subclass("_kind", None), lambda: {}),
+    "HostFunction.dtype": (
+        lambda: _host_function_subclass("dtype", REC),
+        lambda: {"user_data": b"abc"},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(SUBCLASS_CASES))
+def test_a_subclass_property_means_the_same_on_both_paths(stream, case):
+    """A ByRef or HostFunction subclass that overrides a field with a property: the
+    native path reads the object's own fields (what was exported or bound), the
+    Python path read the property, and refused (or would launch another address)."""
+    make_fn, make_kwargs = SUBCLASS_CASES[case]
+    fn, kwargs = make_fn(), make_kwargs()
+    fast, python = _both_paths(stream, lambda: nh.host_launch(stream, fn, **kwargs))
+    assert fast == python, (fast, python)
+
+
+def test_a_flags_class_attribute_does_not_change_a_cuhostfn(stream):
+    """ctypes reads a pointer's calling convention from its type's own data, not from
+    the ``_flags_`` class attribute, as it reads restype (see above): the native path
+    launches CUhostFn, the Python path refused it as PYFUNCTYPE."""
+    pointer = nh.CUhostFn(touch.address)
+    flags = nh.CUhostFn._flags_
+    nh.CUhostFn._flags_ = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)._flags_
+    try:
+        fast, python = _both_paths(stream, lambda: nh.host_launch(stream, pointer))
+    finally:
+        nh.CUhostFn._flags_ = flags
+    assert fast == python == "ok", (fast, python)

@@ -161,7 +161,9 @@ static bool user_data(PyObject *data, nhf_compiled_object *compiled, uintptr_t *
     uint64_t value;
     if (PyLong_CheckExact(data)) /* an address, as is; NULL: Python decides */
         return exact_u64(data, &value) && (*arg = (uintptr_t)value) != 0;
-    if (PyObject_TypeCheck(data, &nhf_byref_type)) {
+    if (nhf_launch.byref_type != NULL &&
+        PyObject_TypeCheck(data, (PyTypeObject *)nhf_launch.byref_type)) {
+        /* A ByRef (by_ref's type): a bare _core.BufferRef is no user data in Python. */
         nhf_byref_object *ref = (nhf_byref_object *)data;
         if (!ref->exported || ref->pin_only)
             return false;
@@ -188,6 +190,20 @@ static bool user_data(PyObject *data, nhf_compiled_object *compiled, uintptr_t *
     return false;
 }
 
+/* With a TypeError set by calling stream.__cuda_stream__: whether that attribute is
+ * callable (a method that raised it); false, the TypeError kept, if it is not, or if
+ * reading it fails. */
+static bool cuda_stream_callable(PyObject *stream) {
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyObject *attribute = PyObject_GetAttr(stream, nhf_launch.s_cuda_stream);
+    bool callable = attribute == NULL || PyCallable_Check(attribute);
+    Py_XDECREF(attribute);
+    PyErr_Clear();
+    PyErr_Restore(type, value, traceback);
+    return callable;
+}
+
 /* The handle from stream.__cuda_stream__() (version 0 of the protocol), for a
  * stream type the backend registered; false for anything else.  What
  * __cuda_stream__ raises stays set, to be raised as itself (the Python path,
@@ -204,8 +220,14 @@ static bool stream_handle(PyObject *stream, void **handle) {
         return false;
     }
     PyObject *value = PyObject_CallMethodNoArgs(stream, nhf_launch.s_cuda_stream);
-    if (value == NULL)
-        return false; /* its exception, raised as it is */
+    if (value == NULL) {
+        /* A value, not a method (a subclass's attribute): _streams.stream_handle reads
+         * it as the protocol's answer; the Python path decides.  Looked at only here,
+         * so a launch pays no attribute lookup of its own. */
+        if (PyErr_ExceptionMatches(PyExc_TypeError) && !cuda_stream_callable(stream))
+            PyErr_Clear();
+        return false; /* else its exception, raised as it is */
+    }
     uint64_t version, h;
     bool ok = PyTuple_CheckExact(value) && PyTuple_GET_SIZE(value) == 2 &&
               exact_u64(PyTuple_GET_ITEM(value, 0), &version) && version == 0 &&

@@ -52,7 +52,7 @@ static int set_prototype(PyObject *value) {
 }
 
 /* configure_launch(*, fallback=, raise_status=, route=, executor_route=,
- * sim_stream_type=, cuda_stream_type=, cuhostfn_type=, c_void_p=, prototype=,
+ * sim_stream_type=, cuda_stream_type=, cuhostfn_type=, byref_type=, c_void_p=, prototype=,
  * wanted=):
  * each given keyword sets what host_launch uses; the fast path is on once all
  * but the stream types are set.  wanted=False sends every call to Python. */
@@ -79,6 +79,8 @@ PyObject *nhf_py_configure_launch(PyObject *self, PyObject *const *args, Py_ssiz
             set_object(&nhf_launch.cuda_stream_type, value);
         else if (!strcmp(name, "cuhostfn_type"))
             set_object(&nhf_launch.cuhostfn_type, value);
+        else if (!strcmp(name, "byref_type"))
+            set_object(&nhf_launch.byref_type, value);
         else if (!strcmp(name, "c_void_p"))
             set_object(&nhf_launch.c_void_p, value);
         else if (!strcmp(name, "prototype")) {
@@ -108,7 +110,7 @@ PyObject *nhf_py_configure_launch(PyObject *self, PyObject *const *args, Py_ssiz
     nhf_launch.configured = nhf_launch.fallback != NULL && nhf_launch.raise_status != NULL &&
                         nhf_launch.route != NHF_ROUTE_NONE &&
                         nhf_launch.executor_route != NHF_ROUTE_NONE &&
-                        nhf_launch.cuhostfn_type != NULL &&
+                        nhf_launch.cuhostfn_type != NULL && nhf_launch.byref_type != NULL &&
                         nhf_launch.c_void_p != NULL && nhf_launch.restype_descr != NULL &&
                         nhf_launch.argtypes_descr != NULL;
     Py_RETURN_NONE;
@@ -140,6 +142,7 @@ static PyMethodDef methods[] = {
      "raise_status=<unrepresentable>, route=<unrepresentable>, "
      "executor_route=<unrepresentable>, sim_stream_type=<unrepresentable>, "
      "cuda_stream_type=<unrepresentable>, cuhostfn_type=<unrepresentable>, "
+     "byref_type=<unrepresentable>, "
      "c_void_p=<unrepresentable>, prototype=<unrepresentable>, "
      "wanted=<unrepresentable>)\n--\n\n"
      "Each keyword given sets what host_launch uses; an omitted one is left as it is."},

@@ -545,6 +545,7 @@ struct nhf_launch_config {
     PyObject *sim_stream_type;  /* numba_hostfn.simulator.Stream (exactly) */
     PyObject *cuda_stream_type; /* cuda.core's Stream (and its subclasses) */
     PyObject *cuhostfn_type;    /* ctypes.CFUNCTYPE(None, ctypes.c_void_p) */
+    PyObject *byref_type;       /* numba_hostfn.ByRef (and its subclasses) */
     PyObject *c_void_p;         /* ctypes.c_void_p */
     /* ctypes' restype and argtypes data descriptors (_compat.POINTER_PROTOTYPE):
      * a pointer's prototype as its calls use it, read as the Python path reads it */
