@@ -78,9 +78,12 @@ class SimulatorBackend(Backend):
         _core.sim_graph_add_node(graph, device, fn, arg)
 
     def add_slot_nodes(self, graph: Any, handle: int, slot: Any) -> None:
-        sim_graph = graph
-        for i, fn in enumerate((_core.EXEC_SIM_SET, _core.EXEC_SIM_AWAIT, _core.EXEC_SIM_SET)):
-            _core.sim_graph_add_node(sim_graph, True, fn, _core.exec_slot_op(slot.address, i))
+        # The three operations in one native call, all of them or none: a part of them
+        # (an interrupt between two) would run the slot's work at every replay with no
+        # wait for it, after the graph may have released what it uses (invariant 21).
+        ops = (_core.EXEC_SIM_SET, _core.EXEC_SIM_AWAIT, _core.EXEC_SIM_SET)
+        pairs = [x for i, fn in enumerate(ops) for x in (fn, _core.exec_slot_op(slot.address, i))]
+        _core.sim_graph_add_node(graph, True, *pairs)
 
     def executor_memory(self, nbytes: int) -> int:
         return _core.host_words(nbytes)  # never freed: a stream may still wait on it

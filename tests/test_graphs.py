@@ -483,3 +483,54 @@ def test_explicit_graphs_need_a_gpu(request):
             GraphDefinition.__new__(GraphDefinition), increment, user_data=np.zeros(1, np.int64)
         )
     assert nh.pending() == 0
+
+
+TWO_STREAMS_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import ctypes, sys, threading, time
+    usleep = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint)(("usleep", ctypes.CDLL(None)))
+
+    @nh.host_callback
+    def wait_for_permit(p):
+        cell = carray(p, (2,), np.int64)
+        while cell[0] <= cell[1]:
+            usleep(100)
+        cell[1] += 1
+
+    s2 = device.create_stream()
+    ex = nh.HostExecutor(threads=1)
+    cell = np.zeros(2, np.int64)
+    builder = stream.create_graph_builder().begin_building()
+    nh.host_launch(builder, wait_for_permit, user_data=nh.by_ref(cell), executor=ex)
+    graph = builder.end_building().complete()
+    builder.close()
+    for k, t in ((1, 0.3), (2, 0.6)):
+        threading.Timer(t, cell.__setitem__, (0, k)).start()
+    graph.launch(stream)
+    graph.launch(s2)
+    synced = threading.Event()
+    def sync_both():
+        stream.sync()
+        s2.sync()
+        synced.set()
+    threading.Thread(target=sync_both, daemon=True).start()
+    ok = synced.wait(10)
+    ran_at_sync = int(cell[1])
+    time.sleep(0.8)
+    print("synced", ok, "runs", ran_at_sync, int(cell[1]))
+    sys.stdout.flush()
+    os._exit(0)  # a stream stuck on the slot's word would keep exit waiting
+""")
+
+
+def test_replays_of_one_graph_on_two_streams_are_ordered_as_cuda_orders_them():
+    """CUDA orders each launch of an executable graph behind its previous launches
+    (cuGraphLaunch), so the executor node's slot words, which the instance's replays
+    share (invariant 16), serve one replay at a time.  The simulator replays one Graph
+    on two streams at once: the two replays' "reached" writes collapse into one run,
+    and the second stream waits for a "done" that never comes (a hang), or one run's
+    "done" lets both streams pass and the second run comes after both syncs.  (Before:
+    replays of one graph were not ordered.)  On the simulator, in a child (a stream
+    that hangs cannot be joined); on CUDA the driver orders them, as the child's run
+    with the real driver shows too."""
+    out = run_child("import os\n" + TWO_STREAMS_SCRIPT, timeout=60)
+    assert out.split() == ["synced", "True", "runs", "2", "2"], out

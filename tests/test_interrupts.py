@@ -8,10 +8,15 @@ runs exactly once), stranded (nothing stays waiting or pending, no thread is lef
 doubly run.  LIFETIME.md, invariant 21.
 """
 
+import ctypes
+import gc
 import os
 import sys
 import textwrap
+import threading
+import time
 
+import numpy as np
 import pytest
 from _device import CHILD_PREAMBLE, child_env, rerun_on_simulator, run_child
 
@@ -649,3 +654,130 @@ def test_a_signal_handlers_exception_reaches_the_program():
     else:
         expected += "] ran 1"
     assert out.strip() == f"{expected} reported [] pending 0", out
+
+
+_FN = []
+
+
+def _wait_for_permit():
+    """A host function that waits until cell[0] > cell[1] (a permit), then adds 1 to
+    cell[1]."""
+    if not _FN:
+        from numba import carray
+
+        usleep = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint)(("usleep", ctypes.CDLL(None)))
+
+        import numba_hostfn as nh
+
+        @nh.host_callback
+        def wait_for_permit(p):
+            cell = carray(p, (2,), np.int64)
+            while cell[0] <= cell[1]:
+                usleep(100)
+            cell[1] += 1
+
+        _FN.append(wait_for_permit)
+    return _FN[0]
+
+
+def _interrupting(code, line, nth, fired):
+    """A tracer that raises KeyboardInterrupt the nth time code's frame reaches line."""
+    hits = [0]
+
+    def local(frame, event, arg):
+        if event == "line" and frame.f_lineno == line:
+            hits[0] += 1
+            if hits[0] == nth:
+                fired.append(True)
+                raise KeyboardInterrupt
+        return local
+
+    def tracer(frame, event, arg):
+        return local if frame.f_code is code else None
+
+    return tracer
+
+
+def _one_case(stream, ex, code, line, nth):
+    """Capture one executor node with an interrupt at (line, nth); replay it twice.
+    Returns None if the interrupt never fired, else what ran when."""
+    import numba_hostfn as nh
+
+    fn = _wait_for_permit()
+    cell = np.zeros(2, np.int64)
+    ref = nh.by_ref(cell)  # the launch's owner: the export of cell's memory
+    baseline = sys.getrefcount(ref)
+    builder = stream.create_graph_builder().begin_building()
+    fired = []
+    sys.settrace(_interrupting(code, line, nth, fired))
+    try:
+        nh.host_launch(builder, fn, user_data=ref, executor=ex)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sys.settrace(None)
+    graph = builder.end_building().complete()
+    builder.close()
+    if not fired:
+        graph.close()
+        return None
+    timers = [threading.Timer(t, cell.__setitem__, (0, k)) for k, t in ((1, 0.3), (2, 0.6))]
+    for t in timers:
+        t.start()
+    graph.launch(stream)
+    graph.launch(stream)
+    stream.sync()  # the stream has passed both replays: nothing of them may run after
+    ran_at_sync = int(cell[1])
+    graph.close()
+    ran_at_release = None
+    for _ in range(100):  # what the graph owned is released, the export of cell with it
+        nh.drain()
+        gc.collect()
+        if sys.getrefcount(ref) == baseline:
+            ran_at_release = int(cell[1])
+            break
+        time.sleep(0.01)
+    for t in timers:
+        t.join()
+    time.sleep(0.3)
+    cell[0] = 1 << 40  # let anything still waiting finish
+    return ran_at_sync, ran_at_release, int(cell[1])
+
+
+def test_an_interrupt_at_any_line_of_add_slot_nodes_leaves_the_node_whole_or_absent(request):
+    """An executor node captured with a KeyboardInterrupt at each line of the
+    simulator's slot-node capture (invariant 21): the node must be in the graph
+    whole, run in stream order at every replay, or not at all.  A partial one runs
+    the host function on the pool without the stream waiting for it (after
+    stream.sync() returned), and the graph's release drops the export of the buffer
+    that the host function is still reading (invariants 1, 8, 16).  (Before: the
+    three operations were added one call each.)  The simulator's capture: on CUDA
+    the test runs itself in a child on the simulator."""
+    if rerun_on_simulator(request):
+        return
+    import numba_hostfn as nh
+    from numba_hostfn import _simbackend
+
+    device = request.getfixturevalue("device")
+    stream = device.create_stream()
+    code = _simbackend.SimulatorBackend.add_slot_nodes.__code__
+    lines = sorted({ln for _, _, ln in code.co_lines() if ln and ln > code.co_firstlineno})
+    ex = nh.HostExecutor(threads=1)
+    bad = []
+    try:
+        for line in lines:
+            for nth in range(1, 5):
+                got = _one_case(stream, ex, code, line, nth)
+                if got is None:
+                    break
+                ran_at_sync, ran_at_release, ran_at_end = got
+                if not (ran_at_sync in (0, 2) and ran_at_release == ran_at_end == ran_at_sync):
+                    bad.append((line - code.co_firstlineno, nth, got))
+    finally:
+        ex.close()
+        stream.sync()
+        device.close_stream(stream)
+    assert not bad, (
+        "(line in add_slot_nodes, hit, (runs at sync, runs when the graph released its "
+        f"owners, runs at the end)): {bad}"
+    )

@@ -220,12 +220,14 @@ void nhf_sim_wait_once(void *op) {
     free(op);
 }
 
+static void replay_end(void *graph_);
+
 /* On a stream's thread: an item a fault keeps from running.  Only what is the
  * simulator's own bookkeeping still runs: the end of a graph replay, which
  * gives the replay's hold on the graph back; a one-time word operation (an
  * executor's) frees its argument. */
 static void drop_item(item *it) {
-    if (it->fn == nhf_sim_graph_release)
+    if (it->fn == nhf_sim_graph_release || it->fn == replay_end)
         it->fn(it->arg);
     else if (it->fn == nhf_sim_write_once || it->fn == nhf_sim_wait_once)
         free(it->arg);
@@ -343,6 +345,12 @@ typedef struct sim_graph {
     nhf_record *records;  /* linked through their next field */
     node *nodes;
     size_t count, capacity;
+    /* Replays are ordered as CUDA orders the launches of one executable graph
+     * (cuGraphLaunch: behind its previous launches), whatever their streams: an
+     * executor node's slot words serve one replay at a time (invariant 16).  A
+     * replay takes a ticket as it is appended, waits until `finished` reaches it,
+     * and adds one to `finished` as it ends. */
+    _Atomic uint32_t issued, finished;
 } sim_graph;
 
 /* Any thread (the last item of every replay, on a stream's thread). */
@@ -361,6 +369,14 @@ void nhf_sim_graph_release(void *graph_) {
     free(k);
 }
 
+/* A replay's last item (a stream's thread, or drop_item behind a fault): the next
+ * replay of the graph may start, and the replay's reference is given back. */
+static void replay_end(void *graph_) {
+    sim_graph *k = graph_;
+    atomic_fetch_add(&k->finished, 1);
+    nhf_sim_graph_release(k);
+}
+
 /* Without the GIL: one replay of the graph's nodes on the stream, all of it or
  * nothing.  The caller took the replay's reference to k with the GIL held, so
  * a close racing the replay cannot free k under it.  Every item is made first,
@@ -370,33 +386,38 @@ void nhf_sim_graph_release(void *graph_) {
  * holds nothing (issue 27: a half-enqueued replay whose
  * hold was dropped let the graph free a buffer its queued nodes still wrote). */
 static uint64_t replay(nhf_sim_stream *stream, sim_graph *k) {
+    nhf_sim_word_op *turn = malloc(sizeof(nhf_sim_word_op));
+    item *first = turn == NULL ? NULL : new_item(nhf_sim_wait_once, turn, LANE_DEVICE);
+    item *last = first;
+    uint64_t status = first == NULL ? NHF_OUT_OF_MEMORY : 0;
+    if (first == NULL)
+        free(turn);
     pthread_mutex_lock(&k->lock);
     size_t count = k->count;
-    item *first = NULL, *last = NULL;
-    uint64_t status = 0;
     for (size_t i = 0; i <= count && status == 0; i++) {
         item *it = i < count ? new_item(k->nodes[i].fn, k->nodes[i].arg,
                                         k->nodes[i].device ? LANE_DEVICE : LANE_HOST)
-                             : new_item(nhf_sim_graph_release, k, LANE_DEVICE);
+                             : new_item(replay_end, k, LANE_DEVICE);
         if (it == NULL) {
             status = NHF_OUT_OF_MEMORY;
             break;
         }
-        if (last == NULL)
-            first = it;
-        else
-            last->next = it;
+        last->next = it;
         last = it;
     }
     pthread_mutex_unlock(&k->lock);
     if (status == 0) {
         pthread_mutex_lock(&stream->mutex);
         status = refusal_locked(stream);
-        if (status == 0) /* the replay's reference, dropped by its last item */
-            append_locked(stream, first, last, (long)count + 1);
+        if (status == 0) { /* the replay's reference, dropped by its last item */
+            *turn = (nhf_sim_word_op){&k->finished, atomic_fetch_add(&k->issued, 1)};
+            append_locked(stream, first, last, (long)count + 2);
+        }
         pthread_mutex_unlock(&stream->mutex);
     }
     if (status != 0) {
+        if (first != NULL)
+            free(turn);
         while (first != NULL) {
             item *following = first->next;
             free(first);
@@ -813,20 +834,33 @@ static PyObject *py_graph_record(PyObject *self, PyObject *const *args, Py_ssize
     return PyLong_FromVoidPtr(record);
 }
 
-/* graph_add_node(graph, device, fn, arg): a captured node, replayed in order. */
+/* graph_add_node(graph, device, fn, arg[, fn, arg, ...]): captured nodes, replayed
+ * in order, added all of them or none (a graph slot's three operations: a part of
+ * them would run the slot's work with no wait for it, invariant 21). */
 static PyObject *py_graph_add_node(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nhf_check_nargs("sim_graph_add_node(graph, device, fn, arg)", nargs, 4) < 0)
+    enum { MOST = 3 };
+    if (nargs < 4 || nargs % 2 != 0 || (nargs - 2) / 2 > MOST) {
+        PyErr_SetString(PyExc_TypeError,
+                        "sim_graph_add_node(graph, device, fn, arg[, fn, arg]...) takes 1 to 3 "
+                        "(fn, arg) pairs");
         return NULL;
+    }
     sim_graph *k = graph_arg(args[0]);
     int device = k == NULL ? -1 : PyObject_IsTrue(args[1]);
-    void *fn, *arg;
-    if (k == NULL || device < 0 || nhf_address_arg(args[2], &fn) < 0 ||
-        nhf_address_arg(args[3], &arg) < 0)
+    if (k == NULL || device < 0)
         return NULL;
+    size_t n = (size_t)(nargs - 2) / 2;
+    void *fn[MOST], *arg[MOST];
+    for (size_t i = 0; i < n; i++)
+        if (nhf_address_arg(args[2 + 2 * i], &fn[i]) < 0 ||
+            nhf_address_arg(args[3 + 2 * i], &arg[i]) < 0)
+            return NULL;
     pthread_mutex_lock(&k->lock);
-    if (k->count == k->capacity) {
+    if (k->count + n > k->capacity) {
         size_t capacity = k->capacity ? 2 * k->capacity : 16;
+        while (capacity < k->count + n)
+            capacity *= 2;
         node *nodes = realloc(k->nodes, capacity * sizeof(node));
         if (nodes == NULL) {
             pthread_mutex_unlock(&k->lock);
@@ -835,7 +869,8 @@ static PyObject *py_graph_add_node(PyObject *self, PyObject *const *args, Py_ssi
         k->nodes = nodes;
         k->capacity = capacity;
     }
-    k->nodes[k->count++] = (node){device, (nhf_hostfn)(uintptr_t)fn, arg};
+    for (size_t i = 0; i < n; i++)
+        k->nodes[k->count++] = (node){device, (nhf_hostfn)(uintptr_t)fn[i], arg[i]};
     pthread_mutex_unlock(&k->lock);
     Py_RETURN_NONE;
 }
@@ -982,7 +1017,7 @@ static PyMethodDef methods[] = {
      "sim_graph_record($module, graph, fn, arg, owner, /)\n--\n\n"
      "Returns a record the graph owns"},
     {"sim_graph_add_node", (PyCFunction)(void (*)(void))py_graph_add_node, METH_FASTCALL,
-     "sim_graph_add_node($module, graph, device, fn, arg, /)\n--\n\n"},
+     "sim_graph_add_node($module, graph, device, fn, arg, /, *more)\n--\n\n"},
     {"sim_replay", (PyCFunction)(void (*)(void))py_replay, METH_FASTCALL,
      "sim_replay($module, stream, graph, /)\n--\n\n"
      "Returns status: one replay, all of it or nothing."},
