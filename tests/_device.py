@@ -497,6 +497,8 @@ _PROTOTYPES = {
     "cuGraphRetainUserObject": ctypes.CFUNCTYPE(c_int, vp, vp, c_uint, c_uint),
     "cuCtxGetCurrent": ctypes.CFUNCTYPE(c_int, ctypes.POINTER(vp)),
     "cuStreamGetId": ctypes.CFUNCTYPE(c_int, vp, ctypes.POINTER(ctypes.c_ulonglong)),
+    "cuStreamBatchMemOp": ctypes.CFUNCTYPE(c_int, vp, c_uint, vp, c_uint),
+    "cuStreamGetCtx": ctypes.CFUNCTYPE(c_int, vp, ctypes.POINTER(vp), ctypes.POINTER(vp)),
 }
 
 

@@ -70,27 +70,34 @@ def _slot_fakes(log, refuse=None):
 
 
 def test_slot_nodes_write_reached_wait_for_done_then_reset_it():
-    """A graph slot's nodes, in order: "reached" (the first word) = 1, wait until
-    "done" (the second) >= 1 (CU_STREAM_WAIT_VALUE_GEQ, 0), "done" = 0; the first
-    refusal stops them and is named."""
+    """A graph slot's nodes, in order, in one cuStreamBatchMemOp (all or none):
+    "reached" (the first word) = 1, wait until "done" (the second) >= 1
+    (CU_STREAM_WAIT_VALUE_GEQ, 0), "done" = 0.  A refused batch is named and no
+    single call follows; without the batch nothing is captured
+    (CUDA_ERROR_NOT_SUPPORTED, naming it)."""
     words, stream = 0x10000, 0x5
-    log = []
-    with stand_ins(**_slot_fakes(log)):
+    log, batches = [], []
+
+    def batch(refuse):
+        def call(s, count, params, flags):
+            batches.append((s, count, flags, _captured_ops(count, params)))
+            return 1 if refuse else 0
+
+        return call
+
+    with stand_ins(**_slot_fakes(log), cuStreamBatchMemOp=batch(False)):
         assert _core.cuda_slot_nodes(stream, words) == (None, 0, None)
-    assert log == [
-        ("cuStreamWriteValue32", stream, words, 1, 0),
-        ("cuStreamWaitValue32", stream, words + 4, 1, 0),
-        ("cuStreamWriteValue32", stream, words + 4, 0, 0),
+    assert log == []
+    assert batches == [
+        (stream, 3, 0, [(2, words, 1, 0), (1, words + 4, 1, 0), (2, words + 4, 0, 0)])
     ]
-    for refuse, made in (
-        (("cuStreamWriteValue32", 1), 1),
-        (("cuStreamWaitValue32", 1), 2),
-        (("cuStreamWriteValue32", 2), 3),
-    ):
-        log.clear()
-        with stand_ins(**_slot_fakes(log, refuse)):
-            assert _core.cuda_slot_nodes(stream, words) == (None, 1, refuse[0])
-        assert len(log) == made, (refuse, log)
+    batches.clear()
+    with stand_ins(**_slot_fakes(log), cuStreamBatchMemOp=batch(True)):
+        assert _core.cuda_slot_nodes(stream, words) == (None, 1, "cuStreamBatchMemOp")
+    assert log == [] and len(batches) == 1
+    with stand_ins(**_slot_fakes(log), cuStreamBatchMemOp=0):
+        assert _core.cuda_slot_nodes(stream, words) == (None, 801, "cuStreamBatchMemOp")
+    assert log == []
 
 
 def test_a_slot_graph_is_captured_by_a_stream_of_its_own_that_is_always_destroyed():
@@ -310,3 +317,63 @@ def test_before_the_table_is_loaded_nothing_of_it_is_called():
     and a refused driver_load leaves it so."""
     out = run_child(UNLOADED_SCRIPT, env=child_env(NUMBA_HOSTFN_SIMULATOR="1"))
     assert out.strip() == "ok", out
+
+
+def _captured_ops(count, params):
+    """The (operation, address, value, flags) of a cuStreamBatchMemOp's params
+    (driver.h's nhf_cu_batch_mem_op_params: 48 bytes each)."""
+    ops = []
+    for i in range(count):
+        at = params + 48 * i
+        ops.append(
+            (
+                ctypes.c_uint.from_address(at).value,
+                ctypes.c_uint64.from_address(at + 8).value,
+                ctypes.c_uint32.from_address(at + 16).value,
+                ctypes.c_uint.from_address(at + 24).value,
+            )
+        )
+    return ops
+
+
+def test_a_refused_slot_operation_leaves_no_part_of_the_node_in_a_capture_that_stays_valid():
+    """Invariant 16: a graph slot's three operations are captured all or none.  The
+    stand-ins model a capture that stays valid after a refused call (the driver
+    documents no invalidation for a failed memory operation): each accepted call
+    adds its operations to the graph, a refused one adds nothing.  Whichever
+    driver call is refused, the graph holds the whole node or none of it: a lone
+    "reached := 1" (or one with no reset of "done") would run the node's work with
+    no stream waiting for it, while _cuda.add_slot_nodes says nothing was kept."""
+    words, stream = 0x10000, 0x5
+    write, wait = 2, 1  # CU_STREAM_MEM_OP_WRITE_VALUE_32, _WAIT_VALUE_32
+    whole = [(write, words, 1, 0), (wait, words + 4, 1, 0), (write, words + 4, 0, 0)]
+    for with_batch in (True, False):
+        for refused_call in (None, 1, 2, 3):
+            graph, calls = [], [0]
+
+            def accept(ops, graph=graph, calls=calls, refused_call=refused_call):
+                calls[0] += 1
+                if calls[0] == refused_call:
+                    return 2  # CUDA_ERROR_OUT_OF_MEMORY: nothing added
+                graph.extend(ops)
+                return 0
+
+            def single(kind):
+                return lambda s, address, value, flags: accept([(kind, address, value, flags)])
+
+            fakes = dict(
+                cuStreamWriteValue32=single(write),
+                cuStreamWaitValue32=single(wait),
+                cuStreamBatchMemOp=(
+                    (lambda s, count, params, flags: accept(_captured_ops(count, params)))
+                    if with_batch
+                    else 0
+                ),
+            )
+            with stand_ins(**fakes):
+                _, rc, call = _core.cuda_slot_nodes(stream, words)
+            where = (with_batch, refused_call, rc, call, graph)
+            if rc == 0:
+                assert graph == whole, where
+            else:
+                assert graph == [], f"a part of the node was kept in the capture: {where}"

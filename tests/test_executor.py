@@ -1598,3 +1598,61 @@ def test_a_refused_write_takes_the_task_back_and_a_refused_wait_still_runs_it(ex
     nh.drain()
     assert counter[0] == 2 and executor.outstanding() == 0
     assert sys.getrefcount(counter) == refs
+
+
+GIL_PROBE_C = """
+extern int PyGILState_Check(void);
+int gil_held = -1, probed = 0;
+int get_ctx(void *stream, void **ctx, void **green) {
+    (void)stream, (void)green;
+    gil_held = PyGILState_Check();  /* a C stand-in: it takes no GIL itself */
+    probed++;
+    *ctx = (void *)0xC0;
+    return 0;
+}
+"""
+
+
+def test_stream_fault_asks_the_driver_for_the_streams_context_with_the_gil_released(tmp_path):
+    """Invariant 10: no driver call holds the GIL.  _core.stream_fault (which
+    Backend.fault_error calls for every DeviceFaultError it raises) looks the
+    stream's context up with cuStreamGetCtx once a fault is noted: on the CUDA route
+    with Python stand-ins (LANE_STAND_INS: context 0xC0 faults), then cuStreamGetCtx
+    swapped for a C stand-in that records PyGILState_Check()."""
+    import shutil
+    import subprocess
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler for the GIL probe")
+    source, library = tmp_path / "probe.c", tmp_path / "probe.so"
+    source.write_text(GIL_PROBE_C)
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    script = (
+        textwrap.dedent("""
+        def stream_id(handle):
+            return 100
+    """)
+        + LANE_STAND_INS
+        + textwrap.dedent(f"""
+        import numpy as np
+
+        words = np.zeros(2, np.uint32)
+        lane = executor._lane_new(0x7000, words.ctypes.data)
+        assert enqueue(lane) == 0
+        faulted.add(0xC0)
+        for _ in range(5000):  # the watchdog finds the fault of context 0xC0
+            if _core.fault_info():
+                break
+            time.sleep(0.001)
+        assert [f[:2] for f in _core.fault_info()] == [(0xC0, 700)], _core.fault_info()
+        probe = ctypes.CDLL({str(library)!r})
+        _core._testing.driver_swap("cuStreamGetCtx", ctypes.cast(probe.get_ctx, vp).value)
+        assert _core.stream_fault(0x7000) == 700
+        assert ctypes.c_int.in_dll(probe, "probed").value >= 1
+        print("held", ctypes.c_int.in_dll(probe, "gil_held").value)
+        os._exit(0)  # the backend was rewired: no exit hooks against it
+    """)
+    )
+    out = run_child(script, env=child_env(NUMBA_HOSTFN_SIMULATOR="1"))
+    assert out.strip() == "held 0", "cuStreamGetCtx was called with the GIL held: " + out

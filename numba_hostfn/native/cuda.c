@@ -199,9 +199,38 @@ static PyObject *py_cuda_pinned_words(PyObject *self, PyObject *nbytes_) {
 
 /* Without the GIL: a graph slot's three operations on stream (capturing): write
  * "reached" 1, wait for "done" >= 1, write "done" 0 (graph_slots.c says what the
- * pool does between).  *call names the one that failed. */
-static int slot_nodes(void *stream, uint64_t words, const char **call) {
+ * pool does between).  *call names the one that failed.
+ *
+ * whole: the capture is not ours (a user's stream), so the three are captured
+ * all or none (invariant 16): one cuStreamBatchMemOp, which a refusal leaves out
+ * whole (a refused driver call enqueues nothing).  Three single calls could leave
+ * a part in a capture that stays valid (a failed call need not invalidate it): a
+ * lone "reached := 1" runs the node's work with no stream waiting for it.  So
+ * without the batch, whole refuses with nothing captured.  Not whole (our own
+ * capture into a child graph, discarded on failure): the three single calls. */
+static int slot_nodes(void *stream, uint64_t words, bool whole, const char **call) {
     uint64_t reached = words, done = words + 4;
+    nhf_cuStreamBatchMemOp_fn batch = NHF_CU(cuStreamBatchMemOp);
+    *call = "cuStreamBatchMemOp";
+    if (whole && batch != NULL) {
+        nhf_cu_batch_mem_op_params ops[3];
+        memset(ops, 0, sizeof ops);
+        ops[0].value_op.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+        ops[0].value_op.address = reached;
+        ops[0].value_op.value = 1;
+        ops[0].value_op.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+        ops[1].value_op.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+        ops[1].value_op.address = done;
+        ops[1].value_op.value = 1;
+        ops[1].value_op.flags = CU_STREAM_WAIT_VALUE_GEQ;
+        ops[2].value_op.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+        ops[2].value_op.address = done;
+        ops[2].value_op.value = 0;
+        ops[2].value_op.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+        return batch(stream, 3, ops, 0);
+    }
+    if (whole)
+        return CUDA_ERROR_NOT_SUPPORTED;
     *call = "cuStreamWriteValue32";
     int rc = NHF_CU(cuStreamWriteValue32)(stream, reached, 1, CU_STREAM_WRITE_VALUE_DEFAULT);
     if (rc != 0)
@@ -215,7 +244,7 @@ static int slot_nodes(void *stream, uint64_t words, const char **call) {
 }
 
 /* cuda_slot_nodes(stream, words) -> (None, CUresult, call): a graph slot's three
- * operations, captured on stream. */
+ * operations, captured on stream, all or none (one cuStreamBatchMemOp). */
 static PyObject *py_cuda_slot_nodes(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     void *a[2];
@@ -226,7 +255,7 @@ static PyObject *py_cuda_slot_nodes(PyObject *self, PyObject *const *args, Py_ss
     const char *call;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = slot_nodes(a[0], (uintptr_t)a[1], &call);
+    rc = slot_nodes(a[0], (uintptr_t)a[1], true, &call);
     Py_END_ALLOW_THREADS
     return answer(Py_NewRef(Py_None), rc, call);
 }
@@ -259,7 +288,7 @@ static PyObject *py_cuda_slot_graph(PyObject *self, PyObject *const *args, Py_ss
         call = "cuStreamBeginCaptureToGraph";
         rc = begin(stream, a[0], NULL, NULL, 0, CU_STREAM_CAPTURE_MODE_RELAXED);
         if (rc == 0) {
-            rc = slot_nodes(stream, (uintptr_t)a[1], &call);
+            rc = slot_nodes(stream, (uintptr_t)a[1], false, &call);
             void *captured = NULL;
             int end = NHF_CU(cuStreamEndCapture)(stream, &captured);
             if (rc == 0 && end != 0) {

@@ -567,7 +567,11 @@ static PyObject *py_stream_fault(PyObject *self, PyObject *arg) {
     void *stream;
     if (nhf_address_arg(arg, &stream) < 0)
         return NULL;
-    return PyLong_FromUnsignedLong((unsigned long)(nhf_fault_of_stream(stream) & NHF_CURESULT_MASK));
+    uint64_t fault;
+    Py_BEGIN_ALLOW_THREADS /* cuStreamGetCtx: no driver call holds the GIL (invariant 10) */
+    fault = nhf_fault_of_stream(stream);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromUnsignedLong((unsigned long)(fault & NHF_CURESULT_MASK));
 }
 
 static PyMethodDef methods[] = {
