@@ -59,14 +59,14 @@ def get_backend() -> Backend:
     """Return the process's backend, choosing it on first use."""
     global _backend
     backend = _backend
+    if _forked:
+        raise RuntimeError(
+            "numba_hostfn was used in this process's parent before fork(); a forked "
+            "child cannot use it (CUDA does not survive fork, and the parent's driver "
+            "and pool threads do not exist here). Start worker processes with the "
+            "'spawn' or 'forkserver' method: multiprocessing.set_start_method('spawn')"
+        )
     if backend is not None:
-        if _forked:
-            raise RuntimeError(
-                "numba_hostfn was used in this process's parent before fork(); a forked "
-                "child cannot use it (CUDA does not survive fork, and the parent's driver "
-                "and pool threads do not exist here). Start worker processes with the "
-                "'spawn' or 'forkserver' method: multiprocessing.set_start_method('spawn')"
-            )
         return backend
     with _lock:
         if _backend is None:
@@ -94,9 +94,14 @@ def _after_fork_in_child() -> None:
     # The child has the parent's memory but none of its threads: no driver
     # thread or pool thread will ever run a copied launch.  Refuse every later
     # use, and let the child exit without waiting for them (LIFETIME.md, Scope).
-    global _forked
-    if _backend is not None:
+    # A thread of the parent may have been making the backend (holding _lock): it
+    # is gone here, and the lock with it; the parent used the package.
+    global _forked, _lock
+    making = _lock.locked()
+    _lock = threading.Lock()
+    if _backend is not None or making:
         _forked = True
+    if _backend is not None:
         _backend.records.abandon()
 
 

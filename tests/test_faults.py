@@ -581,3 +581,46 @@ def test_a_child_of_a_process_that_only_imported_may_use_the_package():
     assert "child: closed after ['blocking']" in out, out
     assert "child: ['blocking', 'non-blocking'] 0" in out, out
     assert "parent: child status 0" in out, out
+
+
+FORK_WHILE_BACKEND_IS_MADE_SCRIPT = textwrap.dedent("""
+    import faulthandler
+    faulthandler.enable()
+    import os, threading, time, warnings
+    import numba_hostfn as nh
+    from numba_hostfn import _process
+    from _device import wait_or_kill
+
+    warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads: the point
+    making = threading.Event()
+
+    def slow_callback(backend):  # widens the window: backend creation (cuInit) takes time
+        making.set()
+        time.sleep(1.0)
+
+    _process.on_backend(slow_callback)
+    maker = threading.Thread(target=nh.pending)  # the first use, on another thread
+    maker.start()
+    making.wait()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            nh.pending()
+            print("child: used the package", flush=True)
+        except RuntimeError as exc:
+            print("child refused" if "'spawn'" in str(exc) else f"child: {exc}", flush=True)
+        os._exit(0)
+    status = wait_or_kill(pid, 10)
+    maker.join()
+    print("parent: child", "hung" if status is None else "exited", flush=True)
+""")
+
+
+def test_a_child_forked_while_another_thread_makes_the_backend_does_not_hang():
+    """Invariant 22 (waits for nothing): a fork while another thread is inside
+    get_backend() (its _lock held) leaves the child refused, as any child of a
+    parent that used the package, not blocked for ever on that lock (before: the
+    child's first call hung)."""
+    out = run_child(FORK_WHILE_BACKEND_IS_MADE_SCRIPT, env=child_env(NUMBA_HOSTFN_SIMULATOR="1"))
+    assert "parent: child exited" in out, out
+    assert "child refused" in out, out
