@@ -412,19 +412,12 @@ def test_a_per_thread_stream_takes_an_idle_lane_of_its_handle_and_never_a_busy_o
     assert out.strip() == "ok [7, 7, 7, 7]"
 
 
-@pytest.mark.parametrize("how", ["compiled", "Python callable"])
-def test_a_device_fault_fails_the_lanes_of_its_context_not_a_destroyed_streams_of_another(how):
-    """The driver gives a destroyed stream's handle to a new stream, and nothing keeps
-    that one in the destroyed one's context.  A fault of the new stream's context fails
-    the tasks of that stream's lane, and not those of the destroyed stream's lane on the
-    same handle, whose context is healthy: its stream still reaches them, and they run.
-    (Before: a fault was matched to lanes by the handle alone, and the destroyed
-    stream's tasks were failed, never run, though its stream got there.)  On the CUDA
-    route's C, in a child whose driver table is Python stand-ins: the watchdog's query
-    answers 700 for context 0xA0.  A compiled task is a direct one (no record); a
-    Python callable's has a record, which the watchdog fails by its own context, and
-    the lane's mark by the lane's."""
-    script = (
+def _two_contexts_child(how: str) -> str:
+    """A child's start for the fault tests of a handle given across contexts: the
+    stand-ins (stream id ``now[0]``), and ``enqueue(lane)`` launching a compiled task
+    (a direct one, no record) or, for ``how == "Python callable"``, a Python callable
+    as _enqueue does (a record)."""
+    return (
         textwrap.dedent(f"""
         now, how = [100], {how!r}
 
@@ -443,7 +436,23 @@ def test_a_device_fault_fails_the_lanes_of_its_context_not_a_destroyed_streams_o
             def enqueue(lane):  # as _enqueue does for a Python callable: a record
                 route, run, fn = _core.ROUTE_CUDA_LANE, python[2], python[3]
                 return _core.enqueue(route, lane, run, fn, id(callable_), callable_owner)
+    """)
+    )
 
+
+@pytest.mark.parametrize("how", ["compiled", "Python callable"])
+def test_a_device_fault_fails_the_lanes_of_its_context_not_a_destroyed_streams_of_another(how):
+    """The driver gives a destroyed stream's handle to a new stream, and nothing keeps
+    that one in the destroyed one's context.  A fault of the new stream's context fails
+    the tasks of that stream's lane, and not those of the destroyed stream's lane on the
+    same handle, whose context is healthy: its stream still reaches them, and they run.
+    (Before: a fault was matched to lanes by the handle alone, and the destroyed
+    stream's tasks were failed, never run, though its stream got there.)  On the CUDA
+    route's C, in a child whose driver table is Python stand-ins: the watchdog's query
+    answers 700 for context 0xA0.  A compiled task is a direct one (no record); a
+    Python callable's has a record, which the watchdog fails by its own context, and
+    the lane's mark by the lane's."""
+    script = _two_contexts_child(how) + textwrap.dedent("""
         words = np.zeros(4, np.uint32)
         destroyed = executor._lane_new(0x7000, words.ctypes.data)
         context[0] = 0xB0
@@ -466,7 +475,6 @@ def test_a_device_fault_fails_the_lanes_of_its_context_not_a_destroyed_streams_o
         print("ok", ran)
         os._exit(0)  # the backend was rewired: no exit hooks against it
     """)
-    )
     out = run_child(script, env=child_env(NUMBA_HOSTFN_SIMULATOR="1"))
     assert out.strip() == "ok [7]"
 
@@ -481,26 +489,7 @@ def test_a_fault_of_a_destroyed_streams_context_leaves_a_new_lane_of_its_handle_
     healthy stream on it was refused with the fault, for ever: a lane is renewed only
     when it answers LANE_STALE.)  On the CUDA route's C with Python stand-ins, as the
     test above; the watchdog's query answers 700 for context 0xB0."""
-    script = (
-        textwrap.dedent(f"""
-        now, how = [100], {how!r}
-
-        def stream_id(handle):
-            return now[0]
-    """)
-        + LANE_STAND_INS
-        + textwrap.dedent("""
-        import numpy as np
-
-        if how == "Python callable":
-            python = next(row for row in _core.launch_kinds() if row[1] == "python")
-            callable_ = lambda: ran.append(7)
-            callable_owner = _core.launch_owner(callable_, None, None, executor)
-
-            def enqueue(lane):  # as _enqueue does for a Python callable: a record
-                route, run, fn = _core.ROUTE_CUDA_LANE, python[2], python[3]
-                return _core.enqueue(route, lane, run, fn, id(callable_), callable_owner)
-
+    script = _two_contexts_child(how) + textwrap.dedent("""
         words = np.zeros(4, np.uint32)
         destroyed = executor._lane_new(0x7000, words.ctypes.data)
         context[0] = 0xB0
@@ -521,7 +510,6 @@ def test_a_fault_of_a_destroyed_streams_context_leaves_a_new_lane_of_its_handle_
         print("ok", ran)
         os._exit(0)  # the backend was rewired: no exit hooks against it
     """)
-    )
     out = run_child(script, env=child_env(NUMBA_HOSTFN_SIMULATOR="1"))
     assert out.strip() == "ok [7, 7]"
 
