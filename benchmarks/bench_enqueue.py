@@ -43,6 +43,10 @@ from _bench import (
 GROUP = "enqueue"
 RAW_C_LOOP = "raw C loop over cuLaunchHostFunc"
 SAFE_C_LOOP = "C loop with the capture check and the GIL released"
+# The safe loop plus the one driver call every watched enqueue adds (invariant 23):
+# the stream's context, asked at the enqueue, for the watchdog that fails the
+# launch's waits when that context faults.
+WATCHED_C_LOOP = "the safe C loop with the fault watch's cuStreamGetCtx"
 NUMBA_CUDA = "numba-cuda add_callback"
 CALL_FLOOR = "a Python loop calling a builtin that does nothing (operator.is_)"
 # Where host_launch's time goes (each a row, interleaved with the rest): the core's
@@ -109,6 +113,7 @@ def run(nh, device, n: int, repeats: int) -> None:
     peers = (
         RAW_C_LOOP,
         SAFE_C_LOOP,
+        WATCHED_C_LOOP,
         "cuda.bindings cuLaunchHostFunc",
         "ctypes -> libcuda cuLaunchHostFunc",
         "CuPy launch_host_func",
@@ -140,6 +145,7 @@ def run(nh, device, n: int, repeats: int) -> None:
         {
             RAW_C_LOOP: lambda: raw_c_loop(gate, stream, n),
             SAFE_C_LOOP: lambda: raw_c_loop(gate, stream, n, safe=True),
+            WATCHED_C_LOOP: lambda: raw_c_loop(gate, stream, n, safe=True, watched=True),
             "cuda.bindings cuLaunchHostFunc": lambda: per_call(
                 driver.cuLaunchHostFunc, cu_stream, fn_obj, 0
             ),
@@ -188,9 +194,13 @@ def targets() -> list[Target]:
         for name, row, _ in rows
     ]
     # Informational: the split of the HostFunction's enqueue above the safe loop.
-    core = find(GROUP, CORE_ENQUEUE)
+    core, watched = find(GROUP, CORE_ENQUEUE), find(GROUP, WATCHED_C_LOOP)
     out += [
+        target("the safe C loop with the fault watch / safe C loop", ratio(watched, safe), None),
         target("the core's enqueue / safe C loop", ratio(core, safe), None),
+        target(
+            "the core's enqueue / the safe C loop with the fault watch", ratio(core, watched), None
+        ),
         target(
             "host_launch(HostFunction) / the core's enqueue",
             ratio(find(GROUP, "host_launch(HostFunction)"), core),
@@ -238,23 +248,45 @@ extern "C" double safe_loop(unsigned long long stream, int n)
     }
     return since(&a, n);
 }
+/* The safe loop with the stream's context asked before each launch, as a watched
+   enqueue asks it for the watchdog (nhf_watch_prepare). */
+extern "C" double watched_loop(unsigned long long stream, int n)
+{
+    struct timespec a;
+    CUstreamCaptureStatus capture;
+    CUcontext ctx;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    for (int i = 0; i < n; ++i) {
+        void *thread = PyEval_SaveThread();
+        CUresult rc = cuStreamIsCapturing((CUstream)stream, &capture);
+        if (rc == CUDA_SUCCESS && capture == CU_STREAM_CAPTURE_STATUS_NONE)
+            rc = cuStreamGetCtx((CUstream)stream, &ctx);
+        if (rc == CUDA_SUCCESS && capture == CU_STREAM_CAPTURE_STATUS_NONE)
+            rc = cuLaunchHostFunc((CUstream)stream, empty, 0);
+        PyEval_RestoreThread(thread);
+        if (rc != CUDA_SUCCESS || capture != CU_STREAM_CAPTURE_STATUS_NONE) return -1.0;
+    }
+    return since(&a, n);
+}
 """
-_C_LOOPS: list = []  # (loop, safe_loop), built once
+_C_LOOPS: list = []  # (loop, safe_loop, watched_loop), built once
 
 
-def raw_c_loop(gate, stream, n: int, safe: bool = False) -> float:
+def raw_c_loop(gate, stream, n: int, safe: bool = False, watched: bool = False) -> float:
     """A C loop, built with nvcc as a shared library and called once through ctypes
-    (``safe_loop`` through ``ctypes.PyDLL``: it is called with the GIL held)."""
+    (``safe_loop`` and ``watched_loop`` through ``ctypes.PyDLL``: they are called
+    with the GIL held)."""
     if not _C_LOOPS:
         lib = build_with_nvcc(C_LOOP, "loop")
         with_gil = ctypes.PyDLL(lib._name)
-        for fn in (lib.loop, with_gil.safe_loop):
+        loops = (lib.loop, with_gil.safe_loop, with_gil.watched_loop)
+        for fn in loops:
             fn.argtypes = (ctypes.c_ulonglong, ctypes.c_int)
             fn.restype = ctypes.c_double
-        _C_LOOPS.extend((lib.loop, with_gil.safe_loop))
+        _C_LOOPS.extend(loops)
     gate.close_on(stream)
     try:
-        per_call = _C_LOOPS[safe](int(stream.handle), n)
+        per_call = _C_LOOPS[2 if watched else int(safe)](int(stream.handle), n)
     finally:
         gate.open()
         stream.sync()
