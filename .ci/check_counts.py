@@ -4,7 +4,7 @@ import sys
 import xml.etree.ElementTree as ET
 
 MIN_SHARE = 0.80  # issue 3: at least 80% of the test functions run on the simulator
-MIN_RAN = 282  # raise this as tests are added; never lower it to make CI pass
+MIN_RAN = 700  # raise this as tests are added; never lower it to make CI pass
 
 suite = ET.parse(sys.argv[1]).getroot()
 suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
