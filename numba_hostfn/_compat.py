@@ -80,6 +80,8 @@ a function pointer's buffer            a ctypes function pointer's buffer is the
                                        ``TargetConfig`` metaclass makes one per option)
 ``BaseContext.subtarget``, a           a copy of numba's CPU context whose ``repr`` names
 ``__class__`` swap                     the host function in numba's exception reports
+``numba.core.serialize.dumps``        key a dtype= wrapper's cache entry by ``py_func``'s
+                                       closure, as numba keys ``py_func``'s own
 ``codegen.set_env``, ``env_name``      register a cfunc's Environment under its
                                        ``fndesc.env_name`` (numba does it only for functions
                                        with a CPython wrapper)
@@ -264,10 +266,11 @@ def cfunc_signature(fn: Any) -> Any:
 def numba_hooks() -> SimpleNamespace:
     """numba's internals that a host function is compiled with, built once, on
     first use (importing numba): ``NamedCFunc``, ``carray``, ``types``,
-    ``intrinsic``, ``cgutils``, ``njit`` and ``signature`` (``void(voidptr)``)."""
+    ``intrinsic``, ``cgutils``, ``njit``, ``signature`` (``void(voidptr)``) and
+    ``cache_dumps`` (numba's pickling of a closure for its cache keys)."""
     import numba
     from numba import carray, types
-    from numba.core import cgutils, compiler
+    from numba.core import cgutils, compiler, serialize
     from numba.core.ccallback import CFunc, _CFuncCompiler
     from numba.core.compiler_lock import global_compiler_lock
     from numba.core.cpu import CPUContext
@@ -375,6 +378,7 @@ def numba_hooks() -> SimpleNamespace:
         cgutils=cgutils,
         njit=numba.njit,
         signature=signature,
+        cache_dumps=serialize.dumps,
     )
 
 

@@ -19,7 +19,9 @@ from __future__ import annotations
 import builtins
 import ctypes
 import dis
+import hashlib
 import inspect
+import pickle
 import sys
 import types as pytypes
 from collections.abc import Callable
@@ -74,18 +76,39 @@ def _array_view(p):
     return body(carray(p, (1,), layout))  # noqa: F821 - globals supplied by _view_wrapper
 
 
-def _view_wrapper(py_func: Callable, body: Callable, layout: np.dtype) -> Callable:
+def _view_key(py_func: Callable, layout: np.dtype) -> str:
+    """What a cached wrapper's machine code depends on beyond its (template)
+    bytecode: the layout and the contents of ``py_func``'s closure, as a short digest.
+
+    numba keys a cached function by its bytecode and its own closure only (not by
+    the functions it calls); the wrapper's are the template's, the same for every
+    host function, so without this two host functions of one name and line (made
+    by one factory, with another dtype or closure) would share one cache entry, and
+    the second would load the first's machine code.  The closure is pickled as
+    numba pickles ``py_func``'s own for its cache (``cache=True`` needs that anyway).
+    """
+    parts = [pickle.dumps(layout, protocol=4)]
+    if py_func.__closure__ is not None:
+        cells = tuple(cell.cell_contents for cell in py_func.__closure__)
+        parts.append(numba_hooks().cache_dumps(cells))  # as numba keys py_func's own
+    return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
+
+
+def _view_wrapper(py_func: Callable, body: Callable, layout: np.dtype, cache: bool) -> Callable:
     """Return ``wrapper(p)`` that calls ``body`` on a typed view of ``p``.
 
     The wrapper is a template re-homed to ``py_func``'s file, line and name,
     with ``body`` and ``layout`` as globals rather than a closure: numba's
     on-disk cache then stores it beside ``py_func`` and invalidates it when
     that file changes (a closure would be keyed by a pickle of the dispatcher,
-    which differs from one process to the next).
+    which differs from one process to the next).  Cached, its qualname carries
+    :func:`_view_key`, so that the cache keeps one entry per layout and closure.
     """
     template = _record_view if layout.names is not None else _array_view
     origin = py_func.__code__
     qualname = f"{py_func.__qualname__}.host_view"
+    if cache:
+        qualname += f"_{_view_key(py_func, layout)}"
     code = template.__code__.replace(
         co_filename=origin.co_filename,
         co_firstlineno=origin.co_firstlineno,
@@ -100,6 +123,9 @@ def _view_wrapper(py_func: Callable, body: Callable, layout: np.dtype) -> Callab
     wrapper.__module__ = py_func.__module__
     return wrapper
 
+
+# Code flags of a function whose call makes a generator or coroutine, never runs its body.
+_SUSPENDING = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 
 # Instructions that name a local without reading it.
 _STORES = frozenset({"STORE_FAST", "STORE_FAST_MAYBE_NULL"})
@@ -240,6 +266,14 @@ class HostFunction(_core.CompiledBase):
             raise TypeError(
                 f"host_callback expected a Python function, got {type(py_func).__name__}"
             )
+        if self.address:  # bound once: the machine code launched is fixed for its life
+            raise RuntimeError(f"{self!r} is compiled already; make another with @host_callback")
+        if py_func.__code__.co_flags & _SUSPENDING:
+            raise TypeError(
+                f"host function {py_func.__qualname__!r} is a generator or coroutine "
+                "function; a host function is called once, on the driver's thread, and "
+                "returns nothing: write it as a plain def fn(user_data): ..."
+            )
         try:
             inspect.signature(py_func).bind(None)
         except TypeError:
@@ -261,7 +295,7 @@ class HostFunction(_core.CompiledBase):
         try:
             if layout is not None:
                 body = numba.njit(py_func, cache=cache, **options)
-                target = _view_wrapper(py_func, body, layout)
+                target = _view_wrapper(py_func, body, layout, cache)
             cfunc = numba.NamedCFunc(target, label, {"nopython": True, **options})
             if cache:
                 cfunc.enable_caching()
@@ -326,6 +360,11 @@ class HostFunction(_core.CompiledBase):
                 "it as fn(user_data) with what a launch would pass (nh.by_ref(array), "
                 "bytes, an int address; None only if its body does not read it)"
             )
+        if not self.address:
+            raise ValueError(
+                "a HostFunction with no machine code (made with HostFunction.__new__, never "
+                "compiled) cannot be called; make it with @numba_hostfn.host_callback"
+            )
         address, owner = resolve_user_data(user_data, self.dtype, self, self.reads_user_data)
         if self._direct is None:
             self._direct = _direct_caller(self._target, self._options)
@@ -335,6 +374,8 @@ class HostFunction(_core.CompiledBase):
             del owner
 
     def __repr__(self) -> str:
+        if not self.address:
+            return "<HostFunction, never compiled>"
         layout = "" if self.dtype is None else f", dtype={self.dtype}"
         return f"<HostFunction {self.__module__}.{self.__qualname__} at {self.address:#x}{layout}>"
 

@@ -344,3 +344,105 @@ def test_cache_true_loads_machine_code_in_a_new_process(tmp_path):
         assert run.returncode == 0, run.stderr
     assert runs[0].stdout.split() == ["0", "0"]
     assert runs[1].stdout.split() == ["1", "1"]
+
+
+def test_cached_host_functions_of_one_factory_keep_their_own_layout_and_closure(tmp_path):
+    """Two cache=True host functions of one name and line (made by one factory), with
+    another dtype or another closure, each launch their own machine code, from the
+    cache too: numba keys the dtype= wrapper by its template's bytecode, the same for
+    all, so it once loaded the first one's code for the second (the larger layout's
+    offsets written into the smaller buffer, or the other closure's constant)."""
+    (tmp_path / "factory_hostfns.py").write_text(
+        textwrap.dedent("""
+        import numpy as np
+        import numba_hostfn as nh
+
+        SMALL = np.dtype([("x", np.int64)])
+        LARGE = np.dtype([("pad", np.int64, (3,)), ("x", np.int64)])
+
+        def bump(layout):
+            @nh.host_callback(dtype=layout, cache=True)
+            def fn(d):
+                d.x += 1
+            return fn
+
+        def add(k):
+            @nh.host_callback(dtype=SMALL, cache=True)
+            def fn(d):
+                d.x += k
+            return fn
+    """)
+    )
+    script = textwrap.dedent("""
+        import numpy as np, numba_hostfn as nh, factory_hostfns as m
+        nh.simulate_without_gpu()
+        stream = nh.create_stream()
+        small, large = m.bump(m.SMALL), m.bump(m.LARGE)
+        one, five = m.add(1), m.add(5)
+        a = np.zeros(1, m.LARGE)
+        b = np.zeros(1, m.SMALL)
+        nh.host_launch(stream, large, user_data=a)
+        nh.host_launch(stream, five, user_data=b)
+        stream.sync()
+        print(a[0]["pad"].tolist(), a[0]["x"], b[0]["x"], large.cache_hits, five.cache_hits)
+    """)
+    hits = []
+    for _ in range(2):  # compiled, then loaded from the cache
+        run = subprocess.run(
+            [sys.executable, "-c", script],
+            cwd=tmp_path,
+            capture_output=True,
+            env=child_env(),
+            text=True,
+            timeout=300,
+        )
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.split()[:5] == ["[0,", "0,", "0]", "1", "5"], run.stdout
+        hits.append(run.stdout.split()[5:])
+    assert hits == [["0", "0"], ["1", "1"]]
+
+
+def _generator(p):
+    carray(p, (1,), np.int64)[0] += 1
+    yield
+
+
+async def _coroutine(p):
+    carray(p, (1,), np.int64)[0] += 1
+
+
+async def _async_generator(p):
+    carray(p, (1,), np.int64)[0] += 1
+    yield
+
+
+@pytest.mark.parametrize("function", [_generator, _coroutine, _async_generator])
+def test_a_generator_or_coroutine_function_is_refused_at_decoration(function):
+    """A call of one makes a generator or coroutine and never runs the body: a
+    generator body once failed with an internal "address cannot be NULL", and an
+    async def body compiled and ran, unawaited, on the driver's thread."""
+    with pytest.raises(TypeError, match="generator or coroutine function.*plain def"):
+        nh.host_callback(function)
+
+
+def _add_ten(p):
+    carray(p, (1,), np.int64)[0] += 10
+
+
+def test_a_second_init_is_refused_and_changes_nothing():
+    """HostFunction.__init__ again on a compiled one once renamed it (py_func, repr)
+    before refusing, while launches still ran the first body."""
+    text, address, py_func = repr(add_one), add_one.address, add_one.py_func
+    with pytest.raises(RuntimeError, match="compiled already"):
+        nh.HostFunction.__init__(add_one, _add_ten)
+    assert add_one.py_func is py_func and repr(add_one) == text and add_one.address == address
+    a = np.zeros(1, np.int64)
+    add_one(nh.by_ref(a))
+    assert a[0] == 1
+
+
+def test_a_never_compiled_host_function_has_a_repr_and_refuses_a_direct_call():
+    blank = nh.HostFunction.__new__(nh.HostFunction)
+    assert "never compiled" in repr(blank)
+    with pytest.raises(ValueError, match="no machine code"):
+        blank(np.zeros(1, np.int64))
