@@ -21,10 +21,9 @@ import numpy as np
 
 from . import _core
 from ._compat import numba_hooks
-from ._enqueue import enqueue
+from ._enqueue import check_target, enqueue
 from ._executor import check_executor
 from ._hostfunction import HostFunction, host_callback
-from ._streams import target_kind
 
 __all__ = [
     "MEMCPY_2D_LAYOUT",
@@ -198,6 +197,41 @@ def _region(obj: Any, role: str) -> _Region:
     )
 
 
+def _rows_meeting(start: int, end: int, r: _Region) -> tuple[int, int]:
+    """The first and last row ``j`` of ``r`` whose bytes ``[r.address + j * r.pitch,
+    + r.row_bytes)`` meet ``[start, end)`` (first > last: none)."""
+    first = max(0, (start - r.address - r.row_bytes) // r.pitch + 1)
+    last = min(r.rows - 1, -((r.address - end) // r.pitch) - 1)  # ceil((end - addr) / pitch) - 1
+    return first, last
+
+
+def _overlap(d: _Region, s: _Region) -> bool:
+    """Whether a byte of ``d`` is a byte of ``s``: their rows, not only their spans
+    (two column slices of one array interleave without overlapping)."""
+    if not (d.address < s.end and s.address < d.end):
+        return False
+    if d.contiguous or s.contiguous:  # one interval against the other's rows
+        whole, rows = (d, s) if d.contiguous else (s, d)
+        first, last = _rows_meeting(whole.address, whole.end, rows)
+        return first <= last
+    if d.pitch == s.pitch:
+        # Row i of d meets row j of s when m = i - j, -s.rows < m < d.rows, has
+        # t - d.row_bytes < m * pitch < t + s.row_bytes, t = s.address - d.address.
+        t, pitch = s.address - d.address, d.pitch
+        low = max(1 - s.rows, (t - d.row_bytes) // pitch + 1)
+        high = min(d.rows - 1, -(-(t + s.row_bytes) // pitch) - 1)  # ceil(...) - 1
+        return low <= high
+    # Each region's own rows are disjoint (pitch >= row_bytes): sorted by start, a
+    # row that begins before an earlier row has ended is the other region's.
+    starts = np.concatenate(
+        [r.address + np.arange(r.rows, dtype=np.uint64) * np.uint64(r.pitch) for r in (d, s)]
+    )
+    ends = starts + np.repeat(np.array([d.row_bytes, s.row_bytes], np.uint64), [d.rows, s.rows])
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], ends[order]
+    return bool((starts[1:] < np.maximum.accumulate(ends)[:-1]).any())
+
+
 def host_copy(stream: Any, dst: Any, src: Any, *, executor: Any = None) -> Any:
     """Copy ``src`` into ``dst`` on the host, in stream order and without the GIL.
 
@@ -238,7 +272,7 @@ def host_copy(stream: Any, dst: Any, src: Any, *, executor: Any = None) -> Any:
         If two numpy arrays have different dtypes (``host_copy`` copies bytes;
         pass ``.view(np.uint8)`` of both to copy them raw), ``dst`` is
         read-only, the sizes or row shapes differ, a layout is
-        neither C-contiguous nor evenly spaced contiguous rows, the two overlap,
+        neither C-contiguous nor evenly spaced contiguous rows, the two share a byte,
         or a cuda.core ``Buffer`` is device memory.  Nothing was enqueued.
     """
     if executor is not None:
@@ -262,7 +296,7 @@ def host_copy(stream: Any, dst: Any, src: Any, *, executor: Any = None) -> Any:
         raise ValueError(f"host_copy() sizes differ: dst holds {d.nbytes} bytes, src {s.nbytes}")
     if d.nbytes == 0:
         return _unchanged(stream)
-    if d.address < s.end and s.address < d.end:
+    if _overlap(d, s):
         raise ValueError("host_copy() dst and src overlap; copy through a temporary")
     keep = (d.owner, s.owner)  # the memory, not only the objects (LIFETIME.md, invariant 1)
     if d.contiguous and s.contiguous:
@@ -315,5 +349,8 @@ def release_after(stream: Any, *objs: Any, executor: Any = None) -> Any:
 
 
 def _unchanged(target: Any) -> Any:
-    """What a call that adds nothing returns: an explicit graph's node itself, else None."""
-    return target if target_kind(target) == "node" else None
+    """What a call that adds nothing returns: an explicit graph's node itself, else None.
+
+    The target is checked as a launch's is (its type, then its ``__cuda_stream__``),
+    so that a wrong one is refused whether or not there was anything to enqueue."""
+    return target if check_target(target)[0] == "node" else None

@@ -7,6 +7,7 @@ does), not a signal: for a notification without the GIL, see ``_notify``.
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any
 
 from ._classify import refuse_coroutine_function
@@ -42,7 +43,9 @@ def add_callback(stream: Any, callback: Any, arg: Any = None) -> None:
     Raises
     ------
     TypeError
-        If ``callback`` is not callable, or ``stream`` is not a stream.
+        If ``callback`` is not callable, cannot be called with the three
+        arguments ``(stream, status, arg)`` (as far as its signature says), or
+        ``stream`` is not a stream.  Nothing was enqueued.
     """
     compiled = (HostFunction, CFuncPtr, numba_cfunc_type())
     if not callable(callback) or isinstance(callback, compiled):
@@ -51,6 +54,19 @@ def add_callback(stream: Any, callback: Any, arg: Any = None) -> None:
             f"{type(callback).__name__}; compiled host functions go to host_launch()"
         )
     refuse_coroutine_function(callback, "add_callback")
+    try:
+        signature = inspect.signature(callback)
+    except (TypeError, ValueError):  # none to read (some builtins): it fails when it runs
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(stream, 0, arg)
+        except TypeError as exc:
+            raise TypeError(
+                f"add_callback() got {getattr(callback, '__qualname__', callback)!r}, which "
+                f"cannot be called as callback(stream, status, arg) ({exc}); give it those "
+                "three parameters, or use host_launch(stream, fn) for fn()"
+            ) from None
     enqueue(stream, functools.partial(_numba_cuda_call, callback, stream, arg), None, None)
 
 

@@ -124,6 +124,82 @@ def test_overlapping_buffers_rejected(stream):
     stream.sync()
 
 
+def test_host_copy_copies_between_interleaved_columns(stream):
+    """Column slices of one array share a span but no byte: copied, not refused as
+    overlapping (the spans alone were once compared)."""
+    a = np.arange(32.0).reshape(4, 8)
+    expected = a[:, 4:].copy()
+    nh.host_copy(stream, a[:, :4], a[:, 4:])
+    stream.sync()
+    assert (a[:, :4] == expected).all()
+    b = np.arange(32.0).reshape(4, 8)
+    nh.host_copy(stream, b[:, :2], b.reshape(8, 4)[:4, 2:])  # another pitch, no byte shared
+    stream.sync()
+    assert (b[:, :2] == np.arange(32.0).reshape(8, 4)[:4, 2:]).all()
+
+
+def test_host_copy_still_refuses_rows_that_overlap(stream):
+    a = np.arange(40.0).reshape(5, 8)
+    with pytest.raises(ValueError, match="overlap"):
+        nh.host_copy(stream, a[:, :6], a[:, 2:])
+    with pytest.raises(ValueError, match="overlap"):
+        nh.host_copy(stream, a[1:, :4], a[:4, :4])  # rows 1 to 3 in both
+    with pytest.raises(ValueError, match="overlap"):
+        nh.host_copy(stream, a[:4, :2], a.reshape(10, 4)[:4, :2])  # another pitch, row 0
+    with pytest.raises(ValueError, match="overlap"):
+        nh.host_copy(stream, a[:2, :4], a.ravel()[6:14])  # contiguous src across a row
+    assert nh.pending() == 0
+
+
+def test_the_overlap_check_agrees_with_the_bytes_of_random_row_layouts():
+    """host_copy's check against the byte sets themselves: rows of every pitch, a
+    contiguous region against rows, one pitch and two."""
+    from numba_hostfn._hostcopy import _overlap, _Region
+
+    choose = np.random.default_rng(20261204)
+    for _ in range(5000):
+        regions = []
+        for _ in range(2):
+            rows, row_bytes = (int(v) for v in choose.integers(1, 7, 2))
+            pitch = row_bytes + int(choose.integers(0, 6)) * int(choose.random() < 0.7)
+            regions.append(_Region(None, int(choose.integers(0, 40)), rows, row_bytes, pitch, True))
+        if choose.random() < 0.5 and regions[0].pitch >= regions[1].row_bytes:
+            d, s = regions
+            regions[1] = _Region(None, s.address, s.rows, s.row_bytes, d.pitch, True)
+        d, s = regions
+        bytes_of = [
+            {r.address + j * r.pitch + k for j in range(r.rows) for k in range(r.row_bytes)}
+            for r in (d, s)
+        ]
+        assert _overlap(d, s) == bool(bytes_of[0] & bytes_of[1]), (d, s)
+
+
+class _Protocol:
+    """A stream whose __cuda_stream__ returns value, or raises it."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __cuda_stream__(self):
+        if isinstance(self.value, BaseException):
+            raise self.value
+        return self.value
+
+
+@pytest.mark.parametrize(
+    "call",
+    [lambda s: nh.host_copy(s, np.zeros(0), np.zeros(0)), lambda s: nh.release_after(s)],
+    ids=["host_copy of 0 bytes", "release_after of nothing"],
+)
+def test_a_call_with_nothing_to_enqueue_still_checks_its_stream(call):
+    """As host_launch checks it: the value __cuda_stream__ returns, and what it raises."""
+    with pytest.raises(TypeError, match="expected \\(0, handle\\)"):
+        call(_Protocol((0, "x")))
+    with pytest.raises(KeyError, match="raised by __cuda_stream__"):
+        call(_Protocol(KeyError("raised by __cuda_stream__")))
+    assert nh.pending() == 0
+
+
 def test_zero_bytes_enqueue_nothing(stream):
     nh.host_copy(stream, np.zeros(0), np.zeros(0))
     assert nh.pending() == 0

@@ -966,6 +966,23 @@ def test_add_callback_refuses_what_it_cannot_call(stream):
     assert nh.pending() == 0
 
 
+def test_add_callback_refuses_a_callback_that_cannot_take_three_arguments(stream, unraisables):
+    """Its signature is read before anything is enqueued: it was once enqueued, and
+    its TypeError reached sys.unraisablehook on the driver's thread."""
+    ran = []
+    for callback in (lambda: ran.append(1), lambda s, status, arg, extra: ran.append(1)):
+        with pytest.raises(TypeError, match=r"callback\(stream, status, arg\)"):
+            nh.add_callback(stream, callback)
+    assert nh.pending() == 0
+    stream.sync()
+    nh.drain()
+    assert ran == [] and unraisables == []
+    nh.add_callback(stream, lambda *args: ran.append(len(args)))  # still accepted
+    stream.sync()
+    nh.drain()
+    assert ran == [3]
+
+
 @pytest.mark.gpu
 def test_numba_cuda_streams_end_to_end():
     """numba-cuda's stream and copies, then an await, a non-blocking callback and
