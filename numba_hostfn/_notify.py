@@ -192,7 +192,8 @@ def _pending_call() -> None:
     thread the pending call may have interrupted anything, numba_hostfn's own
     futures thread inside a done-callback included, whose locks a callback could
     then wait for, on its own thread, for ever; the helper thread, woken by the
-    descriptor, runs them instead.  async_done: the waits of the loop running on
+    descriptor, runs them instead (and on the main thread too while any thread
+    makes the callbacks' or the futures' batch, under ``_callbacks_lock``).  async_done: the waits of the loop running on
     this thread, resolved now rather than at the loop's next poll of its
     descriptor (resolving runs no user code).  From 3.12 a Python callable's
     pending call may also run on the driver's thread: nothing there (the
@@ -200,7 +201,14 @@ def _pending_call() -> None:
     """
     if on_foreign_thread():
         return
-    if _callbacks is not None and threading.current_thread() is threading.main_thread():
+    # Not while a thread makes the process's callbacks or futures (_callbacks_lock):
+    # a callback that makes the first done_future would wait for that lock, held on
+    # this thread by the code this call interrupted, for ever; the helper runs it.
+    if (
+        _callbacks is not None
+        and threading.current_thread() is threading.main_thread()
+        and not _callbacks_lock.locked()
+    ):
         _callbacks.run(block=False)
     loop = running_loop()
     ref = None if loop is None else _loops.get(loop)

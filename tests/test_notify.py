@@ -492,6 +492,61 @@ def test_a_callback_and_a_done_callback_that_both_drain_do_not_deadlock():
     ], out
 
 
+FIRST_FUTURE_FROM_A_PENDING_CALL_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import sys
+    from _device import Hold
+    from numba_hostfn import _notify
+
+    other = device.create_stream()
+    nh.host_launch(other, lambda: None, blocking=False)  # the callbacks' batch exists
+    other.sync()
+    nh.drain()
+    _notify._stream_future_type()  # imported before the window: nothing below drops the GIL
+    made = []
+    flag = np.zeros(1, np.int64)
+    hold = Hold(stream)
+    # Launching from a non-blocking callback is allowed (docs/asyncio.md); this one
+    # makes the process's first done_future.
+    nh.host_launch(stream, lambda: made.append(nh.done_future(other)), blocking=False)
+    nh.host_launch(stream, increment, user_data=nh.by_ref(flag))
+    # The main thread keeps the GIL in Python from here to the pending call below, so
+    # the helper thread, woken by the signal, cannot take the due callback first.
+    sys.setswitchinterval(60)
+    hold.release()
+    while flag[0] == 0:
+        pass
+    # The notify pending call (due: the signal ran) lands between two bytecodes of
+    # _the_futures() while it holds _callbacks_lock (as after any GIL drop there:
+    # os.eventfd, Thread.start), and runs what _pending_call runs.
+    code = _notify._the_futures.__code__
+    fired = []
+    def local(frame, event, arg):
+        if event == "line" and not fired and _notify._callbacks_lock.locked():
+            fired.append(1)
+            _notify._pending_call()
+        return local
+    def tracer(frame, event, arg):
+        return local if frame.f_code is code else None
+    sys.settrace(tracer)
+    try:
+        f = nh.done_future(other)
+    finally:
+        sys.settrace(None)
+        sys.setswitchinterval(0.005)
+    print("fired", len(fired), flush=True)
+    print("results", f.result(timeout=10) is other, made[0].result(timeout=10) is other)
+""")
+
+
+def test_a_callback_making_the_first_done_future_in_a_pending_call_does_not_deadlock():
+    """The pending call that runs due callbacks on the main thread may interrupt that
+    thread while it makes the process's futures, holding _callbacks_lock; a callback
+    that made the first done_future then waited there for that lock, on the thread
+    that held it, for ever (and the helper thread behind it)."""
+    out = run_child(FIRST_FUTURE_FROM_A_PENDING_CALL_SCRIPT, timeout=60)
+    assert "fired 1" in out and "results True True" in out, out
+
+
 def test_nonblocking_callbacks_own_their_callable_until_run(stream):
     import weakref
 
