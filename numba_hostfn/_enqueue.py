@@ -32,7 +32,7 @@ __all__ = [
 
 
 def signal_route(
-    target: Any, executor: Any, refusal: str, default_lane: bool = True
+    target: Any, executor: Any, refusal: str, default_lane: bool = True, caller: str = "host_launch"
 ) -> tuple[tuple[int, int, Any], tuple[int, int, Any] | None]:
     """Where a signal of ``target`` goes: ``(route, fallback)``, each
     ``(route, target, owner)`` for the native dispatcher's launch
@@ -45,9 +45,10 @@ def signal_route(
     callback), the route is the default lane's where it can serve (``_executor.default_lane``)
     and the fallback the driver's thread, taken if the lane's enqueue refuses (a
     capturing stream, a closed or faulted lane): the driver's path then refuses or
-    accepts as it would without the lane.  Else the fallback is None.
+    accepts as it would without the lane.  Else the fallback is None.  ``caller``
+    names the public function in a wrong target's error.
     """
-    if target_kind(target) != "stream":
+    if target_kind(target, caller) != "stream":
         raise RuntimeError(refusal)
     if executor is not None:
         check_executor(executor)
@@ -91,10 +92,11 @@ def raise_refused(status: int, executor: Any) -> None:
     get_backend().raise_refusal(status, call)
 
 
-def check_target(target: Any) -> tuple[str, int]:
+def check_target(target: Any, caller: str = "host_launch") -> tuple[str, int]:
     """``(kind, handle)`` of a launch's target (handle 0 for an explicit graph),
-    checked first: a wrong stream is reported before a wrong fn or user_data."""
-    kind = target_kind(target)
+    checked first: a wrong stream is reported before a wrong fn or user_data, in an
+    error that names ``caller``, the public function called."""
+    kind = target_kind(target, caller)
     if kind == "node":
         return kind, 0
     return kind, get_backend().stream_handle(target, stream_handle(target))
@@ -109,16 +111,18 @@ def enqueue(
     as_device_work: bool = False,
     executor: Any = None,
     parallel_copy: bool = False,
+    caller: str = "host_launch",
 ) -> Any:
     """host_launch, plus ``also_owns``: more objects the launch owns until it has run.
 
     ``as_device_work`` (simulator only) enqueues simulated device work instead of a
     host function.  ``parallel_copy`` says that ``fn`` is the compiled copy with
     MEMCPY_LAYOUT user data, which an executor shares out among its threads.
+    ``caller`` is the public function a wrong target's error names.
     """
     # Checked in argument order, so the first wrong one is the one reported: the
     # target (its type, then its handle), fn, user_data, then the executor.
-    kind_of_target, handle = check_target(target)
+    kind_of_target, handle = check_target(target, caller)
     backend = get_backend()
     kind, address, fn_owned = classify_function(fn)
     launch_kind = KINDS[kind]  # the native table: its trampoline, what it owns

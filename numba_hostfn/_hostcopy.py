@@ -295,13 +295,21 @@ def host_copy(stream: Any, dst: Any, src: Any, *, executor: Any = None) -> Any:
     if d.nbytes != s.nbytes:
         raise ValueError(f"host_copy() sizes differ: dst holds {d.nbytes} bytes, src {s.nbytes}")
     if d.nbytes == 0:
-        return _unchanged(stream)
+        return _unchanged(stream, "host_copy")
     if _overlap(d, s):
         raise ValueError("host_copy() dst and src overlap; copy through a temporary")
     keep = (d.owner, s.owner)  # the memory, not only the objects (LIFETIME.md, invariant 1)
     if d.contiguous and s.contiguous:
         data = _PACK.pack(d.address, s.address, d.nbytes)
-        return enqueue(stream, host_memcpy(), data, keep, executor=executor, parallel_copy=True)
+        return enqueue(
+            stream,
+            host_memcpy(),
+            data,
+            keep,
+            executor=executor,
+            parallel_copy=True,
+            caller="host_copy",
+        )
     rows = d.rows if not d.contiguous else s.rows
     row_bytes = d.nbytes // rows
     for r in (d, s):
@@ -313,7 +321,7 @@ def host_copy(stream: Any, dst: Any, src: Any, *, executor: Any = None) -> Any:
     d_pitch = d.pitch if not d.contiguous else row_bytes
     s_pitch = s.pitch if not s.contiguous else row_bytes
     data = _PACK_2D.pack(d.address, s.address, rows, row_bytes, d_pitch, s_pitch)
-    return enqueue(stream, host_memcpy_2d(), data, keep, executor=executor)
+    return enqueue(stream, host_memcpy_2d(), data, keep, executor=executor, caller="host_copy")
 
 
 def release_after(stream: Any, *objs: Any, executor: Any = None) -> Any:
@@ -344,13 +352,15 @@ def release_after(stream: Any, *objs: Any, executor: Any = None) -> Any:
     if executor is not None:
         check_executor(executor)
     if not objs:
-        return _unchanged(stream)
-    return enqueue(stream, _compiled("release_point"), None, objs, executor=executor)
+        return _unchanged(stream, "release_after")
+    return enqueue(
+        stream, _compiled("release_point"), None, objs, executor=executor, caller="release_after"
+    )
 
 
-def _unchanged(target: Any) -> Any:
+def _unchanged(target: Any, caller: str) -> Any:
     """What a call that adds nothing returns: an explicit graph's node itself, else None.
 
     The target is checked as a launch's is (its type, then its ``__cuda_stream__``),
     so that a wrong one is refused whether or not there was anything to enqueue."""
-    return target if check_target(target)[0] == "node" else None
+    return target if check_target(target, caller)[0] == "node" else None

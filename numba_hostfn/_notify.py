@@ -78,7 +78,13 @@ class _Channel:
         self.dispatcher = _core.Dispatcher(self.address, resolve, invalid, on_fault)
 
     def launch(
-        self, target: Any, executor: Any, refusal: str, entry: Any, default_lane: bool = True
+        self,
+        target: Any,
+        executor: Any,
+        refusal: str,
+        entry: Any,
+        default_lane: bool = True,
+        caller: str = "host_launch",
     ) -> tuple[int, int]:
         """Register ``entry`` and enqueue its signal on ``target``, as one native step:
         an exception after it (a Ctrl-C) leaves the launch enqueued, and its entry
@@ -90,7 +96,7 @@ class _Channel:
         lane's too), the lane's address and the number its stream writes to the
         lane's "reached" word when it gets there (``_core.lane_reached``); else
         ``(0, 0)``."""
-        route, fallback = signal_route(target, executor, refusal, default_lane)
+        route, fallback = signal_route(target, executor, refusal, default_lane, caller)
         status, task = self.dispatcher.launch(*route, entry)
         for _ in range(RENEWALS):
             if status != _core.LANE_STALE or fallback is not None:
@@ -131,10 +137,16 @@ class _Callbacks:
         self._helper.start()
 
     def launch(
-        self, target: Any, fn: Any, executor: Any, refusal: str, default_lane: bool = True
+        self,
+        target: Any,
+        fn: Any,
+        executor: Any,
+        refusal: str,
+        default_lane: bool = True,
+        caller: str = "host_launch",
     ) -> tuple[int, int]:
         """``_Channel.launch`` of ``fn``: ``(lane, task)``, or ``(0, 0)``."""
-        return self._channel.launch(target, executor, refusal, fn, default_lane)
+        return self._channel.launch(target, executor, refusal, fn, default_lane, caller)
 
     def run(self, block: bool = True) -> int:
         """Run the callables whose signals have run, oldest first; return how many.
@@ -193,11 +205,11 @@ def _pending_call() -> None:
     futures thread inside a done-callback included, whose locks a callback could
     then wait for, on its own thread, for ever; the helper thread, woken by the
     descriptor, runs them instead (and on the main thread too while any thread
-    makes the callbacks' or the futures' batch, under ``_callbacks_lock``).  async_done: the waits of the loop running on
-    this thread, resolved now rather than at the loop's next poll of its
-    descriptor (resolving runs no user code).  From 3.12 a Python callable's
-    pending call may also run on the driver's thread: nothing there (the
-    descriptor was written).
+    makes the callbacks' or the futures' batch, under ``_callbacks_lock``).
+    async_done: the waits of the loop running on this thread, resolved now
+    rather than at the loop's next poll of its descriptor (resolving runs no
+    user code).  From 3.12 a Python callable's pending call may also run on
+    the driver's thread: nothing there (the descriptor was written).
     """
     if on_foreign_thread():
         return
@@ -332,7 +344,10 @@ def done_future(stream: Any, *, executor: Any = None) -> concurrent.futures.Futu
         If ``stream`` is capturing or is a graph, or the executor is closed.
     """
     future = _stream_future_type()(stream)
-    future._watch = _the_futures().launch(stream, _FutureEntry(future), executor, _FUTURE_IN_GRAPH)
+    entry = _FutureEntry(future)
+    future._watch = _the_futures().launch(
+        stream, entry, executor, _FUTURE_IN_GRAPH, caller="done_future"
+    )
     return future
 
 
@@ -557,5 +572,5 @@ def async_done(stream: Any, *, executor: Any = None) -> asyncio.Future:
         waits = _LoopWaits(loop)
         _loops[loop] = weakref.ref(waits)
     future = loop.create_future()
-    waits.channel.launch(stream, executor, _ASYNC_IN_GRAPH, (future, stream))
+    waits.channel.launch(stream, executor, _ASYNC_IN_GRAPH, (future, stream), caller="async_done")
     return future

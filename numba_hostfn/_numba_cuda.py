@@ -67,7 +67,8 @@ def add_callback(stream: Any, callback: Any, arg: Any = None) -> None:
                 f"cannot be called as callback(stream, status, arg) ({exc}); give it those "
                 "three parameters, or use host_launch(stream, fn) for fn()"
             ) from None
-    enqueue(stream, functools.partial(_numba_cuda_call, callback, stream, arg), None, None)
+    call = functools.partial(_numba_cuda_call, callback, stream, arg)
+    enqueue(stream, call, None, None, caller="add_callback")
 
 
 def _numba_cuda_call(callback: Any, stream: Any, arg: Any) -> None:

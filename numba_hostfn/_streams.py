@@ -28,19 +28,21 @@ def _is_graph_node(target: Any) -> bool:
     return False
 
 
-def target_kind(target: Any) -> str:
-    """ "stream", "builder" (a GraphBuilder) or "node" (an explicit graph), cached per type."""
+def target_kind(target: Any, caller: str = "host_launch") -> str:
+    """ "stream", "builder" (a GraphBuilder) or "node" (an explicit graph), cached per type.
+
+    ``caller`` is the public function the errors name (the one the program called)."""
     kind = _TARGET_KINDS.get(type(target))
     if kind is not None:
         return kind
     if target is None:
         raise TypeError(
-            "host_launch() needs a stream, got None; pass a cuda.core Stream or "
+            f"{caller}() needs a stream, got None; pass a cuda.core Stream or "
             "GraphBuilder, or a stream object with __cuda_stream__ (CuPy, PyTorch, numba-cuda)"
         )
     if isinstance(target, int):
         raise TypeError(
-            f"host_launch() got a bare int ({target!r}) as stream; wrap a raw CUstream "
+            f"{caller}() got a bare int ({target!r}) as stream; wrap a raw CUstream "
             "handle with cuda.core.Stream.from_handle(handle) (and keep the stream alive)"
         )
     module = type(target).__module__ or ""
@@ -54,7 +56,7 @@ def target_kind(target: Any) -> str:
         kind = "stream"
     else:
         raise TypeError(
-            "host_launch() expected a cuda.core Stream, GraphBuilder, GraphDefinition or "
+            f"{caller}() expected a cuda.core Stream, GraphBuilder, GraphDefinition or "
             "GraphNode, or an object with the __cuda_stream__ protocol, got "
             f"{type(target).__name__}"
         )

@@ -1,5 +1,6 @@
 """Every bad argument raises the documented error, with nothing enqueued or kept."""
 
+import asyncio
 import ctypes
 import dataclasses
 import functools
@@ -765,6 +766,37 @@ def test_a_wrong_stream_is_reported_before_what_follows_it(bad_stream, match):
     ):
         with pytest.raises(TypeError, match=match):
             nh.host_launch(bad_stream, fn, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "name, call",
+    [
+        ("host_launch", lambda s: nh.host_launch(s, touch)),
+        ("host_launch", lambda s: nh.host_launch(s, lambda: None, blocking=False)),
+        ("host_copy", lambda s: nh.host_copy(s, np.zeros(4), np.ones(4))),
+        ("host_copy", lambda s: nh.host_copy(s, np.zeros(0), np.zeros(0))),
+        ("release_after", lambda s: nh.release_after(s, object())),
+        ("release_after", lambda s: nh.release_after(s)),
+        ("done_future", lambda s: nh.done_future(s)),
+        ("add_callback", lambda s: nh.add_callback(s, lambda stream, status, arg: None)),
+    ],
+)
+@pytest.mark.parametrize("bad_stream", [None, 12345, object()])
+def test_a_wrong_stream_is_reported_by_the_function_called(name, call, bad_stream):
+    """Each error names the function the program called (host_copy's, release_after's,
+    done_future's and add_callback's once said host_launch()); nothing enqueued."""
+    with pytest.raises(TypeError, match=rf"^{name}\(\) "):
+        call(bad_stream)
+    assert nh.pending() == 0
+
+
+async def _await_done(stream):
+    await nh.async_done(stream)
+
+
+def test_async_done_names_itself_for_a_wrong_stream():
+    with pytest.raises(TypeError, match=r"^async_done\(\) needs a stream"):
+        asyncio.run(_await_done(None))
 
 
 def test_then_fn_then_user_data_then_the_keywords(stream):
