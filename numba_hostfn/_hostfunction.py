@@ -274,13 +274,19 @@ class HostFunction(_core.CompiledBase):
                 "function; a host function is called once, on the driver's thread, and "
                 "returns nothing: write it as a plain def fn(user_data): ..."
             )
-        try:
-            inspect.signature(py_func).bind(None)
-        except TypeError:
+        # One positional parameter and nothing else: numba compiles the function for
+        # the one void* argument, and refuses a default, *args, keyword-only or
+        # **kwargs parameter beside it only with its own "Signature mismatch".
+        parameters = list(inspect.signature(py_func).parameters.values())
+        if len(parameters) != 1 or parameters[0].kind not in (
+            inspect.Parameter.POSITIONAL_ONLY,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        ):
             raise TypeError(
                 f"host function {py_func.__qualname__!r} must take exactly one argument, "
-                "user_data: def fn(user_data): ..."
-            ) from None
+                "user_data, and no other parameter (no default, *args, keyword-only or "
+                "**kwargs one): def fn(user_data): ..."
+            )
         self.py_func = py_func
         layout = _check_layout(dtype)
         self.__name__ = py_func.__name__
@@ -474,9 +480,11 @@ def host_callback(
     HostCallbackCompileError
         If numba cannot compile the body; the message names the function.
     TypeError
-        If ``func`` is not a one-argument Python function, returns a value (on
-        any path: write results into the user data instead), or ``dtype`` is
-        not a numpy dtype without objects.
+        If ``func`` is not a Python function of exactly one parameter (no
+        default, ``*args``, keyword-only or ``**kwargs`` one beside it), is a
+        generator or coroutine function, returns a value (on any path: write
+        results into the user data instead), or ``dtype`` is not a numpy dtype
+        without objects.
     ValueError
         If ``dtype`` is empty, a subarray dtype, or has a subarray field numba
         cannot compile; the message names the field and what to use instead.
