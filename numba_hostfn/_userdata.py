@@ -173,10 +173,12 @@ def record(dtype: Any, **fields: Any) -> Record:
     Raises
     ------
     TypeError
-        If ``dtype`` is not structured, or a buffer is given for a field that
-        cannot hold an address.
+        If ``dtype`` is not structured, a buffer is given for a field that
+        cannot hold an address, or a value is of a type its field cannot hold.
     ValueError
-        If a field is unknown, or a buffer is not C-contiguous or is empty.
+        If a field is unknown, a buffer is not C-contiguous or is empty, or a
+        value does not fit its field (``-1`` in an unsigned one, text that is
+        no number); the message names the field.
 
     Examples
     --------
@@ -221,7 +223,14 @@ def record(dtype: Any, **fields: Any) -> Record:
             data[name] = ref.address
             keep.append(ref)
         else:
-            data[name] = value
+            try:
+                data[name] = value
+            except (TypeError, ValueError, OverflowError) as exc:  # numpy's, unnamed
+                kind = TypeError if isinstance(exc, TypeError) else ValueError
+                raise kind(
+                    f"record() field {name!r} is {layout.fields[name][0]} and cannot hold "
+                    f"{value!r} ({exc})"
+                ) from None
     return Record(data, tuple(keep))
 
 

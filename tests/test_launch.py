@@ -682,6 +682,18 @@ def test_a_record_field_not_given_is_zero(stream):
     assert empty.data.tobytes() == bytes(STATS.itemsize) and empty.keep == ()
 
 
+@pytest.mark.parametrize(
+    "value, error",
+    [(-1, ValueError), ("ten", ValueError), (1 << 64, ValueError), (object(), TypeError)],
+)
+def test_a_record_value_its_field_cannot_hold_is_refused_naming_the_field(value, error):
+    """numpy's own error once came through as it was (an OverflowError, not in the
+    documented Raises, or "invalid literal for int()"), naming no field."""
+    layout = np.dtype([("values", np.uint64), ("n", np.uint32)])
+    with pytest.raises(error, match=r"record\(\) field 'n' is uint32 and cannot hold"):
+        nh.record(layout, values=np.arange(2.0), n=value)
+
+
 NATIVE_FIRST_SCRIPT = """
 import time
 
