@@ -109,7 +109,10 @@ class HostExecutor(_core.ExecutorBase):
         self._lanes: dict[int | tuple[int, int], int] = {}
         self._block = 0
         self._block_used = _WORDS_PER_BLOCK
-        self._lock = threading.Lock()
+        # Reentrant: a finalizer (a drain's release, a garbage collection, a signal
+        # handler) may run between any two bytecodes while this thread holds it, and
+        # may launch with this executor (LIFETIME.md, invariant 11).
+        self._lock = threading.RLock()
         self._closed = False
         self._start(self.threads, int(spin * 1000), int(poll * 1000))
         # Take the first block of pinned words now, outside any capture: a
@@ -355,7 +358,9 @@ _default: _DefaultLane | None = None
 #: True once the default lane cannot serve: this backend or a device has no stream
 #: memory operations (HostExecutor refuses), or the interpreter is exiting.
 _default_off = False
-_default_lock = threading.Lock()
+#: Reentrant, as HostExecutor._lock: making the lane runs Python, and a finalizer run
+#: meanwhile may wait on a stream itself.
+_default_lock = threading.RLock()
 
 
 def default_lane() -> _DefaultLane | None:
@@ -375,10 +380,13 @@ def default_lane() -> _DefaultLane | None:
             except Exception:  # HostExecutor refuses here (no memory operations), or failed
                 _default_off = True
                 return None
-            # LIFETIME.md, invariant 24: closed to new waits at exit, once the
-            # non-daemon threads have ended; its thread is never joined.
-            register_first_atexit(_close_default_lane)
-            _default = lane
+            if _default is None and not _default_off:
+                # LIFETIME.md, invariant 24: closed to new waits at exit, once the
+                # non-daemon threads have ended; its thread is never joined.
+                register_first_atexit(_close_default_lane)
+                _default = lane
+            else:  # a finalizer run while it was made made the lane (or turned it off)
+                lane.close()  # nothing launched on it: joins its thread
     return None if _default_off else _default
 
 

@@ -1644,3 +1644,61 @@ def test_stream_fault_asks_the_driver_for_the_streams_context_with_the_gil_relea
     )
     out = run_child(script, env=child_env(NUMBA_HOSTFN_SIMULATOR="1"))
     assert out.strip() == "held 0", "cuStreamGetCtx was called with the GIL held: " + out
+
+
+FINALIZER_INSIDE_A_LANE_LOOKUP_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import concurrent.futures  # what done_future imports
+    import gc
+    from numba_hostfn import _executor
+
+    def held(lock):  # by this thread (a Lock, or an RLock)
+        return lock._is_owned() if hasattr(lock, "_is_owned") else lock.locked()
+
+    class Garbage:
+        # Cyclic garbage whose finalizer waits on a stream (invariant 11: a finalizer
+        # may launch) once a collection runs where the lock is held; until then each
+        # collection makes another.
+        def __init__(self, lock, stream, out):
+            self.me, self.lock, self.stream, self.out = self, lock, stream, out
+
+        def __del__(self):
+            if self.out:
+                return
+            if held(self.lock()):
+                self.out.append(nh.done_future(self.stream))
+            else:
+                Garbage(self.lock, self.stream, self.out)
+
+    def collecting_everywhere(lock, launch, stream):
+        out = []
+        Garbage(lock, stream, out)
+        old = gc.get_threshold()
+        gc.set_threshold(1)  # every allocation collects
+        try:
+            future = launch()
+        finally:
+            gc.set_threshold(*old)
+        return future.result(30), [f.result(30) for f in out]
+
+    s0, s1, s2, s3 = (device.create_stream() for _ in range(4))
+    # The default lane, made while a finalizer waits on a stream.
+    f0, inner0 = collecting_everywhere(
+        lambda: _executor._default_lock, lambda: nh.done_future(s0), s1)
+    # A new lane of it, looked up while a finalizer waits on a stream.
+    f2, inner2 = collecting_everywhere(
+        lambda: _executor._default._lock, lambda: nh.done_future(s2), s3)
+    for s in (s0, s1, s2, s3):
+        s.sync()
+    nh.drain()
+    print(f0 is s0, inner0 == [s1], f2 is s2, inner2 == [s3], nh.pending())
+""")
+
+
+def test_a_finalizer_that_waits_on_a_stream_inside_a_lane_lookup_does_not_deadlock():
+    """A finalizer runs wherever the garbage collector (or a drain's release, or a
+    signal handler) interrupts the thread, also while default_lane() or
+    HostExecutor._lane holds its lock; one that launches there again (done_future on
+    the default lane, here) took that lock again on the same thread, and the process
+    hung for ever."""
+    out = run_child(FINALIZER_INSIDE_A_LANE_LOOKUP_SCRIPT, timeout=30)
+    assert out.split("\n")[-2] == "True True True True 0", out
