@@ -226,10 +226,13 @@ class Stream(_core.SimStreamBase):
         if forked():  # a forked child has none of the stream's threads
             self._closed = True
             return
-        capture = self._backend.captures.get(self._handle)
-        if capture is not None:
-            self._end_capture().release()
+        # First: a close a host function makes is refused here, before anything
+        # changed (the capture below was abandoned by a close that then raised).
         _core.sim_close(self._handle, True)  # idempotent; joins without the GIL
+        capture = self._backend.captures.pop(self._handle, None)  # one close takes it
+        if capture is not None:
+            _core.sim_set_capturing(self._handle, False)
+            capture.release()
         self._closed = True
 
     def __enter__(self) -> Stream:

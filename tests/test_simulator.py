@@ -411,3 +411,82 @@ def test_simulated_stream_has_the_cuda_core_stream_surface_it_models():
     for name in ("sync", "close", "__cuda_stream__", "create_graph_builder"):
         params = inspect.signature(getattr(nh.simulator.Stream, name)).parameters
         assert list(params) == ["self"], f"simulator.Stream.{name} takes {list(params)}"
+
+
+def test_sync_returns_once_the_work_enqueued_before_it_has_run(request):
+    """cuStreamSynchronize waits for the work enqueued before it: another thread that
+    keeps enqueuing once kept sync() waiting for ever (it waited for an empty queue)."""
+    if rerun_on_simulator(request):
+        return
+    with nh.simulator.Stream() as s:
+        stop = threading.Event()
+
+        def producer():
+            while not stop.is_set():
+                s.sleep(0.002)
+                time.sleep(0.0005)
+
+        feeder = threading.Thread(target=producer)
+        feeder.start()
+        try:
+            time.sleep(0.05)  # the stream is never empty from now on
+            returned = threading.Event()
+            threading.Thread(target=lambda: (s.sync(), returned.set()), daemon=True).start()
+            assert returned.wait(5), "sync() waited for work enqueued after it"
+        finally:
+            stop.set()
+            feeder.join(60)
+
+
+def test_a_fault_ends_the_device_work_running_on_the_contexts_other_streams(request):
+    """After a sticky fault no work of the context runs: a sync of another stream of
+    it answers the fault at once, not after that stream's sleep has run out."""
+    if rerun_on_simulator(request):
+        return
+    nh.simulator.new_context()
+    busy, faulting = nh.simulator.Stream(), nh.simulator.Stream()
+    try:
+        busy.sleep(30)
+        time.sleep(0.05)  # the sleep is running
+        faulting.fault()
+        start = time.monotonic()
+        with pytest.raises(nh.DeviceFaultError):
+            busy.sync()
+        assert time.monotonic() - start < 5
+    finally:
+        nh.simulator.new_context()
+        busy.close()
+        faulting.close()
+
+
+def test_a_refused_close_from_a_host_function_leaves_the_capture_alone(request, unraisables):
+    """close() from a host function is refused (RuntimeError) and changes nothing: it
+    once ended the stream's capture first, so what was launched next ran at once."""
+    if rerun_on_simulator(request):
+        return
+    seen, ran = [], []
+    s, other = nh.simulator.Stream(), nh.simulator.Stream()
+    try:
+        s.begin_capture()
+
+        def closes():
+            try:
+                s.close()
+            except RuntimeError as exc:
+                seen.append("host function" in str(exc))
+
+        nh.host_launch(other, closes)
+        other.sync()
+        assert seen == [True]
+        assert s.is_capturing
+        nh.host_launch(s, lambda: ran.append("ran"))
+        graph = s.end_capture()
+        assert ran == []  # captured, not run
+        graph.launch(other)
+        other.sync()
+        assert ran == ["ran"]
+        graph.close()
+    finally:
+        s.close()
+        other.close()
+        nh.drain()

@@ -50,6 +50,11 @@ struct nhf_sim_stream {
     pthread_cond_t ended;    /* the thread has run its last item (has_ended was set) */
     item *head, *tail;     /* the FIFO */
     long pending;          /* items enqueued and not yet finished */
+    /* Items ever appended and ever finished (run or dropped): a sync waits until
+     * `ran` reaches what `appended` was when it began, as cuStreamSynchronize waits
+     * for the work enqueued before it, not for work other threads enqueue meanwhile. */
+    unsigned long long appended, ran;
+    int syncing;           /* syncs waiting: `idle` is broadcast at every item then */
     int stopping;          /* refuse new items; the thread ends once empty */
     int has_ended;         /* the thread is past its last item: every closer may return */
     int capturing;         /* enqueues refuse: the capture path records */
@@ -110,6 +115,7 @@ static void append_locked(nhf_sim_stream *stream, item *first, item *last, long 
         stream->tail->next = first;
     stream->tail = last;
     stream->pending += n;
+    stream->appended += (unsigned long long)n;
     pthread_cond_signal(&stream->wake);
 }
 
@@ -280,7 +286,8 @@ static void *stream_main(void *stream_) {
             it->fn(it->arg);
         free(it);
         pthread_mutex_lock(&stream->mutex);
-        if (--stream->pending == 0)
+        stream->ran++;
+        if (--stream->pending == 0 || stream->syncing > 0)
             pthread_cond_broadcast(&stream->idle);
     }
     stream->has_ended = 1; /* stopping and empty: nothing of the stream runs any more */
@@ -318,11 +325,12 @@ static void *host_thread_main(void *unused) {
     return NULL;
 }
 
-/* Any thread: simulated device work that sleeps for (uintptr_t)arg microseconds. */
+/* Any thread: simulated device work that sleeps for (uintptr_t)arg microseconds;
+ * a fault of the stream's context ends it, as a faulted GPU's work ends. */
 void nhf_sim_delay(void *arg) {
     uintptr_t left = (uintptr_t)arg;
-    while (left > 0) {
-        unsigned chunk = left > 500000 ? 500000 : (unsigned)left;
+    while (left > 0 && !nhf_sim_faulted_here()) {
+        unsigned chunk = left > 10000 ? 10000 : (unsigned)left;
         usleep(chunk);
         left -= chunk;
     }
@@ -613,9 +621,9 @@ static int refuse_on_host_thread(const char *what) {
 /* How long sync waits, without the GIL, between two checks for signals. */
 #define SYNC_SLICE_NS 50000000L /* 50 ms */
 
-/* Without the GIL: wait at most one slice for the stream to have nothing
- * pending; true if it has nothing pending. */
-static int wait_idle_for_a_slice(nhf_sim_stream *stream) {
+/* Without the GIL: wait at most one slice for the stream to have finished its
+ * first `target` items; true if it has. */
+static int wait_idle_for_a_slice(nhf_sim_stream *stream, unsigned long long target) {
     struct timespec until;
     clock_gettime(CLOCK_MONOTONIC, &until);
     until.tv_nsec += SYNC_SLICE_NS;
@@ -625,9 +633,11 @@ static int wait_idle_for_a_slice(nhf_sim_stream *stream) {
     }
     pthread_mutex_lock(&stream->mutex);
     int timed_out = 0;
-    while (stream->pending > 0 && !timed_out)
+    stream->syncing++;
+    while (stream->ran < target && !timed_out)
         timed_out = pthread_cond_timedwait(&stream->idle, &stream->mutex, &until) != 0;
-    int idle = stream->pending == 0;
+    stream->syncing--;
+    int idle = stream->ran >= target;
     pthread_mutex_unlock(&stream->mutex);
     return idle;
 }
@@ -646,10 +656,13 @@ static PyObject *py_sync(PyObject *self, PyObject *arg) {
     nhf_sim_stream *stream = stream_arg(arg);
     if (stream == NULL || refuse_on_host_thread("simulator.Stream.sync()") < 0)
         return NULL;
+    pthread_mutex_lock(&stream->mutex); /* held only for loads: no GIL wait under it */
+    unsigned long long target = stream->appended;
+    pthread_mutex_unlock(&stream->mutex);
     for (;;) {
         int idle;
         Py_BEGIN_ALLOW_THREADS
-        idle = wait_idle_for_a_slice(stream);
+        idle = wait_idle_for_a_slice(stream, target);
         Py_END_ALLOW_THREADS
         if (idle)
             break;
