@@ -93,6 +93,11 @@ class HostExecutor(_core.ExecutorBase):
     """
 
     def __init__(self, threads: int = 4, *, spin_us: float = 100.0, poll_us: float = 100.0) -> None:
+        if self._pool:  # started: its lanes, words and state are its threads' for its life
+            raise RuntimeError(
+                "HostExecutor.__init__ on an executor that is started already; make "
+                "another HostExecutor"
+            )
         if not isinstance(threads, numbers.Integral) or isinstance(threads, bool):
             raise TypeError(f"HostExecutor(threads=...) expected an int, got {threads!r}")
         if not 1 <= threads <= 1024:

@@ -773,6 +773,25 @@ def test_repr_counts_lanes_and_says_closed(device):
     assert repr(ex) == "<numba_hostfn.HostExecutor threads=2 closed>"
 
 
+def test_a_second_init_is_refused_and_changes_nothing(executor, stream):
+    """HostExecutor.__init__ again reset its lanes, words and closed flag before the
+    native start refused: a closed executor then said it was open."""
+    counter = np.zeros(1, np.int64)
+    nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=executor)
+    stream.sync()
+    lanes = dict(executor._lanes)
+    with pytest.raises(RuntimeError, match="started already"):
+        nh.HostExecutor.__init__(executor, threads=1)
+    assert executor._lanes == lanes and executor.threads != 1
+    nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=executor)
+    stream.sync()
+    assert counter[0] == 2
+    executor.close()
+    with pytest.raises(RuntimeError, match="started already"):
+        nh.HostExecutor.__init__(executor)
+    assert executor.closed
+
+
 def test_reuse_lane_refuses_a_stale_lane_that_is_not_the_executors(executor, stream, device):
     """``_reuse_lane`` marks the stale lane it is given: an address that is no lane of
     this executor (another executor's, or none) is refused, never written to."""
