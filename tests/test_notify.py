@@ -494,46 +494,62 @@ def test_a_callback_and_a_done_callback_that_both_drain_do_not_deadlock():
 
 FIRST_FUTURE_FROM_A_PENDING_CALL_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     import sys
+    import time
     from _device import Hold
-    from numba_hostfn import _notify
+    from numba_hostfn import _core, _notify
 
     other = device.create_stream()
     nh.host_launch(other, lambda: None, blocking=False)  # the callbacks' batch exists
     other.sync()
     nh.drain()
     _notify._stream_future_type()  # imported before the window: nothing below drops the GIL
+    in_window = []  # pending calls run on this thread while it held _callbacks_lock
+
+    def counted():
+        if _notify._callbacks_lock.locked():
+            in_window.append(1)
+        _notify._pending_call()
+
+    _core.set_notify_callable(counted)
     made = []
     flag = np.zeros(1, np.int64)
     hold = Hold(stream)
     # Launching from a non-blocking callback is allowed (docs/asyncio.md); this one
-    # makes the process's first done_future.
+    # makes a done_future, while the main thread makes the process's first.
     nh.host_launch(stream, lambda: made.append(nh.done_future(other)), blocking=False)
     nh.host_launch(stream, increment, user_data=nh.by_ref(flag))
-    # The main thread keeps the GIL in Python from here to the pending call below, so
-    # the helper thread, woken by the signal, cannot take the due callback first.
-    sys.setswitchinterval(60)
-    hold.release()
-    while flag[0] == 0:
-        pass
-    # The notify pending call (due: the signal ran) lands between two bytecodes of
-    # _the_futures() while it holds _callbacks_lock (as after any GIL drop there:
-    # os.eventfd, Thread.start), and runs what _pending_call runs.
     code = _notify._the_futures.__code__
     fired = []
+
     def local(frame, event, arg):
+        # Inside _the_futures(), _callbacks_lock held: the callback's signal runs now,
+        # and its pending call lands in the loops below, on this thread, lock held.
+        # The helper thread, woken too, cannot take the GIL (and the callback) first.
         if event == "line" and not fired and _notify._callbacks_lock.locked():
             fired.append(1)
-            _notify._pending_call()
+            sys.setswitchinterval(60)
+            hold.release()
+            deadline = time.monotonic() + 20
+            while flag[0] == 0 and time.monotonic() < deadline:
+                pass
+            for _ in range(200_000):
+                pass
+            sys.setswitchinterval(0.005)
         return local
+
     def tracer(frame, event, arg):
         return local if frame.f_code is code else None
+
     sys.settrace(tracer)
     try:
         f = nh.done_future(other)
     finally:
         sys.settrace(None)
         sys.setswitchinterval(0.005)
-    print("fired", len(fired), flush=True)
+    print("window", len(fired), len(in_window) > 0, flush=True)
+    deadline = time.monotonic() + 10  # the callback runs after the window, on any thread
+    while not made and time.monotonic() < deadline:
+        time.sleep(0.01)
     print("results", f.result(timeout=10) is other, made[0].result(timeout=10) is other)
 """)
 
@@ -544,7 +560,7 @@ def test_a_callback_making_the_first_done_future_in_a_pending_call_does_not_dead
     that made the first done_future then waited there for that lock, on the thread
     that held it, for ever (and the helper thread behind it)."""
     out = run_child(FIRST_FUTURE_FROM_A_PENDING_CALL_SCRIPT, timeout=60)
-    assert "fired 1" in out and "results True True" in out, out
+    assert "window 1 True" in out and "results True True" in out, out
 
 
 def test_nonblocking_callbacks_own_their_callable_until_run(stream):
