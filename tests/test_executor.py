@@ -1667,45 +1667,44 @@ def test_stream_fault_asks_the_driver_for_the_streams_context_with_the_gil_relea
 
 FINALIZER_INSIDE_A_LANE_LOOKUP_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     import concurrent.futures  # what done_future imports
-    import gc
+    import sys
     from numba_hostfn import _executor
 
     def held(lock):  # by this thread (a Lock, or an RLock)
         return lock._is_owned() if hasattr(lock, "_is_owned") else lock.locked()
 
-    class Garbage:
-        # Cyclic garbage whose finalizer waits on a stream (invariant 11: a finalizer
-        # may launch) once a collection runs where the lock is held; until then each
-        # collection makes another.
-        def __init__(self, lock, stream, out):
-            self.me, self.lock, self.stream, self.out = self, lock, stream, out
+    def finalizer_inside(code, lock, launch, finalizer):
+        # launch(), with finalizer() run at the first line of code where this thread
+        # holds lock(): where a collection, a drain's release or a signal handler may
+        # run one (invariant 11), made certain by a trace function (as
+        # test_interrupts makes its interrupts).
+        ran = []
 
-        def __del__(self):
-            if self.out:
-                return
-            if held(self.lock()):
-                self.out.append(nh.done_future(self.stream))
-            else:
-                Garbage(self.lock, self.stream, self.out)
+        def local(frame, event, arg):
+            if event == "line" and not ran and held(lock()):
+                ran.append(None)
+                ran[0] = finalizer()
+            return local
 
-    def collecting_everywhere(lock, launch, stream):
-        out = []
-        Garbage(lock, stream, out)
-        old = gc.get_threshold()
-        gc.set_threshold(1)  # every allocation collects
+        def tracer(frame, event, arg):
+            return local if frame.f_code is code else None
+
+        sys.settrace(tracer)
         try:
             future = launch()
         finally:
-            gc.set_threshold(*old)
-        return future.result(30), [f.result(30) for f in out]
+            sys.settrace(None)
+        return future.result(30), [f.result(30) for f in ran]
 
     s0, s1, s2, s3 = (device.create_stream() for _ in range(4))
     # The default lane, made while a finalizer waits on a stream.
-    f0, inner0 = collecting_everywhere(
-        lambda: _executor._default_lock, lambda: nh.done_future(s0), s1)
-    # A new lane of it, looked up while a finalizer waits on a stream.
-    f2, inner2 = collecting_everywhere(
-        lambda: _executor._default._lock, lambda: nh.done_future(s2), s3)
+    f0, inner0 = finalizer_inside(
+        _executor.default_lane.__code__, lambda: _executor._default_lock,
+        lambda: nh.done_future(s0), lambda: nh.done_future(s1))
+    # A new lane of it, looked up while a finalizer waits on another stream.
+    f2, inner2 = finalizer_inside(
+        _executor.HostExecutor._lane.__code__, lambda: _executor._default._lock,
+        lambda: nh.done_future(s2), lambda: nh.done_future(s3))
     for s in (s0, s1, s2, s3):
         s.sync()
     nh.drain()
@@ -1718,6 +1717,7 @@ def test_a_finalizer_that_waits_on_a_stream_inside_a_lane_lookup_does_not_deadlo
     signal handler) interrupts the thread, also while default_lane() or
     HostExecutor._lane holds its lock; one that launches there again (done_future on
     the default lane, here) took that lock again on the same thread, and the process
-    hung for ever."""
+    hung for ever.  A trace function runs it at such a line on every Python (a
+    collection at a chosen allocation did not land there on 3.12)."""
     out = run_child(FINALIZER_INSIDE_A_LANE_LOOKUP_SCRIPT, timeout=30)
     assert out.split("\n")[-2] == "True True True True 0", out
