@@ -223,13 +223,21 @@ def record(dtype: Any, **fields: Any) -> Record:
             data[name] = ref.address
             keep.append(ref)
         else:
+            field = layout.fields[name][0]
+            if field.kind in "iu" and isinstance(value, int) and not isinstance(value, bool):
+                # Checked here: numpy 1 wraps an out-of-range int (with a warning).
+                bounds = np.iinfo(field)
+                if not bounds.min <= value <= bounds.max:
+                    raise ValueError(
+                        f"record() field {name!r} is {field} and cannot hold {value!r} "
+                        f"(it holds {bounds.min} to {bounds.max})"
+                    )
             try:
                 data[name] = value
             except (TypeError, ValueError, OverflowError) as exc:  # numpy's, unnamed
                 kind = TypeError if isinstance(exc, TypeError) else ValueError
                 raise kind(
-                    f"record() field {name!r} is {layout.fields[name][0]} and cannot hold "
-                    f"{value!r} ({exc})"
+                    f"record() field {name!r} is {field} and cannot hold {value!r} ({exc})"
                 ) from None
     return Record(data, tuple(keep))
 
