@@ -325,6 +325,24 @@ def test_subarray_fields_of_numbers_and_records_work():
     assert data["a"][0, 0] == 7 and data["m"][0, 1, 2] == 2.5 and data["r"][0, 1]["v"][0] == 3
 
 
+def _twice_in_new_processes(script, cwd):
+    """script's stdout in two new processes in turn, in cwd (numba's cache is written
+    by the first, read by the second); each must exit 0."""
+    outs = []
+    for _ in range(2):
+        run = subprocess.run(
+            [sys.executable, "-c", script],
+            cwd=cwd,
+            capture_output=True,
+            env=child_env(),
+            text=True,
+            timeout=300,
+        )
+        assert run.returncode == 0, run.stderr
+        outs.append(run.stdout)
+    return outs
+
+
 def test_cache_true_loads_machine_code_in_a_new_process(tmp_path):
     module = tmp_path / "cached_hostfns.py"
     module.write_text(
@@ -349,21 +367,9 @@ def test_cache_true_loads_machine_code_in_a_new_process(tmp_path):
         assert a[0] == 3 and r[0]["v"] == 4, (a, r)
         print(m.raw.cache_hits, m.typed.cache_hits)
     """)
-    runs = [
-        subprocess.run(
-            [sys.executable, "-c", script],
-            cwd=tmp_path,
-            capture_output=True,
-            env=child_env(),
-            text=True,
-            timeout=300,
-        )
-        for _ in range(2)
-    ]
-    for run in runs:
-        assert run.returncode == 0, run.stderr
-    assert runs[0].stdout.split() == ["0", "0"]
-    assert runs[1].stdout.split() == ["1", "1"]
+    first, second = _twice_in_new_processes(script, tmp_path)
+    assert first.split() == ["0", "0"]
+    assert second.split() == ["1", "1"]
 
 
 def test_cached_host_functions_of_one_factory_keep_their_own_layout_and_closure(tmp_path):
@@ -407,18 +413,9 @@ def test_cached_host_functions_of_one_factory_keep_their_own_layout_and_closure(
         print(a[0]["pad"].tolist(), a[0]["x"], b[0]["x"], large.cache_hits, five.cache_hits)
     """)
     hits = []
-    for _ in range(2):  # compiled, then loaded from the cache
-        run = subprocess.run(
-            [sys.executable, "-c", script],
-            cwd=tmp_path,
-            capture_output=True,
-            env=child_env(),
-            text=True,
-            timeout=300,
-        )
-        assert run.returncode == 0, run.stderr
-        assert run.stdout.split()[:5] == ["[0,", "0,", "0]", "1", "5"], run.stdout
-        hits.append(run.stdout.split()[5:])
+    for out in _twice_in_new_processes(script, tmp_path):  # compiled, then loaded
+        assert out.split()[:5] == ["[0,", "0,", "0]", "1", "5"], out
+        hits.append(out.split()[5:])
     assert hits == [["0", "0"], ["1", "1"]]
 
 
