@@ -159,11 +159,17 @@ class Stream(_core.SimStreamBase):
         if not 0 <= seconds <= 3600:
             raise ValueError(f"sleep() expected 0 to 3600 seconds, got {seconds!r}")
         micros = int(seconds * 1e6)
-        status = _core.sim_enqueue(self._live(), _core.SIM_DELAY, micros, True)
-        if status == _core.CAPTURING:
-            capture = self._backend.captures[self._handle]
-            _core.sim_graph_add_node(capture, True, _core.SIM_DELAY, micros)
-        elif status:
+        handle = self._live()
+        while True:
+            status = _core.sim_enqueue(handle, _core.SIM_DELAY, micros, True)
+            if status != _core.CAPTURING:
+                break
+            capture = self._backend.captures.get(handle)
+            if capture is not None:
+                _core.sim_graph_add_node(capture, True, _core.SIM_DELAY, micros)
+                return
+            # Another thread ended the capture since: the work goes to the stream.
+        if status:
             self._backend.raise_refusal(status)
 
     def launch(self, fn: Any, *, user_data: Any = None) -> None:
@@ -192,6 +198,12 @@ class Stream(_core.SimStreamBase):
             raise RuntimeError("the simulated stream is already capturing")
         self._backend.captures[handle] = _core.SimGraph()
         _core.sim_set_capturing(handle, True)
+        if self._closed:  # closed by another thread since _live(): the close took none
+            capture = self._backend.captures.pop(handle, None)
+            if capture is not None:
+                _core.sim_set_capturing(handle, False)
+                capture.release()
+            self._live()  # its error
 
     def end_capture(self) -> Graph:
         """Stop capturing; return the captured work as an executable :class:`Graph`."""

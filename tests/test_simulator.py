@@ -490,3 +490,74 @@ def test_a_refused_close_from_a_host_function_leaves_the_capture_alone(request, 
         s.close()
         other.close()
         nh.drain()
+
+
+def _run_at_line(function, line_text, call, action):
+    """``call()``, with ``action()`` run once, on this thread, just before the first
+    line of ``function`` whose source is ``line_text``: where another thread could
+    run it, made certain by a trace function (as test_interrupts makes its
+    interrupts).  Returns what ``call()`` and ``action()`` returned."""
+    import inspect
+
+    code = function.__code__
+    lines, first = inspect.getsourcelines(code)
+    target = first + [line.strip() for line in lines].index(line_text)
+    ran = []
+
+    def local(frame, event, arg):
+        if event == "line" and frame.f_lineno == target and not ran:
+            ran.append(action())
+        return local
+
+    def tracer(frame, event, arg):
+        return local if frame.f_code is code else None
+
+    sys.settrace(tracer)
+    try:
+        result = call()
+    finally:
+        sys.settrace(None)
+    assert ran, f"{function.__qualname__} did not reach {line_text!r}"
+    return result, ran[0]
+
+
+def test_a_sleep_whose_capture_another_thread_ends_goes_to_the_stream(request):
+    """sleep() on a capturing stream read the capture after the enqueue said
+    "capturing": a capture ended in between (by another thread) raised KeyError.
+    The work now goes to the stream, as CUDA's would once the capture ended."""
+    if rerun_on_simulator(request):
+        return
+    s = nh.simulator.Stream()
+    try:
+        s.begin_capture()
+        _, graph = _run_at_line(
+            nh.simulator.Stream.sleep,
+            "capture = self._backend.captures.get(handle)",
+            lambda: s.sleep(0.5),
+            s.end_capture,
+        )
+        assert not s.is_capturing
+        assert not s.is_done()  # the half second runs on the stream, not in the graph
+        s.sync()
+        graph.close()
+    finally:
+        s.close()
+
+
+def test_a_capture_begun_as_another_thread_closes_the_stream_is_not_left_behind(request):
+    """begin_capture() racing close() on another thread (after its closed check,
+    before it records the capture) left a capture of a closed stream that nothing
+    would release.  It now raises the closed stream's error and keeps nothing."""
+    if rerun_on_simulator(request):
+        return
+    s = nh.simulator.Stream()
+    backend = s._backend
+    with pytest.raises(RuntimeError, match="closed"):
+        _run_at_line(
+            nh.simulator.Stream.begin_capture,
+            "self._backend.captures[handle] = _core.SimGraph()",
+            s.begin_capture,
+            s.close,
+        )
+    assert s.handle not in backend.captures
+    assert not s.is_capturing
