@@ -334,6 +334,7 @@ class GraphBuilder:
     def __init__(self, stream: Stream) -> None:
         self._stream = stream
         self._definition: Any = None  # a SimGraph, once built
+        self._capture: Any = None  # the capture it began (a SimGraph), while building
         self._closed = False
 
     @property
@@ -344,7 +345,13 @@ class GraphBuilder:
     @property
     def is_building(self) -> bool:
         """True between :meth:`begin_building` and :meth:`end_building`."""
-        return self._stream.is_capturing and self._definition is None and not self._closed
+        stream = self._stream  # its own capture: not one begun on the stream otherwise
+        return (
+            self._capture is not None
+            and stream._backend.captures.get(stream._handle) is self._capture
+            and self._definition is None
+            and not self._closed
+        )
 
     def __cuda_stream__(self) -> tuple[int, int]:
         """The builder's stream's ``(0, handle)``: work enqueued on the builder is captured."""
@@ -355,6 +362,7 @@ class GraphBuilder:
         if self._closed or self._definition is not None:
             raise RuntimeError("this GraphBuilder has already built its graph or is closed")
         self._stream.begin_capture()
+        self._capture = self._stream._backend.captures[self._stream._handle]
         return self
 
     def end_building(self) -> GraphBuilder:
@@ -362,10 +370,13 @@ class GraphBuilder:
         if not self.is_building:
             raise RuntimeError("end_building() on a GraphBuilder that is not building")
         self._definition = self._stream._end_capture()
+        self._capture = None
         return self
 
     def complete(self) -> Graph:
         """An executable :class:`Graph` of what was built (one more owner of the nodes)."""
+        if self._closed:
+            raise RuntimeError("complete() on a closed GraphBuilder; build the graph again")
         if self._definition is None or not self._definition.held:
             raise RuntimeError("complete() needs a GraphBuilder that has ended building")
         return Graph(self._definition.share())
@@ -376,6 +387,7 @@ class GraphBuilder:
             return
         if self._definition is not None:
             self._definition.release()
-        elif self._stream.is_capturing:
+        elif self.is_building:  # its own capture only, never another's on the stream
             self._stream._end_capture().release()
+        self._capture = None
         self._closed = True

@@ -561,3 +561,28 @@ def test_a_capture_begun_as_another_thread_closes_the_stream_is_not_left_behind(
         )
     assert s.handle not in backend.captures
     assert not s.is_capturing
+
+
+def test_closing_an_unused_graph_builder_leaves_another_capture_alone(request):
+    """A GraphBuilder that never began building ended (and released) whatever
+    capture its stream had on close(): another builder's, or begin_capture()'s, with
+    its nodes.  It now ends only its own, as cuda.core's builder does."""
+    if rerun_on_simulator(request):
+        return
+    counter = np.zeros(1, np.int64)
+    with nh.simulator.Stream() as s:
+        s.begin_capture()
+        nh.host_launch(s, increment, user_data=nh.by_ref(counter))
+        unused = s.create_graph_builder()
+        assert not unused.is_building
+        with pytest.raises(RuntimeError, match="not building"):
+            unused.end_building()
+        unused.close()
+        with pytest.raises(RuntimeError, match="closed GraphBuilder"):
+            unused.complete()
+        assert s.is_capturing
+        graph = s.end_capture()
+        graph.launch(s)
+        s.sync()
+        graph.close()
+    assert counter[0] == 1
