@@ -120,10 +120,9 @@ class HostExecutor(_core.ExecutorBase):
         self._lock = threading.RLock()
         self._closed = False
         self._start(self.threads, int(spin * 1000), int(poll * 1000))
-        # Take the first block of pinned words now, outside any capture: a
-        # cuMemHostAlloc while some thread captures in global mode (torch's
-        # default) invalidates that capture.  With no context current yet,
-        # the first launch takes it instead.
+        # Take the first block of pinned words now, outside the program's
+        # captures where it can (with no context current yet, the first launch
+        # takes it instead, in relaxed capture mode as every block: _reserve).
         try:
             with self._lock:
                 self._reserve()
@@ -189,9 +188,16 @@ class HostExecutor(_core.ExecutorBase):
         return lane
 
     def _reserve(self) -> None:
-        """A new block of pinned words, if the current one is used up (under ``_lock``)."""
+        """A new block of pinned words, if the current one is used up (under ``_lock``).
+
+        Allocated with this thread in relaxed capture mode: a later block is taken
+        while the program captures (a graph node, a lane made for a stream, the
+        513th of them), and a ``cuMemHostAlloc`` while some thread captures in
+        global mode (torch's default) would invalidate that capture.
+        """
         if self._block_used == _WORDS_PER_BLOCK:
-            self._block = self._backend.executor_memory(8 * _WORDS_PER_BLOCK)
+            with self._backend.relaxed_capture_mode():
+                self._block = self._backend.executor_memory(8 * _WORDS_PER_BLOCK)
             self._block_used = 0
 
     def _words(self) -> int:
@@ -342,18 +348,15 @@ class _DefaultLane(HostExecutor):
     """The package's own executor of one thread, for the signals of ``async_done``
     and ``done_future`` given no executor (docs/asyncio.md, "The default lane").
 
-    Its pinned words are allocated with this thread in relaxed capture mode, so
-    that a first use while some thread captures in global mode (torch's default)
-    invalidates no capture: the program did not ask for an executor, so it cannot
-    make one outside its captures either.
+    Its pinned words are allocated with this thread in relaxed capture mode, as
+    every executor's (``HostExecutor._reserve``), so that a first use while some
+    thread captures in global mode (torch's default) invalidates no capture: the
+    program did not ask for an executor, so it cannot make one outside its
+    captures either.
     """
 
     def __init__(self) -> None:
         super().__init__(threads=1, poll_us=DEFAULT_LANE_POLL_US)
-
-    def _reserve(self) -> None:
-        with self._backend.relaxed_capture_mode():
-            super()._reserve()
 
     def __repr__(self) -> str:
         return "<numba_hostfn default lane " + super().__repr__()[1:]

@@ -4,6 +4,7 @@ Every test runs on the simulator too, which models the operations as device
 work (a write of "reached", a wait on "done").
 """
 
+import contextlib
 import ctypes
 import gc
 import sys
@@ -1325,6 +1326,46 @@ def test_executor_nodes_in_a_graph_run_at_every_replay(executor, stream, device,
     assert released_eventually(alive, device, pending=0)
     assert released == [True]
     assert executor.graph_nodes() == 0 and nh.pending() == 0
+
+
+def test_an_executors_new_block_of_words_keeps_a_global_mode_capture(
+    executor, stream, device, monkeypatch
+):
+    """An executor takes a new block of pinned words at its 513th lane or graph node,
+    maybe while the program captures: a cuMemHostAlloc while a thread captures in
+    global mode (torch's default) invalidates the capture.  Every block is taken
+    with this thread in relaxed capture mode, as the default lane's always was."""
+    from numba_hostfn import _executor
+
+    backend, relaxed, allocated = executor._backend, [], []
+    mode, memory = backend.relaxed_capture_mode, backend.executor_memory
+
+    @contextlib.contextmanager
+    def relaxed_mode():
+        with mode():
+            relaxed.append(True)
+            try:
+                yield
+            finally:
+                relaxed.pop()
+
+    def executor_memory(nbytes):
+        allocated.append(bool(relaxed))
+        return memory(nbytes)
+
+    monkeypatch.setattr(backend, "relaxed_capture_mode", relaxed_mode)
+    monkeypatch.setattr(backend, "executor_memory", executor_memory)
+    executor._block_used = _executor._WORDS_PER_BLOCK  # this block used up
+    counter = np.zeros(1, np.int64)
+    capture = Capture(stream, "global")
+    nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=executor)
+    capture.end()  # on a GPU: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED without it
+    assert allocated == [True]
+    for _ in range(2):
+        capture.launch()
+    stream.sync()
+    capture.close()
+    assert counter[0] == 2
 
 
 def test_executor_graph_nodes_follow_stream_order(executor, stream, device):
