@@ -94,11 +94,15 @@ class Backend:
     #: The driver call of an executor's wait, refused after its write (status KEPT).
     executor_wait_call = "cuStreamWaitValue32"
 
-    def raise_refusal(self, status: int, call: str = "cuLaunchHostFunc") -> NoReturn:
+    def raise_refusal(
+        self, status: int, call: str = "cuLaunchHostFunc", stream: int = 0
+    ) -> NoReturn:
         """Raise the error for an enqueue function's nonzero status (``refusal_error``)."""
-        raise self.refusal_error(status, call)
+        raise self.refusal_error(status, call, stream)
 
-    def refusal_error(self, status: int, call: str = "cuLaunchHostFunc") -> Exception:
+    def refusal_error(
+        self, status: int, call: str = "cuLaunchHostFunc", stream: int = 0
+    ) -> Exception:
         """The error of an enqueue function's nonzero status word: the one reading of
         nhf.h's status words, for both backends.
 
@@ -116,8 +120,8 @@ class Backend:
             return self._kept_error(status, code)
         if status & _core.FAULTED or code in FAULT_NAMES:
             if self.names_driver_calls:
-                return self.fault_error(code, f"nothing was enqueued ({call} refused)")
-            return self.fault_error(code, "nothing was enqueued")
+                return self.fault_error(code, f"nothing was enqueued ({call} refused)", stream)
+            return self.fault_error(code, "nothing was enqueued", stream)
         if status & _core.EXECUTOR_CLOSED:
             return RuntimeError("the HostExecutor is closed; create a new one")
         if status & _core.LANE_STALE:
@@ -184,11 +188,10 @@ class Backend:
         ``stream`` is the handle of the stream the call was about, if known: the
         context's fault is looked up by it, else by the code (the latest fault).
         """
-        found = 0
-        faults = _core.fault_info()
-        by_stream = stream and _core.stream_fault(stream)
-        for _ctx, fault_code, on in reversed(faults):
-            if fault_code == code or (by_stream and fault_code == by_stream):
+        # The fault of the stream's own context; else the latest of this code.
+        found = _core.stream_fault_found(stream) if stream else 0
+        for _ctx, fault_code, on in reversed(_core.fault_info() if not found else ()):
+            if fault_code == code:
                 found = on
                 break
         name = self.error_name(code)
@@ -228,8 +231,9 @@ class Backend:
         )
         if status == _core.CAPTURING:
             return False
-        if status:
-            raise self.refusal_error(status, call)
+        if status:  # target is the stream unless the route is an executor's lane
+            stream = 0 if route == self.executor_route else target
+            raise self.refusal_error(status, call, stream)
         return True
 
     # ---- graphs: the capture path and explicit graphs (``_graphs``) ----

@@ -86,10 +86,11 @@ def refuse_signal(status: int, executor: Any, refusal: str) -> None:
     raise_refused(status, executor)
 
 
-def raise_refused(status: int, executor: Any) -> None:
-    """Raise for an enqueue function's nonzero status (the native host_launch too)."""
+def raise_refused(status: int, executor: Any, stream: int = 0) -> None:
+    """Raise for an enqueue function's nonzero status (the native host_launch too);
+    ``stream``: the stream's handle, where known (a fault is its context's)."""
     call = "cuLaunchHostFunc" if executor is None else "cuStreamWriteValue32"
-    get_backend().raise_refusal(status, call)
+    get_backend().raise_refusal(status, call, stream)
 
 
 def check_target(target: Any, caller: str = "host_launch") -> tuple[str, int]:

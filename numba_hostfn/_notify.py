@@ -451,9 +451,11 @@ def _fault_error(code: int, stream: Any) -> Exception:
     backend's own stream type (a stored field)."""
     backend = get_backend()
     what = type(stream).__name__
+    handle = 0
     if type(stream) is backend.stream_type:
-        what = f"{what} {int(stream.handle):#x}"
-    return backend.fault_error(code, f"this wait's stream ({what}) will never get here")
+        handle = int(stream.handle)
+        what = f"{what} {handle:#x}"
+    return backend.fault_error(code, f"this wait's stream ({what}) will never get here", handle)
 
 
 def _fail_loop_wait(entry: Any, code: int) -> None:

@@ -150,7 +150,7 @@ class Stream(_core.SimStreamBase):
             )
         status = _core.sim_enqueue(handle, _core.SIM_FAULT, code, True)
         if status:
-            self._backend.raise_refusal(status)
+            self._backend.raise_refusal(status, stream=handle)
 
     def sleep(self, seconds: float) -> None:
         """Enqueue simulated device work that occupies the stream for ``seconds``."""
@@ -170,7 +170,7 @@ class Stream(_core.SimStreamBase):
                 return
             # Another thread ended the capture since: the work goes to the stream.
         if status:
-            self._backend.raise_refusal(status)
+            self._backend.raise_refusal(status, stream=handle)
 
     def launch(self, fn: Any, *, user_data: Any = None) -> None:
         """Enqueue a compiled host function as simulated device work (a "kernel").
@@ -302,7 +302,7 @@ class Graph:
             )
         status = _core.sim_replay(handle, self._native)
         if status:
-            stream._backend.raise_refusal(status)
+            stream._backend.raise_refusal(status, stream=handle)
 
     def close(self) -> None:
         """Destroy the executable graph (its queued replays still run)."""

@@ -209,6 +209,42 @@ def test_the_process_exits_with_faulted_work_pending(when):
     assert ("found" in out) == (when == "after"), out
 
 
+ATEXIT_CLOSE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import atexit
+    from _device import armed_fault
+
+    ex = nh.HostExecutor(threads=1)
+    counter = np.zeros(1, np.int64)
+    fire = armed_fault(device, stream, 0.2)
+    nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=ex)
+    nh.host_launch(stream, lambda: None, executor=ex)
+    f = nh.done_future(stream)
+
+    def at_exit():  # an atexit handler of the program's: after numba_hostfn's own
+        ex.close()
+        print("close returned", flush=True)
+        try:
+            f.result(timeout=30)
+        except nh.DeviceFaultError:
+            print("done_future raised", flush=True)
+        except TimeoutError:
+            print("done_future timed out", flush=True)
+
+    atexit.register(at_exit)
+    fire()  # the fault comes 0.2 s later, once exit has begun
+""")
+
+
+def test_waits_in_an_atexit_handler_behind_a_fault_found_at_exit_resolve():
+    """A fault found after exit began (numba_hostfn's exit hook, the first atexit
+    handler, had run) was never acted on: the watchdog stopped polling there, so
+    an executor's close() in a later atexit handler waited for ever.  It polls
+    until the end of the interpreter's finalization (Py_AtExit) now."""
+    out = run_child(ATEXIT_CLOSE_SCRIPT, timeout=120)
+    assert "close returned" in out, out
+    assert "done_future raised" in out, out
+
+
 GRAPH_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     import gc, time, weakref
     from _device import Capture, armed_fault
@@ -639,3 +675,36 @@ def test_the_watchdog_thread_exists_only_around_launches_in_flight():
         "idle 0 0",
         "again 1",
     ], out
+
+
+@pytest.mark.usefixtures("faulted_context")
+def test_the_error_names_the_stream_of_its_own_contexts_fault(request):
+    """Two contexts fault with the same code.  The errors of a wait on the first
+    one's stream, and of work refused there, named the stream the latest fault of
+    that code was found on, the other context's; they name their own context's."""
+    if rerun_on_simulator(request):
+        return
+
+    async def main():
+        a = nh.simulator.Stream()
+        a.sleep(0.1)
+        a.fault()  # CUDA_ERROR_LAUNCH_FAILED
+        waiting = nh.async_done(a)
+        nh.simulator.new_context()
+        b = nh.simulator.Stream()
+        b.sleep(0.3)
+        b.fault()  # the same code, another context, later
+        try:
+            with pytest.raises(nh.DeviceFaultError, match="LAUNCH_FAILED"):
+                b.sync()  # both faults have happened (b's after a's)
+            with pytest.raises(nh.DeviceFaultError) as failed:
+                await asyncio.wait_for(waiting, 60)
+            with pytest.raises(nh.DeviceFaultError) as refused:
+                nh.host_launch(a, lambda: None)
+            return failed.value.stream, refused.value.stream, a.handle, b.handle
+        finally:
+            a.close()
+            b.close()
+
+    failed, refused, a, b = asyncio.run(main())
+    assert (hex(failed), hex(refused)) == (hex(a), hex(a)), f"the other stream is {b:#x}"

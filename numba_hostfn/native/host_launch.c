@@ -287,12 +287,15 @@ static int fast_launch(PyObject *stream, PyObject *fn, PyObject *data, PyObject 
         goto done; /* a graph node instead, or a lane of the stream's own: the Python path */
     if (status != 0) {
         PyObject *word = PyLong_FromUnsignedLongLong(status);
+        PyObject *on = PyLong_FromVoidPtr(handle); /* the stream: its context's fault */
         PyObject *raise_status = Py_NewRef(nhf_launch.raise_status); /* configure may swap it */
-        PyObject *raised = word == NULL ? NULL
-                                        : PyObject_CallFunctionObjArgs(raise_status, word,
-                                                                       executor, NULL);
+        PyObject *raised = word == NULL || on == NULL
+                               ? NULL
+                               : PyObject_CallFunctionObjArgs(raise_status, word, executor,
+                                                              on, NULL);
         Py_DECREF(raise_status);
         Py_XDECREF(word);
+        Py_XDECREF(on);
         Py_XDECREF(raised);
         if (!PyErr_Occurred())
             PyErr_SetString(PyExc_RuntimeError, "host_launch: the enqueue was refused");

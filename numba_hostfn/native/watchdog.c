@@ -309,6 +309,31 @@ static bool park_locked(void) {
 static atomic_ulong watchdog_self;
 static bool watchdog_relaxed;
 
+/* The end of the interpreter's finalization (Py_AtExit, after every atexit handler,
+ * before the C library's exit handlers tear the driver down): the watchdog polls
+ * no more.  Not the guard's close: that is the first atexit handler, and a later
+ * one (an executor's close(), a done_future's result()) would wait for ever on a
+ * fault found after it.  Failing then touches no CPython: the completions and the
+ * failed signals' pushes schedule no pending call once the guard is closed. */
+static atomic_int dog_finished; /* set at Py_AtExit */
+static atomic_int dog_polling;  /* a poll is under way */
+static atomic_int dog_at_exit_set; /* else the guard's close ends the polls, as before */
+
+static bool dog_may_poll(void) {
+    atomic_store(&dog_polling, 1);
+    if (atomic_load(&dog_finished) || (!atomic_load(&dog_at_exit_set) && !nhf_guard_open())) {
+        atomic_store(&dog_polling, 0);
+        return false;
+    }
+    return true;
+}
+
+static void dog_at_exit(void) {
+    atomic_store(&dog_finished, 1);
+    for (int waited = 0; atomic_load(&dog_polling) && waited < 2000; waited++)
+        nhf_sleep_ns(1000000); /* a poll under way ends (bounded, as the guard's wait) */
+}
+
 bool nhf_on_watchdog_thread(void) {
     unsigned long self = atomic_load_explicit(&watchdog_self, memory_order_relaxed);
     return self != 0 && pthread_equal((pthread_t)self, pthread_self());
@@ -332,9 +357,13 @@ static void *dog_main(void *unused) {
         nhf_sleep_ns(interval);
         long max = atomic_load(&dog.max_ns);
         interval = 2 * interval < max ? 2 * interval : max;
-        /* At exit (the guard closed) nothing is failed any more: leak rather
-         * than touch a finalizing interpreter or a driver being torn down. */
-        long in_flight = nhf_guard_open() ? poll_once(&s) : 0;
+        /* After the interpreter's finalization (dog_at_exit) nothing is failed
+         * any more: leak rather than touch a driver being torn down. */
+        long in_flight = 0;
+        if (dog_may_poll()) {
+            in_flight = poll_once(&s);
+            atomic_store(&dog_polling, 0);
+        }
         pthread_mutex_lock(&dog.mutex);
         if (in_flight == 0) {
             /* Park, unless a record went in flight meanwhile: an enqueue marks
@@ -345,8 +374,10 @@ static void *dog_main(void *unused) {
             pthread_mutex_unlock(&dog.mutex);
             s.count = 0;
             s.in_flight = 0;
-            if (nhf_guard_open())
+            if (dog_may_poll()) {
                 survey_all(&s);
+                atomic_store(&dog_polling, 0);
+            }
             pthread_mutex_lock(&dog.mutex);
             if (s.in_flight > 0)
                 atomic_store(&dog.active, 1);
@@ -574,7 +605,31 @@ static PyObject *py_stream_fault(PyObject *self, PyObject *arg) {
     return PyLong_FromUnsignedLong((unsigned long)(fault & NHF_CURESULT_MASK));
 }
 
+/* stream_fault_found(stream) -> the stream its context's noted fault was found on, or 0:
+ * the fault of the stream's own context, not another's of the same code. */
+static PyObject *py_stream_fault_found(PyObject *self, PyObject *arg) {
+    (void)self;
+    void *stream, *found = NULL;
+    if (nhf_address_arg(arg, &stream) < 0)
+        return NULL;
+    Py_BEGIN_ALLOW_THREADS /* cuStreamGetCtx: no driver call holds the GIL (invariant 10) */
+    nhf_context_fn context_of = atomic_load(&dog.context_of);
+    void *ctx = NULL;
+    if (atomic_load(&nfaults) != 0 && context_of != NULL && context_of(stream, &ctx) == 0) {
+        pthread_mutex_lock(&fault_lock);
+        for (int i = 0; i < atomic_load(&nfaults) && found == NULL; i++)
+            if (faults[i].ctx == ctx)
+                found = faults[i].stream;
+        pthread_mutex_unlock(&fault_lock);
+    }
+    Py_END_ALLOW_THREADS
+    return PyLong_FromVoidPtr(found);
+}
+
 static PyMethodDef methods[] = {
+    {"stream_fault_found", py_stream_fault_found, METH_O,
+     "stream_fault_found($module, stream, /)\n--\n\n"
+     "The stream the noted fault of the stream's context was found on, or 0."},
     {"watchdog_configure", (PyCFunction)(void (*)(void))py_watchdog_configure, METH_FASTCALL,
      "watchdog_configure($module, route, first_us=<unrepresentable>, "
      "max_us=<unrepresentable>, idle_ms=<unrepresentable>, /)\n--\n\n"
@@ -599,5 +654,7 @@ int nhf_watchdog_init(PyObject *module) {
     if (PyModule_AddFunctions(module, methods) < 0 || nhf_add_testing(module, testing_methods) < 0)
         return -1;
     nhf_watchdog_add_backend(NHF_ROUTE_CUDA, nhf_cuda_query_context, nhf_cuda_context_of);
+    if (Py_AtExit(dog_at_exit) == 0) /* refused (32 registered): the guard's close ends them */
+        atomic_store(&dog_at_exit_set, 1);
     return 0;
 }
