@@ -1,5 +1,6 @@
 """Interpreter exit with launches pending neither crashes nor hangs."""
 
+import sys
 import textwrap
 
 import pytest
@@ -71,3 +72,80 @@ def test_a_non_daemon_threads_python_work_runs_after_the_main_thread_returns():
     assert out.count("callable ran") == n and out.count("task ran") == 1, out
     assert out[-2:] == ["worker done", "atexit handler synced"], out
     assert "atexit callable ran" not in out, "the guard closes before other atexit handlers"
+
+
+KEPT_GIL_AFTER_CLOSE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import atexit, ctypes, time
+    import numba
+
+    usleep = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint)(("usleep", ctypes.CDLL(None)))
+
+    @nh.host_callback
+    def gate(p):
+        flag = carray(p, (1,), np.int64)
+        while flag[0] == 0:  # until the atexit handler below: the guard is closed by then
+            usleep(1000)
+
+    @numba.cfunc("void(voidptr)")
+    def plain_cfunc_print(p):  # no Environment: print's check returns holding the GIL
+        print(carray(p, (1,), np.int64)[0])
+
+    flag, x = np.zeros(1, np.int64), np.array([41], np.int64)
+    executor = nh.HostExecutor(threads=1)
+    other = device.create_stream()
+    for s, ex in ((stream, None), (other, executor)):
+        nh.host_launch(s, gate, user_data=nh.by_ref(flag))
+        nh.host_launch(s, plain_cfunc_print, user_data=x.ctypes.data, executor=ex)
+
+    def another_librarys_handler():  # registered before exit: runs after the close
+        flag[0] = 1
+        time.sleep(0.5)  # the GIL released, as any handler doing I/O
+        print("handler done", flush=True)
+
+    atexit.register(another_librarys_handler)
+    print("main returns", flush=True)
+""")
+
+
+def test_a_body_that_keeps_the_gil_after_the_guard_closed_does_not_hang_exit():
+    """Invariant 13 at exit: a compiled body that returns holding the GIL after the
+    guard closed (another atexit handler released the GIL meanwhile) gives it back,
+    on the driver's thread and an executor's; else the main thread never gets the
+    GIL again and exit hangs."""
+    out = run_child(KEPT_GIL_AFTER_CLOSE_SCRIPT, timeout=30, quiet=False).splitlines()
+    assert out == ["main returns", "handler done"], out
+
+
+SUB_INTERPRETER_CODE = textwrap.dedent("""
+    import sys
+    sys.path[:0] = {path!r}
+    try:
+        import numba_hostfn as nh
+        from numba_hostfn.simulator import Stream
+        nh.done_future(Stream()).result(5)  # starts the futures thread, a daemon
+        print("sub-interpreter: used the package", flush=True)
+    except ImportError as exc:
+        print("sub-interpreter: refused:", exc, flush=True)
+""")
+
+SUB_INTERPRETER_SCRIPT = textwrap.dedent("""
+    import faulthandler
+    faulthandler.enable()
+    import _xxsubinterpreters as interps
+    iid = interps.create(isolated=False)  # a legacy one (shared GIL), as mod_wsgi's
+    interps.run_string(iid, {code!r})
+    interps.destroy(iid)
+    import numba_hostfn as nh
+    print("main: imported", flush=True)
+""")
+
+
+@pytest.mark.skipif(sys.version_info[:2] != (3, 12), reason="_xxsubinterpreters.create(isolated=)")
+def test_a_legacy_sub_interpreter_is_refused_at_import_not_aborted_at_its_end():
+    """Scope: one interpreter.  A legacy sub-interpreter that imported the package
+    ran its daemon threads, and its end aborted the process (Py_EndInterpreter: not
+    the last thread); its exit hook would close the guard for the whole process."""
+    out = code = SUB_INTERPRETER_CODE.format(path=sys.path)
+    out = run_child(SUB_INTERPRETER_SCRIPT.format(code=code), timeout=60).splitlines()
+    assert out[0].startswith("sub-interpreter: refused"), out
+    assert out[-1] == "main: imported", out

@@ -93,24 +93,36 @@ static PyThreadState *current_thread_state(void) {
 #endif
 }
 
+static bool interpreter_finalizing(void) {
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_IsFinalizing();
+#else
+    return _Py_IsFinalizing();
+#endif
+}
+
 /* Any thread, right after a compiled body returned.  A body is entered without
  * the GIL and must return without it; some of numba's error paths return from
  * inside a GIL-taking block (a cfunc whose Environment was never registered:
  * print's check returns with the GIL held), and a host-function thread that
  * kept the GIL would stop every Python thread for ever.  Undo that one
  * PyGILState_Ensure: PyGILState_Release(UNLOCKED) drops the GIL, and the thread
- * state too if the body created it (invariant 13).  One thread-local read when
- * nothing leaked; no CPython call once the guard is closed. */
+ * state too if the body created it (invariant 13).  Once the guard is closed too:
+ * a body may take the GIL after the close (the main thread drops it in every later
+ * atexit handler), and one kept then hangs exit.  A thread that holds the GIL is
+ * one finalization cannot have begun under (it needs the GIL; a thread that asks
+ * for it after is ended by CPython), so reading its state is safe; once
+ * finalization has begun nothing is read.  Counted as inside, so that an
+ * nhf_guard_close waiting meanwhile waits for the release. */
 void nhf_gil_give_back_leaked(void) {
-    if (!nhf_guard_open())
+    if (!nhf_guard_open() && interpreter_finalizing())
         return;
     PyThreadState *own = PyGILState_GetThisThreadState();
     if (own == NULL || current_thread_state() != own)
         return;
-    if (nhf_guard_enter()) { /* counted, so that nhf_guard_close waits for the release */
-        PyGILState_Release(PyGILState_UNLOCKED);
-        nhf_guard_leave();
-    }
+    atomic_fetch_add(&inside.count, 1);
+    PyGILState_Release(PyGILState_UNLOCKED);
+    atomic_fetch_sub(&inside.count, 1);
 }
 
 /* ---- fork -------------------------------------------------------------------- */

@@ -26,6 +26,18 @@ static int add_status(PyObject *module, const char *name, uint64_t value) {
 }
 
 PyMODINIT_FUNC PyInit__core(void) {
+    /* One interpreter (LIFETIME.md, Scope): pending calls go to the main one, the
+     * guard and the records are the process's, and a sub-interpreter's exit hook
+     * would close the guard for all.  An isolated sub-interpreter refuses this
+     * single-phase module itself; a legacy one (shared GIL) must be refused here,
+     * as the first import is the one that calls this (later ones are refused by
+     * CPython: "cannot load module more than once per process"). */
+    if (PyInterpreterState_Get() != PyInterpreterState_Main()) {
+        PyErr_SetString(PyExc_ImportError,
+                        "numba_hostfn runs in the main interpreter only, not in a "
+                        "sub-interpreter");
+        return NULL;
+    }
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL)
         return NULL;
