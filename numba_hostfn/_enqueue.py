@@ -8,6 +8,7 @@ lane, or into the graph being captured or an explicit graph (``_graphs``).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from . import _core
@@ -103,6 +104,31 @@ def check_target(target: Any, caller: str = "host_launch") -> tuple[str, int]:
     return kind, get_backend().stream_handle(target, stream_handle(target))
 
 
+#: This package's folder: the frames whose locals a refused call drops (forget_locals).
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def forget_locals(error: BaseException) -> None:
+    """Drop the locals of this package's returned frames in ``error``'s traceback.
+
+    A call that raises keeps nothing (LIFETIME.md, invariant 3), not even through
+    its error: a caught one (or the REPL's ``sys.last_exc``) keeps its traceback's
+    frames, whose locals would keep user data exported (a ``bytearray`` that cannot
+    be resized) and copies alive.  The program's own frames keep theirs (a
+    ``__buffer__`` that raised, for a debugger); a frame still running is left to
+    its function, which drops what it holds itself.
+    """
+    tb = error.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_filename.startswith(_PACKAGE):
+            try:
+                frame.clear()
+            except RuntimeError:  # still running (the caller's own frame)
+                pass
+        tb = tb.tb_next
+
+
 def enqueue(
     target: Any,
     fn: Any,
@@ -119,8 +145,30 @@ def enqueue(
     ``as_device_work`` (simulator only) enqueues simulated device work instead of a
     host function.  ``parallel_copy`` says that ``fn`` is the compiled copy with
     MEMCPY_LAYOUT user data, which an executor shares out among its threads.
-    ``caller`` is the public function a wrong target's error names.
+    ``caller`` is the public function a wrong target's error names.  A refusal
+    keeps nothing in its traceback's frames (``forget_locals``).
     """
+    try:
+        return _enqueue(
+            target, fn, user_data, also_owns, as_device_work, executor, parallel_copy, caller
+        )
+    except BaseException as error:
+        also_owns = None  # noqa: F841 - host_copy's buffer exports, for one
+        forget_locals(error)
+        raise
+
+
+def _enqueue(
+    target: Any,
+    fn: Any,
+    user_data: Any,
+    also_owns: Any,
+    as_device_work: bool,
+    executor: Any,
+    parallel_copy: bool,
+    caller: str,
+) -> Any:
+    """enqueue's work; its locals are dropped if it raises."""
     # Checked in argument order, so the first wrong one is the one reported: the
     # target (its type, then its handle), fn, user_data, then the executor.
     kind_of_target, handle = check_target(target, caller)

@@ -21,7 +21,7 @@ import numpy as np
 
 from . import _core
 from ._compat import numba_hooks
-from ._enqueue import check_target, enqueue
+from ._enqueue import check_target, enqueue, forget_locals
 from ._executor import check_executor
 from ._hostfunction import HostFunction, host_callback
 
@@ -165,8 +165,8 @@ def _region(obj: Any, role: str) -> _Region:
             )
         size = int(obj.size)
         return _Region(obj, int(obj.handle), 1, size, size, True)
-    try:
-        view = memoryview(obj)
+    try:  # a memoryview itself, so that its own export pins it (release() raises)
+        view = obj if isinstance(obj, memoryview) else memoryview(obj)
     except TypeError:
         raise TypeError(
             f"host_copy() {role} must be host memory with the buffer protocol (a numpy "
@@ -180,8 +180,9 @@ def _region(obj: Any, role: str) -> _Region:
             "pointers without their reference counts would corrupt them: copy with "
             "np.copyto, or host_copy numeric data"
         )
-    # Exported while ``view`` still pins the memory the address is read from.
-    owner = _core.BufferRef(obj, pin_only=True) if arr.nbytes else obj
+    # The export the address is read from, pinned: a second export of ``obj`` need
+    # not be the same memory (a ``__buffer__`` that makes a buffer per call).
+    owner = _core.BufferRef(view, pin_only=True) if arr.nbytes else obj
     address = arr.__array_interface__["data"][0]
     writable = not view.readonly
     if arr.flags.c_contiguous:
@@ -275,6 +276,15 @@ def host_copy(stream: Any, dst: Any, src: Any, *, executor: Any = None) -> Any:
         neither C-contiguous nor evenly spaced contiguous rows, the two share a byte,
         or a cuda.core ``Buffer`` is device memory.  Nothing was enqueued.
     """
+    try:
+        return _host_copy(stream, dst, src, executor)
+    except BaseException as error:
+        forget_locals(error)  # the buffers' exports, pinned: a refusal keeps none
+        raise
+
+
+def _host_copy(stream: Any, dst: Any, src: Any, executor: Any) -> Any:
+    """host_copy's work; its locals are dropped if it raises."""
     if executor is not None:
         check_executor(executor)
     if (

@@ -196,6 +196,12 @@ def _check_layout(dtype: Any) -> np.dtype | None:
         raise TypeError(f"host_callback(dtype=...) cannot hold Python objects: {layout}")
     if layout.itemsize == 0:
         raise ValueError(f"host_callback(dtype=...) needs a non-empty dtype, got {layout}")
+    if not layout.isnative:
+        raise ValueError(
+            f"host_callback(dtype=...) must be in the machine's byte order, got {layout}: "
+            "numba cannot compile a non-native byte order; use "
+            "dtype.newbyteorder('=') and convert the data with .astype() of it"
+        )
     if layout.subdtype is not None:
         base, shape = layout.subdtype
         raise ValueError(

@@ -19,8 +19,10 @@ and drop them.  It is shared, as ``by_ref`` shares it; pass ``bytes(a)`` (or
 
 from __future__ import annotations
 
+import array
 import ctypes
 import functools
+import mmap
 import os
 from typing import Any
 
@@ -203,9 +205,7 @@ def record(dtype: Any, **fields: Any) -> Record:
     data = np.zeros(1, layout)  # a field not given stays zero, as in numpy.zeros
     keep = []
     for name, value in fields.items():
-        if isinstance(value, (ByRef, np.ndarray, bytearray, memoryview)) or (
-            isinstance(value, ctypes.Array)
-        ):
+        if isinstance(value, _FIELD_BUFFERS):
             field = layout.fields[name][0]
             if field.kind not in "iu" or field.itemsize != 8:
                 raise TypeError(
@@ -224,10 +224,15 @@ def record(dtype: Any, **fields: Any) -> Record:
             keep.append(ref)
         else:
             field = layout.fields[name][0]
-            if field.kind in "iu" and isinstance(value, int) and not isinstance(value, bool):
-                # Checked here: numpy 1 wraps an out-of-range int (with a warning).
+            if (
+                field.kind in "iu"
+                and isinstance(value, (int, np.integer))
+                and not isinstance(value, bool)
+            ):
+                # Checked here: numpy 1 wraps an out-of-range int (with a warning), and
+                # every numpy casts a numpy integer (np.int64(-1) into uint64) silently.
                 bounds = np.iinfo(field)
-                if not bounds.min <= value <= bounds.max:
+                if not bounds.min <= int(value) <= bounds.max:
                     raise ValueError(
                         f"record() field {name!r} is {field} and cannot hold {value!r} "
                         f"(it holds {bounds.min} to {bounds.max})"
@@ -240,6 +245,11 @@ def record(dtype: Any, **fields: Any) -> Record:
                     f"record() field {name!r} is {field} and cannot hold {value!r} ({exc})"
                 ) from None
     return Record(data, tuple(keep))
+
+
+# What record() takes as a buffer whose address a field holds (any other value is
+# converted by numpy: a one-item array.array would be stored as its item).
+_FIELD_BUFFERS = (ByRef, np.ndarray, bytearray, memoryview, array.array, mmap.mmap, ctypes.Array)
 
 
 def _pointed(obj: Any, name: str) -> _core.BufferRef:
@@ -394,6 +404,12 @@ def resolve_user_data(
     if not view.readonly:
         # Never copied: the host function's writes would go to the copy, and be lost.
         shared = ByRef(user_data, view, what="writable user_data")
+        if _REF_NBYTES(shared) != view.nbytes:  # a __buffer__ that makes one per call
+            raise ValueError(
+                f"user_data gave a buffer of {view.nbytes} bytes, then one of "
+                f"{_REF_NBYTES(shared)} bytes: it cannot be shared with a host function; "
+                "pass by_ref(...) of one buffer"
+            )
         return shared.address, shared
     try:
         if view.nbytes > _physical_memory():  # never tried: the copy would not fit

@@ -3,6 +3,7 @@
 import array
 import gc
 import struct
+import sys
 import weakref
 
 import numpy as np
@@ -384,3 +385,47 @@ def test_host_memcpy_ctypes_accepted_by_cuda_core_graph_builder(device, stream):
     assert np.array_equal(dst, src)
     graph.close()
     builder.close()
+
+
+needs_buffer_dunder = pytest.mark.skipif(
+    sys.version_info < (3, 12), reason="a Python class's __buffer__ needs 3.12"
+)
+
+
+@needs_buffer_dunder
+def test_host_copy_pins_the_export_it_reads_the_address_from(stream):
+    """host_copy reads the address from one export (a memoryview) and pins another
+    (BufferRef(obj)): an object whose exports differ (a computed buffer) leaves the
+    copy reading freed memory."""
+
+    class Computed:  # each export is a fresh buffer of its bytes
+        def __init__(self, n):
+            self.n = n
+
+        def __buffer__(self, flags):
+            return memoryview(bytes([7]) * self.n)
+
+    n = 1 << 20
+    dst = np.zeros(n, np.uint8)
+    with Hold(stream):
+        nh.host_copy(stream, dst, Computed(n))
+        gc.collect()
+        junk = [bytes([0x55]) * n for _ in range(4)]  # reuse what was freed
+    stream.sync()
+    nh.drain()
+    del junk
+    assert (dst == 7).all()
+
+
+def test_a_refused_host_copy_keeps_no_buffer_exported_while_its_error_lives(stream):
+    """Invariant 3: a call that raises keeps nothing.  host_copy's pins of both
+    buffers stayed in its traceback's frames, so a caught error (or the REPL's
+    sys.last_exc) kept a bytearray unresizable."""
+    dst, src = bytearray(8), bytearray(4)
+    try:
+        nh.host_copy(stream, dst, src)
+    except ValueError as caught:
+        error = caught
+    assert "sizes differ" in str(error)
+    dst.append(0)  # BufferError while the error kept the exports
+    src.append(0)

@@ -463,3 +463,13 @@ def test_a_never_compiled_host_function_has_a_repr_and_refuses_a_direct_call():
     assert "never compiled" in repr(blank)
     with pytest.raises(ValueError, match="no machine code"):
         blank(np.zeros(1, np.int64))
+
+
+def test_a_non_native_byte_order_dtype_is_refused_clearly():
+    """A big-endian dtype= fails deep in numba with "Untyped global name 'layout'"."""
+    for dt in (np.dtype(">i8"), np.dtype([("a", "<i8"), ("b", ">f8")])):
+        with pytest.raises(ValueError, match="byte order"):
+
+            @nh.host_callback(dtype=dt)
+            def f(d):
+                pass

@@ -767,3 +767,75 @@ def test_native_error_paths_work_when_the_native_layer_is_built_before_numba_com
     clearing an ordinary exception, a Ctrl-C re-raised from a callback) segfaulted."""
     out = run_child(NATIVE_FIRST_SCRIPT)
     assert out.split("\n") == ["usage True", "raised no handle", "fell True", "delivered", ""], out
+
+
+needs_buffer_dunder = pytest.mark.skipif(
+    sys.version_info < (3, 12), reason="a Python class's __buffer__ needs 3.12"
+)
+
+REC2 = np.dtype([("a", np.int64), ("b", np.int64)])
+SUM = np.dtype([("values", np.uint64), ("n", np.int64), ("out", np.uint64)])
+
+
+@nh.host_callback(dtype=REC2)
+def write_b(d):
+    d.b = 12345
+
+
+@needs_buffer_dunder
+def test_writable_user_data_layout_is_checked_on_the_export_shared(stream):
+    """resolve_user_data checks the declared layout's size on its first export, then
+    shares a second one (ByRef's): a 16-byte layout was given an 8-byte buffer."""
+
+    class Shrinks:
+        def __init__(self):
+            self.exports = []
+
+        def __buffer__(self, flags):
+            b = bytearray(16 if not self.exports else 8)
+            self.exports.append(b)
+            return memoryview(b)
+
+    with pytest.raises(ValueError, match="then one of 8 bytes"):
+        nh.host_launch(stream, write_b, user_data=Shrinks())
+    stream.sync()
+    nh.drain()
+
+
+@pytest.mark.parametrize("why", ["executor", "closed", "layout"])
+def test_a_refused_launch_does_not_pin_writable_user_data_while_its_error_lives(why):
+    """Invariant 3: a call that raises keeps nothing.  The exports taken for
+    writable user data (resolve_user_data's memoryview, the ByRef) stay in the
+    traceback's frames, so a caught error (or the REPL's sys.last_exc) keeps the
+    bytearray unresizable."""
+    s = nh.create_stream()
+    buf = bytearray(16 if why != "layout" else 7)
+    kwargs = {"executor": object()} if why == "executor" else {}
+    if why == "closed":
+        s.close()
+    try:
+        nh.host_launch(s, write_b, user_data=buf, **kwargs)
+    except (TypeError, ValueError, RuntimeError) as caught:
+        error = caught
+    assert error is not None
+    buf.append(0)  # BufferError: Existing exports of data: object cannot be re-sized
+    s.close()
+
+
+def test_record_takes_an_array_array_as_a_buffer_not_a_number():
+    """record() stores a buffer's address in an address field, but an array.array
+    (a buffer) of one element is stored as its value, and not kept."""
+    values = array.array("Q", [5])
+    rec = nh.record(SUM, values=values, n=1)
+    assert rec.data["values"][0] != 5
+    assert len(rec.keep) == 1
+    with pytest.raises(BufferError):
+        values.append(6)  # pinned by the record
+
+
+def test_record_refuses_a_negative_numpy_integer_in_an_unsigned_field():
+    """-1 in an unsigned field is a ValueError (documented), but np.int64(-1) wraps."""
+    with pytest.raises(ValueError, match="'out'"):
+        nh.record(SUM, out=-1)
+    with pytest.raises(ValueError, match="'out'"):
+        nh.record(SUM, out=np.int64(-1))
