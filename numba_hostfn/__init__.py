@@ -8,7 +8,12 @@ stream simulator instead of a GPU.  Rules for threads and the GIL:
 docs/threading.md.
 """
 
-from . import simulator
+from . import _core
+
+if not _core.main_interpreter():  # LIFETIME.md, Scope: one interpreter
+    raise ImportError("numba_hostfn runs in the main interpreter only, not in a sub-interpreter")
+
+from . import simulator  # noqa: E402
 from ._drain import drain, pending
 from ._errors import (
     BackendUnavailableError,

@@ -49,6 +49,7 @@ SIM_FAULT: Final[int]
 SIM_GRAPH_RELEASE: Final[int]
 
 # ---- module.c: records, the enqueue, the exit guard, the driver ----
+def main_interpreter() -> bool: ...
 def host_words(nbytes: int, /) -> int: ...
 def enqueue(
     route: int,

@@ -25,13 +25,28 @@ static int add_status(PyObject *module, const char *name, uint64_t value) {
     return rc;
 }
 
+/* main_interpreter() -> whether the calling interpreter is the main one. */
+static PyObject *py_main_interpreter(PyObject *module, PyObject *unused) {
+    (void)module;
+    (void)unused;
+    return PyBool_FromLong(PyInterpreterState_Get() == PyInterpreterState_Main());
+}
+
+static PyMethodDef methods[] = {
+    {"main_interpreter", py_main_interpreter, METH_NOARGS,
+     "main_interpreter($module, /)\n--\n\n"
+     "Whether the calling interpreter is the main one (the package refuses others)."},
+    {NULL, NULL, 0, NULL},
+};
+
 PyMODINIT_FUNC PyInit__core(void) {
     /* One interpreter (LIFETIME.md, Scope): pending calls go to the main one, the
      * guard and the records are the process's, and a sub-interpreter's exit hook
      * would close the guard for all.  An isolated sub-interpreter refuses this
-     * single-phase module itself; a legacy one (shared GIL) must be refused here,
-     * as the first import is the one that calls this (later ones are refused by
-     * CPython: "cannot load module more than once per process"). */
+     * single-phase module itself; a legacy one (shared GIL) that imports it first
+     * is refused here, up to 3.12.  From 3.13 CPython runs a single-phase init in
+     * the main interpreter, and hands the module to the sub-interpreter: the
+     * package's __init__ asks main_interpreter() and refuses it there. */
     if (PyInterpreterState_Get() != PyInterpreterState_Main()) {
         PyErr_SetString(PyExc_ImportError,
                         "numba_hostfn runs in the main interpreter only, not in a "
@@ -41,6 +56,10 @@ PyMODINIT_FUNC PyInit__core(void) {
     PyObject *module = PyModule_Create(&module_def);
     if (module == NULL)
         return NULL;
+    if (PyModule_AddFunctions(module, methods) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
     if (add_status(module, "CAPTURE_CHECK_FAILED", NHF_CAPTURE_CHECK_FAILED) < 0 ||
         add_status(module, "CAPTURING", NHF_CAPTURING) < 0 ||
         add_status(module, "QUEUE_STOPPED", NHF_QUEUE_STOPPED) < 0 ||
