@@ -1,8 +1,9 @@
 # What this shows: an asyncio server that handles several requests at once, each on
 # its own stream. A handler launches its request's kernel (which writes pinned memory),
 # then awaits numba_hostfn.async_done(stream): that suspends the handler, not the
-# loop. When the stream gets there, a compiled host function on the driver's thread
-# writes the loop's eventfd without the GIL, and the loop resumes the handler. The
+# loop. When the stream gets there, numba_hostfn's default lane (a native thread of
+# its own, or the driver's thread where that lane cannot serve) writes the loop's
+# eventfd without the GIL, and the loop resumes the handler. The
 # loop keeps serving meanwhile: it accepts and answers the other requests, and a
 # ticker counts the loop's turns while kernels are in flight. A non-blocking callback
 # (host_launch(..., blocking=False)) keeps the books: the stream does not wait for it.

@@ -86,4 +86,10 @@ class BackendUnavailableError(RuntimeError):
 
 
 class SimulatorUnsupportedError(NotImplementedError):
-    """Raised by the simulator for what it does not model (graph capture, real kernels)."""
+    """Raised by the simulator for what it does not model.
+
+    Explicit cuda.core graphs (``GraphDefinition``, ``GraphNode``), and a graph
+    launched or a fault enqueued on a simulated stream that is capturing.  Graph
+    capture itself is modelled; a stream that is not a simulated one is refused
+    with :class:`TypeError`.
+    """

@@ -490,10 +490,13 @@ def host_callback(
         default, ``*args``, keyword-only or ``**kwargs`` one beside it), is a
         generator or coroutine function, returns a value (on any path: write
         results into the user data instead), or ``dtype`` is not a numpy dtype
-        without objects.
+        without objects, ``boundscheck`` is not True, False or None, or an
+        option other than the ones above is given.
     ValueError
-        If ``dtype`` is empty, a subarray dtype, or has a subarray field numba
-        cannot compile; the message names the field and what to use instead.
+        If ``dtype`` is empty, a subarray dtype, not in the machine's byte
+        order, or has a subarray field numba cannot compile (the message names
+        the field and what to use instead), or ``error_model`` is neither
+        ``'numpy'`` nor ``'python'``.
 
     Examples
     --------

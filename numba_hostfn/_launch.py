@@ -99,20 +99,22 @@ def host_launch_python(
         checked in that order, or ``fn`` is a coroutine function or a
         callable that needs arguments (a builtin such as ``len`` included,
         where its signature says so; a ``staticmethod`` is checked as its
-        function).
+        function), or ``executor`` is not a HostExecutor, or ``blocking`` is
+        not True or False.
     ValueError
         If ``fn`` is a NULL function pointer or a HostFunction never compiled
         (made with ``__new__``: its address is 0), or user_data is given with
         a Python callable, or does not match the HostFunction's declared
         ``dtype`` (``0``, a NULL pointer to it, included), is NULL (``None``
         or ``0``) for a body that reads it, is a writable buffer that cannot
-        be shared (not C-contiguous), or ``blocking=False`` is given with
+        be shared (not C-contiguous), is an int outside [0, 2**64), or
+        ``blocking=False`` is given with
         compiled code (it never takes the GIL: it needs no such option).
     RuntimeError
         If a capture cannot take a node (it is invalidated), a GraphBuilder is
-        not building, the executor is closed, ``blocking=False`` is used in a
-        graph or capture, or a
-        driver call fails (:class:`CudaDriverError`).  Nothing was enqueued,
+        not building, a simulated stream is closed, the executor is closed,
+        ``blocking=False`` is used in a graph or capture, or a driver call
+        fails (:class:`CudaDriverError`).  Nothing was enqueued,
         and a capture is as it was.
     BackendUnavailableError
         If there is no CUDA driver and the simulator is not selected.

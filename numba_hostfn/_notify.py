@@ -339,7 +339,7 @@ def done_future(stream: Any, *, executor: Any = None) -> concurrent.futures.Futu
     Raises
     ------
     TypeError
-        If ``stream`` is not a stream.
+        If ``stream`` is not a stream, or ``executor`` is not a HostExecutor.
     RuntimeError
         If ``stream`` is capturing or is a graph, or the executor is closed.
     """
@@ -550,7 +550,7 @@ def async_done(stream: Any, *, executor: Any = None) -> asyncio.Future:
         If no event loop is running in this thread, ``stream`` is capturing or
         is a graph, or the executor is closed.
     TypeError
-        If ``stream`` is not a stream.
+        If ``stream`` is not a stream, or ``executor`` is not a HostExecutor.
 
     Examples
     --------

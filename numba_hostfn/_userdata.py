@@ -109,7 +109,7 @@ def by_ref(obj: Any) -> ByRef:
     Raises
     ------
     TypeError
-        If ``obj`` has no buffer protocol.
+        If ``obj`` has no buffer protocol, or is a numpy array of Python objects.
     ValueError
         If the buffer is read-only, not C-contiguous or empty.
     """
