@@ -16,6 +16,7 @@ from _device import Hold, child_env, rerun_on_simulator, resizable, run_child, t
 from numba import carray
 
 import numba_hostfn as nh
+from numba_hostfn import _core
 
 # Every test runs through host_launch's native fast path and through Python.
 pytestmark = pytest.mark.usefixtures("launch_path")
@@ -839,3 +840,23 @@ def test_record_refuses_a_negative_numpy_integer_in_an_unsigned_field():
         nh.record(SUM, out=-1)
     with pytest.raises(ValueError, match="'out'"):
         nh.record(SUM, out=np.int64(-1))
+
+
+def test_a_cycle_through_a_by_ref_is_collected_and_unpins_its_buffer():
+    """BufferRef holds its object and export without a tp_traverse, so the cyclic
+    collector never saw ByRef -> obj: an array (subclass) that keeps its own by_ref
+    was leaked, exported for ever (a bytearray in such a cycle stayed unresizable)."""
+    import gc
+    import weakref
+
+    class Arr(np.ndarray):
+        pass
+
+    a = np.zeros(8).view(Arr)
+    a.ref = nh.by_ref(a)
+    w = weakref.ref(a)
+    del a
+    gc.collect()
+    assert w() is None
+    # A launch's copy of read-only user data stays untracked by the collector.
+    assert not gc.is_tracked(_core.BufferRef(bytearray(b"x")))

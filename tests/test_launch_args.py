@@ -14,6 +14,7 @@ import pytest
 from numba import cfunc
 
 import numba_hostfn as nh
+from numba_hostfn import _core
 
 # Every test runs through host_launch's native fast path and through Python.
 pytestmark = pytest.mark.usefixtures("launch_path")
@@ -846,3 +847,34 @@ def test_user_data_passed_positionally_says_it_is_keyword_only(stream):
     nh.host_launch(**{"str" + "eam": stream, "f" + "n": touch, "user" + "_data": buf})
     stream.sync()
     nh.drain()
+
+
+class _ColonNamed(ctypes.Structure):
+    """ctypes writes a field name as is between colons: "p:" gives "T{<d:p::<O:q:}"."""
+
+    _fields_ = [("p:", ctypes.c_double), ("q", ctypes.py_object)]
+
+
+class _MidColonNamed(ctypes.Structure):
+    _fields_ = [("a:b", ctypes.c_double), ("q", ctypes.py_object)]
+
+
+@pytest.mark.parametrize("struct", [_ColonNamed, _MidColonNamed], ids=["trailing", "middle"])
+def test_a_field_name_with_a_colon_does_not_hide_an_object_pointer(struct):
+    """format_holds_objects skips field names from colon to colon, so a name that
+    itself holds a colon shifts the parse and the 'O' code after it is skipped as a
+    name: by_ref (and a writable ctypes struct as user_data) then shares raw object
+    pointers with a host function, which can overwrite them without the GIL (a
+    host function that wrote 16 bytes into such a struct made ``s.q`` SEGV)."""
+    value = struct(1.0, object())
+    assert _core.format_holds_objects(memoryview(value).format)
+    with pytest.raises(TypeError, match="Python objects"):
+        nh.by_ref(value)
+    with pytest.raises(TypeError, match="Python objects"):
+        _core.BufferRef(value, pin_only=True)
+
+
+def test_field_names_with_an_o_are_still_no_object_codes():
+    assert not _core.format_holds_objects("T{<d:Open:<d:Other:}")
+    assert not _core.format_holds_objects("T{d:Open:}")
+    assert _core.format_holds_objects("T{<d:Open:<O:obj:}")

@@ -22,6 +22,15 @@ static bool format_holds_objects(const char *format) {
             const char *end = strchr(c + 1, ':');
             if (end == NULL)
                 return strchr(c + 1, 'O') != NULL; /* malformed: as codes, to be safe */
+            /* A name may itself hold a colon (ctypes writes _fields_ names as they
+             * are), which shifts this parse: a code would be read as a name.  An
+             * empty name ("::") or one with format syntax in it is such a shift:
+             * then every 'O' counts, to be safe. */
+            bool shifted = end == c + 1;
+            for (const char *n = c + 1; n < end && !shifted; n++)
+                shifted = strchr("<>=!@^{}()", *n) != NULL;
+            if (shifted)
+                return strchr(format, 'O') != NULL;
             c = end;
         }
     }
@@ -91,6 +100,31 @@ static void byref_dealloc(PyObject *self_) {
     Py_TYPE(self_)->tp_free(self_);
 }
 
+/* The references a BufferRef holds, for the cyclic collector: a cycle through
+ * one (an ndarray subclass that keeps its own by_ref) was never collected, and
+ * kept its buffer exported for ever.  BufferRef itself is no GC type (a launch's
+ * copy of its user data is one: no work for the collector per launch); its Python
+ * subclass ByRef is, and calls these through subtype_traverse and subtype_clear. */
+static int byref_traverse(PyObject *self_, visitproc visit, void *arg) {
+    nhf_byref_object *self = (nhf_byref_object *)self_;
+    Py_VISIT(self->obj);
+    Py_VISIT(self->dtype);
+    if (self->exported)
+        Py_VISIT(self->view.obj);
+    return 0;
+}
+
+static int byref_clear(PyObject *self_) {
+    nhf_byref_object *self = (nhf_byref_object *)self_;
+    if (self->exported) { /* unreachable garbage: no launch owns it */
+        self->exported = 0;
+        PyBuffer_Release(&self->view);
+    }
+    Py_CLEAR(self->obj);
+    Py_CLEAR(self->dtype);
+    return 0;
+}
+
 static PyObject *byref_address(PyObject *self, void *closure) {
     (void)closure;
     nhf_byref_object *ref = (nhf_byref_object *)self;
@@ -135,6 +169,8 @@ PyTypeObject nhf_byref_type = {
     .tp_new = PyType_GenericNew,
     .tp_init = byref_init,
     .tp_dealloc = byref_dealloc,
+    .tp_traverse = byref_traverse,
+    .tp_clear = byref_clear,
     .tp_getset = byref_getset,
 };
 
