@@ -204,8 +204,7 @@ def _pending_call() -> None:
     thread the pending call may have interrupted anything, numba_hostfn's own
     futures thread inside a done-callback included, whose locks a callback could
     then wait for, on its own thread, for ever; the helper thread, woken by the
-    descriptor, runs them instead (and on the main thread too while any thread
-    makes the callbacks' or the futures' batch, under ``_callbacks_lock``).
+    descriptor, runs them instead.
     async_done: the waits of the loop running on this thread, resolved now
     rather than at the loop's next poll of its descriptor (resolving runs no
     user code).  From 3.12 a Python callable's pending call may also run on
@@ -213,14 +212,9 @@ def _pending_call() -> None:
     """
     if on_foreign_thread():
         return
-    # Not while a thread makes the process's callbacks or futures (_callbacks_lock):
-    # a callback that makes the first done_future would wait for that lock, held on
-    # this thread by the code this call interrupted, for ever; the helper runs it.
-    if (
-        _callbacks is not None
-        and threading.current_thread() is threading.main_thread()
-        and not _callbacks_lock.locked()
-    ):
+    # Also while this thread makes the process's futures (_callbacks_lock, reentrant):
+    # a callback that makes the first done_future there makes it itself.
+    if _callbacks is not None and threading.current_thread() is threading.main_thread():
         _callbacks.run(block=False)
     loop = running_loop()
     ref = None if loop is None else _loops.get(loop)
@@ -234,7 +228,11 @@ _callbacks: _Callbacks | None = None
 # call: one could run inside concurrent.futures.wait() or as_completed() on the
 # thread that holds the futures' locks, and their waiter would miss the result.
 _futures: _Callbacks | None = None
-_callbacks_lock = threading.Lock()
+# Reentrant, as HostExecutor._lock (LIFETIME.md, invariant 11): making the batches
+# runs Python, and a finalizer, a signal handler or a pending call's callback run
+# meanwhile on this thread may launch blocking=False or make a done_future itself.
+# One made by such a nested call is kept; the outer one is dropped (its helper idles).
+_callbacks_lock = threading.RLock()
 
 
 def _the_callbacks() -> _Callbacks:
@@ -242,7 +240,9 @@ def _the_callbacks() -> _Callbacks:
     if _callbacks is None:
         with _callbacks_lock:
             if _callbacks is None:
-                _callbacks = _Callbacks()
+                made = _Callbacks()
+                if _callbacks is None:
+                    _callbacks = made
     return _callbacks
 
 
@@ -251,9 +251,11 @@ def _the_futures() -> _Callbacks:
     if _futures is None:
         with _callbacks_lock:
             if _futures is None:
-                _futures = _Callbacks(
+                made = _Callbacks(
                     wake_main=False, name="numba_hostfn-futures", on_fault=_FutureEntry.fail
                 )
+                if _futures is None:
+                    _futures = made
     return _futures
 
 
@@ -365,6 +367,7 @@ def _stream_future_type() -> type[concurrent.futures.Future]:
     global _stream_future
     if _stream_future is None:
         import concurrent.futures
+        from concurrent.futures import _base  # its states, which _settle moves through
 
         class StreamFuture(concurrent.futures.Future):
             """A ``concurrent.futures.Future`` whose result is its stream, set once:
@@ -378,21 +381,29 @@ def _stream_future_type() -> type[concurrent.futures.Future]:
             def __init__(self, stream: Any) -> None:
                 super().__init__()
                 self._stream = stream
-                self._once = [True]  # list.pop: one settle wins, on any thread
                 self._watch = (0, 0)  # (lane, task) where the signal is on a lane
 
             def _settle(self, error: BaseException | None = None) -> None:
                 """Set the result (the stream), or ``error``, unless already settled
-                (or cancelled: interest dropped)."""
+                (or cancelled: interest dropped, and its waiters told, as an executor
+                tells them).  No token is taken first: a Ctrl-C at any line here
+                leaves the future PENDING or RUNNING, for the other thread or a
+                retried result() to finish (invariant 21).  The state is moved under
+                the future's own lock, so two settles never both start it; its done
+                callbacks run outside that lock, as set_result runs them."""
+                with self._condition:
+                    if self._state in (_base.PENDING, _base.CANCELLED):
+                        if not self.set_running_or_notify_cancel():
+                            return  # cancelled: its waiters are told now
+                    elif self._state != _base.RUNNING:
+                        return  # settled by the other thread
                 try:
-                    self._once.pop()
-                except IndexError:
-                    return
-                if self.set_running_or_notify_cancel():
                     if error is None:
                         self.set_result(self._stream)
                     else:
                         self.set_exception(error)
+                except concurrent.futures.InvalidStateError:
+                    pass  # the other thread's settle, from RUNNING too, came first
 
             def result(self, timeout: float | None = None) -> Any:
                 return super().result(self._watch_stream(timeout))
@@ -493,11 +504,10 @@ class _LoopWaits:
         loop.add_reader(self.channel.fd, self._ready)
 
     def _ready(self) -> None:
-        try:
-            os.read(self.channel.fd, 8)  # first: a signal after the take writes again
-        except BlockingIOError:
-            pass
-        self.resolve()
+        # One native step: read the descriptor first (a signal after the take writes
+        # again), then take and resolve; a Ctrl-C between a read here and the resolve
+        # would leave the keys on the channel with no wake-up for them or any later one.
+        self.channel.dispatcher.run(False, True)
 
     def resolve(self) -> None:
         """Resolve the futures whose signals have run, oldest first (loop's thread)."""

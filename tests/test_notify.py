@@ -506,7 +506,7 @@ FIRST_FUTURE_FROM_A_PENDING_CALL_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     in_window = []  # pending calls run on this thread while it held _callbacks_lock
 
     def counted():
-        if _notify._callbacks_lock.locked():
+        if _notify._callbacks_lock._is_owned():
             in_window.append(1)
         _notify._pending_call()
 
@@ -525,7 +525,7 @@ FIRST_FUTURE_FROM_A_PENDING_CALL_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
         # Inside _the_futures(), _callbacks_lock held: the callback's signal runs now,
         # and its pending call lands in the loops below, on this thread, lock held.
         # The helper thread, woken too, cannot take the GIL (and the callback) first.
-        if event == "line" and not fired and _notify._callbacks_lock.locked():
+        if event == "line" and not fired and _notify._callbacks_lock._is_owned():
             fired.append(1)
             sys.setswitchinterval(60)
             hold.release()
@@ -1393,3 +1393,200 @@ def test_a_done_future_on_the_drivers_thread_never_watches_a_lane(device, stream
     future = _done_future_whose_enqueue_drains_a_lane_launch(device, stream)
     assert future._watch == (0, 0)
     assert future.result(timeout=30) is stream
+
+
+def _interrupt_settle_at(code, line):
+    """A tracer raising KeyboardInterrupt the first time `code` reaches `line`."""
+    fired = []
+
+    def local(frame, event, arg):
+        if event == "line" and frame.f_lineno == line and not fired:
+            fired.append(line)
+            raise KeyboardInterrupt
+        return local
+
+    def tracer(frame, event, arg):
+        return local if frame.f_code is code and not fired else None
+
+    return tracer, fired
+
+
+@pytest.mark.timeout(120)
+def test_a_ctrl_c_at_any_line_of_a_done_futures_settle_leaves_it_settleable(stream):
+    """Invariants 21 and 25: main's result() watches the lane, sees the stream get
+    there and settles the future itself; a Ctrl-C lands at a line of _settle.  Before
+    the fix, one landing just after the token was popped (before set_result) left the
+    futures thread's settle with no token: the future stayed pending for ever, and a
+    retried result() (what a program does after handling the Ctrl-C) never returned."""
+    future_type = _notify._stream_future_type()
+    code = future_type._settle.__code__
+    lines = sorted({ln for _, _, ln in code.co_lines() if ln is not None} - {code.co_firstlineno})
+    release = threading.Event()
+    # Keep the futures thread busy inside an earlier future's done callback, so the
+    # watching thread (main) is the one that settles.
+    with Hold(stream):
+        first = nh.done_future(stream)
+        first.add_done_callback(lambda _: release.wait(60))
+    futures = []
+    try:
+        # wait() settles nothing itself: the futures thread settles, and stays held.
+        assert not concurrent.futures.wait([first], timeout=30).not_done
+        for line in lines:
+            hold = Hold(stream)
+            future = nh.done_future(stream)
+            assert future._watch[1], "the wait is on the default lane"
+            hold.release()
+            tracer, fired = _interrupt_settle_at(code, line)
+            sys.settrace(tracer)
+            try:
+                future.result(timeout=30)
+            except KeyboardInterrupt:
+                pass
+            finally:
+                sys.settrace(None)
+            futures.append((line, bool(fired), future))
+    finally:
+        release.set()
+    stream.sync()
+    nh.drain()
+    # Every signal has run and the futures thread is free: each future resolves.
+    stuck = []
+    for line, _fired, future in futures:
+        try:
+            assert future.result(timeout=5) is stream
+        except TimeoutError:
+            stuck.append(line)
+    assert any(f for _, f, _ in futures)
+    assert stuck == [], f"futures left pending by a Ctrl-C at lines {stuck} of _settle"
+
+
+NESTED_FIRST_USE = CHILD_PREAMBLE + textwrap.dedent("""
+    import signal, sys
+    from numba_hostfn import _notify
+
+    seen = []
+
+    def handler(signum, frame):
+        # A signal handler (or a finalizer a collection runs) that waits on a stream:
+        # it may run at any bytecode, here while this thread makes the futures.
+        seen.append(nh.done_future(stream).result(timeout=30) is stream)
+
+    signal.signal(signal.SIGUSR1, handler)
+    code = _notify._Callbacks.__init__.__code__
+    fired = []
+
+    def local(frame, event, arg):
+        if event == "line" and not fired:
+            fired.append(1)
+            signal.raise_signal(signal.SIGUSR1)  # its handler runs at the next bytecode
+        return local
+
+    sys.settrace(lambda frame, event, arg: local if frame.f_code is code else None)
+    try:
+        outer = nh.done_future(stream)  # the process's first: makes the futures
+    finally:
+        sys.settrace(None)
+    print("ok", outer.result(timeout=30) is stream, seen)
+""")
+
+
+@pytest.mark.timeout(120)
+def test_a_handler_waiting_on_a_stream_while_the_first_done_future_is_made_does_not_deadlock():
+    """Invariant 11: a finalizer or signal handler may launch or wait between any two
+    bytecodes, on the thread that holds the package's lock; the locks held while Python
+    runs are reentrant, but _callbacks_lock (held while _the_futures/_the_callbacks
+    build the futures' or callbacks' thread and channel) is not: a handler that makes a
+    done_future (or a blocking=False launch) there waits for its own thread for ever."""
+    out = run_child(NESTED_FIRST_USE, timeout=60)
+    assert out.split()[0] == "ok", out
+
+
+READER_WINDOW = CHILD_PREAMBLE + textwrap.dedent("""
+    import asyncio, sys, time
+    from _device import Hold
+    from numba_hostfn import _core, _notify
+
+    ran = []
+
+    def counted():  # the notify pending call, counted (it resolves nothing: no loop runs)
+        ran.append(1)
+        _notify._pending_call()
+
+    loop = asyncio.new_event_loop()
+
+    async def wait_on(s):
+        return nh.async_done(s)
+
+    hold = Hold(stream)
+    first = loop.run_until_complete(wait_on(stream))  # the loop's channel, one wait
+    _core.set_notify_callable(counted)  # after the first wait routed the pending call
+    hold.release()
+    stream.sync()
+    deadline = time.monotonic() + 20
+    while not ran and time.monotonic() < deadline:
+        time.sleep(0.001)  # 3.10/3.11 run it at a GIL switch: no loop runs, it resolves nothing
+    assert ran and not first.done()
+
+    # The loop runs again; its reader runs, and a Ctrl-C lands before its last line
+    # (before the fix: after the read of the descriptor, before the resolve).
+    code = _notify._LoopWaits._ready.__code__
+    line = max(ln for _, _, ln in code.co_lines() if ln is not None)  # its last line
+    fired = []
+
+    def local(frame, event, arg):
+        if event == "line" and frame.f_lineno == line and not fired:
+            fired.append(1)
+            raise KeyboardInterrupt
+        return local
+
+    sys.settrace(lambda frame, event, arg: local if frame.f_code is code else None)
+    try:
+        loop.run_until_complete(first)
+        how = "returned"
+    except KeyboardInterrupt:
+        how = "interrupted"
+    finally:
+        sys.settrace(None)
+
+    # The program handles the Ctrl-C and goes on with its loop.
+    async def later():
+        second = nh.async_done(stream)
+        stream.sync()
+        results = []
+        for f in (first, second):
+            try:
+                results.append(await asyncio.wait_for(asyncio.shield(f), 3) is stream)
+            except asyncio.TimeoutError:
+                results.append("stuck")
+        return results
+
+    print(how, loop.run_until_complete(later()))
+""")
+
+
+@pytest.mark.timeout(120)
+def test_a_ctrl_c_between_the_loops_read_and_its_resolve_strands_no_wait():
+    """Invariants 19 and 21: _ready reads the loop's eventfd, then resolves, in two
+    bytecodes of Python.  A Ctrl-C between them consumes the wake-up with the keys
+    still on the channel's stack; every later signal pushes onto a non-empty stack and
+    writes nothing, so that wait and every later wait of that loop never resolve
+    (until something unrelated runs the resolve)."""
+    out = run_child(READER_WINDOW, timeout=60)
+    assert out.split()[0] == "interrupted", out
+    assert "stuck" not in out, out
+
+
+def test_a_cancelled_done_future_is_told_to_its_waiters(stream):
+    """Cancelling a done_future drops interest; when its signal runs, the future's
+    waiters (concurrent.futures.as_completed, wait) are told, as an executor tells
+    them: a settle that only set the result left a cancelled future untold, and
+    as_completed() waited for it until its timeout."""
+    with Hold(stream):
+        future = nh.done_future(stream)
+        assert future.cancel()
+        waiting = concurrent.futures.ThreadPoolExecutor(1)
+        told = waiting.submit(lambda: list(concurrent.futures.as_completed([future], 30)))
+        time.sleep(0.05)  # as_completed has installed its waiter (else it finds it told)
+    stream.sync()
+    assert told.result(60) == [future]
+    waiting.shutdown()

@@ -364,6 +364,12 @@ static PyObject *dispatcher_run(PyObject *self_, PyObject *const *args, Py_ssize
     int block = nargs > 0 ? PyObject_IsTrue(args[0]) : 1;
     if (block < 0)
         return NULL;
+    /* read_first (a loop's reader, on a non-blocking eventfd): consume the wake-up in
+     * this same step, under the batch lock: a Ctrl-C between a read in Python and the
+     * take would leave the keys on the stack with nothing written for them. */
+    int read_first = nargs > 1 ? PyObject_IsTrue(args[1]) : 0;
+    if (read_first < 0)
+        return NULL;
     unsigned long me = PyThread_get_thread_ident();
     if (atomic_load(&d->runner) == me)
         return PyLong_FromLong(0);
@@ -376,6 +382,11 @@ static PyObject *dispatcher_run(PyObject *self_, PyObject *const *args, Py_ssize
     }
     atomic_store(&d->runner, me);
     Py_INCREF(self_); /* an entry may drop the last other reference to this */
+    if (read_first) {
+        uint64_t count;
+        ssize_t got = read(d->ch->fd, &count, sizeof count);
+        (void)got; /* EAGAIN: nothing written since the last read */
+    }
     long ran = 0;
     int failed = 0;
     for (;;) {
@@ -420,6 +431,13 @@ static PyObject *dispatcher_run(PyObject *self_, PyObject *const *args, Py_ssize
                 break;
             }
         }
+    }
+    if (failed && (d->due_len > 0 || atomic_load(&d->ch->pushed) != NULL)) {
+        /* Stopped with work left (a handler's exception): wake the reader again, or
+         * the rest would wait for an unrelated signal or drain. */
+        static const uint64_t one = 1;
+        ssize_t written = write(d->ch->fd, &one, sizeof one);
+        (void)written;
     }
     atomic_store(&d->runner, 0);
     pthread_mutex_unlock(&d->lock);
@@ -555,7 +573,7 @@ static void dispatcher_dealloc(PyObject *self_) {
 
 static PyMethodDef dispatcher_methods[] = {
     {"run", (PyCFunction)(void (*)(void))dispatcher_run, METH_FASTCALL,
-     "run($self, block=True, /)\n--\n\n"
+     "run($self, block=True, read_first=False, /)\n--\n\n"
      "Returns how many entries the batch acted on, oldest first."},
     {"launch", (PyCFunction)(void (*)(void))dispatcher_launch, METH_FASTCALL,
      "launch($self, route, target, owner, entry, /)\n--\n\n"
