@@ -138,9 +138,9 @@ def _run_side(
         return json.load(f)
 
 
-def _cell(values: list[float]) -> str:
+def _cell(values: list[float], note: str = "") -> str:
     if not values:
-        return "--"
+        return f"-- ({note})" if note else "--"
     return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
@@ -202,16 +202,20 @@ def compare(ref: str, commit: str, runs: dict[str, list[dict]]) -> str:
         dict.fromkeys((r["group"], r["name"], r["unit"]) for run in a + b for r in run["rows"])
     )
     for group, name, unit in keys:
-        cells = {}
+        cells, notes = {}, {}
         for side, side_runs in (("A", a), ("B", b)):
-            cells[side] = [
-                statistics.median(r["samples"])
+            rows = [
+                r
                 for run in side_runs
                 for r in run["rows"]
-                if (r["group"], r["name"]) == (group, name) and r["samples"]
+                if (r["group"], r["name"]) == (group, name)
             ]
+            cells[side] = [statistics.median(r["samples"]) for r in rows if r["samples"]]
+            # a row that failed says why (its note), as run.py's own table does
+            notes[side] = next((r["note"] for r in rows if not r["samples"] and r["note"]), "")
         lines.append(
-            f"| {group} | {name} | {unit} | {_cell(cells['A'])} | {_cell(cells['B'])} | "
+            f"| {group} | {name} | {unit} | {_cell(cells['A'], notes['A'])} | "
+            f"{_cell(cells['B'], notes['B'])} | "
             f"{_b_over_a(cells['A'], cells['B'])} |"
         )
     return "\n".join(lines) + "\n"
@@ -266,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
                         args.keep and os.path.join(args.keep, f"{side}-{i + 1}"),
                     )
                 )
+            if args.out and i + 1 < args.rounds:  # a run cut short keeps its rounds
+                with open(args.out, "w") as f:
+                    f.write(compare(args.ref, commit, runs))
     text = compare(args.ref, commit, runs)
     if args.out:
         with open(args.out, "w") as f:

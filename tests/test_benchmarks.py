@@ -77,6 +77,9 @@ def test_benchmark_suite_smoke(tmp_path):
     assert "| captured HostFunction node | -- " not in report  # it measured, did not fail
     assert "| captured Python callable node | -- " not in report
     assert "| captured Python node / captured compiled node |" in report
+    # ab.py keys the targets by their text: no two lines may share one
+    texts = [line.split(" | ")[0] for line in report.split("### targets")[1].splitlines()[3:]]
+    assert len(texts) == len(set(texts)), texts
     # done_future's samples split at the result set: every kind measured both parts
     resolve = report.split("### done_future resolve")[1].split("### default lane")[0]
     assert "### done_future, device end to the result set" in resolve
