@@ -8,12 +8,12 @@ lane, or into the graph being captured or an explicit graph (``_graphs``).
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from . import _core
 from ._backend import Backend, Launch, StaleLane
 from ._classify import KINDS, classify_function, compiled_layout
+from ._errors import forget_locals
 from ._executor import check_executor, copy_context_of, default_lane_of, lane_of, renew_lane
 from ._graphs import add_captured_node, add_graph_node
 from ._process import get_backend
@@ -102,31 +102,6 @@ def check_target(target: Any, caller: str = "host_launch") -> tuple[str, int]:
     if kind == "node":
         return kind, 0
     return kind, get_backend().stream_handle(target, stream_handle(target))
-
-
-#: This package's folder: the frames whose locals a refused call drops (forget_locals).
-_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
-
-
-def forget_locals(error: BaseException) -> None:
-    """Drop the locals of this package's returned frames in ``error``'s traceback.
-
-    A call that raises keeps nothing (LIFETIME.md, invariant 3), not even through
-    its error: a caught one (or the REPL's ``sys.last_exc``) keeps its traceback's
-    frames, whose locals would keep user data exported (a ``bytearray`` that cannot
-    be resized) and copies alive.  The program's own frames keep theirs (a
-    ``__buffer__`` that raised, for a debugger); a frame still running is left to
-    its function, which drops what it holds itself.
-    """
-    tb = error.__traceback__
-    while tb is not None:
-        frame = tb.tb_frame
-        if frame.f_code.co_filename.startswith(_PACKAGE):
-            try:
-                frame.clear()
-            except RuntimeError:  # still running (the caller's own frame)
-                pass
-        tb = tb.tb_next
 
 
 def enqueue(

@@ -9,6 +9,8 @@ host function cannot be raised to the caller: they are reported through
 
 from __future__ import annotations
 
+import os
+
 __all__ = [
     "BackendUnavailableError",
     "CudaDriverError",
@@ -93,3 +95,28 @@ class SimulatorUnsupportedError(NotImplementedError):
     capture itself is modelled; a stream that is not a simulated one is refused
     with :class:`TypeError`.
     """
+
+
+#: This package's folder: the frames whose locals a refused call drops (forget_locals).
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def forget_locals(error: BaseException) -> None:
+    """Drop the locals of this package's returned frames in ``error``'s traceback.
+
+    A call that raises keeps nothing (LIFETIME.md, invariant 3), not even through
+    its error: a caught one (or the REPL's ``sys.last_exc``) keeps its traceback's
+    frames, whose locals would keep user data exported (a ``bytearray`` that cannot
+    be resized) and copies alive.  The program's own frames keep theirs (a
+    ``__buffer__`` that raised, for a debugger); a frame still running is left to
+    its function, which drops what it holds itself.
+    """
+    tb = error.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_filename.startswith(_PACKAGE):
+            try:
+                frame.clear()
+            except RuntimeError:  # still running (the caller's own frame)
+                pass
+        tb = tb.tb_next

@@ -21,7 +21,8 @@ import numpy as np
 
 from . import _core
 from ._compat import numba_hooks
-from ._enqueue import check_target, enqueue, forget_locals
+from ._enqueue import check_target, enqueue
+from ._errors import forget_locals
 from ._executor import check_executor
 from ._hostfunction import HostFunction, host_callback
 

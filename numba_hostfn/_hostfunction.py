@@ -31,7 +31,7 @@ import numpy as np
 
 from . import _core
 from ._compat import numba_hooks
-from ._errors import HostCallbackCompileError
+from ._errors import HostCallbackCompileError, forget_locals
 from ._userdata import resolve_user_data
 
 __all__ = ["CUhostFn", "HostFunction", "host_callback"]
@@ -377,7 +377,11 @@ class HostFunction(_core.CompiledBase):
                 "a HostFunction with no machine code (made with HostFunction.__new__, never "
                 "compiled) cannot be called; make it with @numba_hostfn.host_callback"
             )
-        address, owner = resolve_user_data(user_data, self.dtype, self, self.reads_user_data)
+        try:
+            address, owner = resolve_user_data(user_data, self.dtype, self, self.reads_user_data)
+        except BaseException as error:
+            forget_locals(error)  # its exports: a refusal keeps none (invariant 3)
+            raise
         if self._direct is None:
             self._direct = _direct_caller(self._target, self._options)
         try:

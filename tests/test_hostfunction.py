@@ -473,3 +473,16 @@ def test_a_non_native_byte_order_dtype_is_refused_clearly():
             @nh.host_callback(dtype=dt)
             def f(d):
                 pass
+
+
+def test_a_refused_direct_call_keeps_no_buffer_exported_while_its_error_lives():
+    """Invariant 3 for a direct call: user data the body's layout refuses was kept
+    exported (a bytearray could not be resized) by the frames of the error's
+    traceback, for as long as the error lived."""
+    buf = bytearray(REC.itemsize - 1)  # one byte short of the declared layout
+    try:
+        bump_record(buf)
+    except ValueError as caught:
+        error = caught
+    assert "dtype" in str(error)
+    buf.append(0)  # BufferError while the error kept the export
