@@ -533,11 +533,11 @@ def test_a_sleep_whose_capture_another_thread_ends_goes_to_the_stream(request):
         _, graph = _run_at_line(
             nh.simulator.Stream.sleep,
             "capture = self._backend.captures.get(handle)",
-            lambda: s.sleep(0.5),
+            lambda: s.sleep(2),
             s.end_capture,
         )
         assert not s.is_capturing
-        assert not s.is_done()  # the half second runs on the stream, not in the graph
+        assert not s.is_done()  # the 2 s run on the stream, not in the graph
         s.sync()
         graph.close()
     finally:
