@@ -194,6 +194,7 @@ class Stream(_core.SimStreamBase):
     def begin_capture(self) -> None:
         """Start capturing: work enqueued from now on is recorded, not run (CuPy's shape)."""
         handle = self._live()
+        _refuse_in_host_function("begin_capture")
         if self.is_capturing:
             raise RuntimeError("the simulated stream is already capturing")
         self._backend.captures[handle] = _core.SimGraph()
@@ -212,6 +213,7 @@ class Stream(_core.SimStreamBase):
 
     def _end_capture(self) -> Any:
         """Stop capturing; the capture's reference to its graph, now the caller's."""
+        _refuse_in_host_function("end_capture")
         capture = self._backend.captures.get(self._handle)
         if capture is None:
             raise RuntimeError("end_capture() on a simulated stream that is not capturing")
@@ -321,6 +323,20 @@ def new_context() -> None:
     """
     _simulator()
     _core.sim_new_context()
+
+
+def _refuse_in_host_function(call: str) -> None:
+    """RuntimeError where a host function calls ``call``: a stream capture's begin
+    or end is a CUDA call (cuStreamBeginCapture, cuStreamEndCapture), which CUDA
+    forbids a host function, as the simulator's sync and enqueues refuse it."""
+    if _core.sim_in_host_function():
+        raise RuntimeError(
+            f"{call}() was called from a host function: CUDA forbids a host function any "
+            "CUDA call (a capture's begin and end included), so the simulator refuses it, "
+            "and the stream's capture is as it was. Capture from the program's own "
+            "threads; to act when a stream gets somewhere, use host_launch(stream, fn, "
+            "blocking=False), whose fn runs on a Python thread"
+        )
 
 
 class GraphBuilder:

@@ -586,3 +586,33 @@ def test_closing_an_unused_graph_builder_leaves_another_capture_alone(request):
         s.sync()
         graph.close()
     assert counter[0] == 1
+
+
+def test_a_host_function_that_begins_or_ends_a_capture_is_refused(request, unraisables):
+    """A capture's begin and end are CUDA calls, which CUDA forbids a host function:
+    the simulator took them (docs/threading.md says it refuses a host function's
+    CUDA calls).  They raise RuntimeError now, and the capture is as it was."""
+    if rerun_on_simulator(request):
+        return
+    seen = []
+
+    def captures(target):
+        calls = (
+            target.begin_capture,
+            target.end_capture,
+            target.create_graph_builder().begin_building,
+        )
+        for call in calls:
+            try:
+                call()
+            except RuntimeError as exc:
+                seen.append("host function" in str(exc))
+
+    with nh.simulator.Stream() as s, nh.simulator.Stream() as idle, nh.simulator.Stream() as busy:
+        busy.begin_capture()
+        nh.host_launch(s, lambda: captures(idle))
+        nh.host_launch(s, lambda: captures(busy))
+        s.sync()
+        assert seen == [True] * 6 and not unraisables
+        assert not idle.is_capturing and busy.is_capturing
+        busy.end_capture().close()  # from the program's thread: taken
