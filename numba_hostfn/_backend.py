@@ -190,10 +190,8 @@ class Backend:
         """
         # The fault of the stream's own context; else the latest of this code.
         found = _core.stream_fault_found(stream) if stream else 0
-        for _ctx, fault_code, on in reversed(_core.fault_info() if not found else ()):
-            if fault_code == code:
-                found = on
-                break
+        if not found:
+            found = next((on for _, c, on in reversed(_core.fault_info()) if c == code), 0)
         name = self.error_name(code)
         where = f"found on stream {found:#x}" if found else "reported by the driver"
         return DeviceFaultError(
