@@ -282,13 +282,21 @@ class Backend:
         raise NotImplementedError  # pragma: no cover
 
 
-def in_host_function_error() -> RuntimeError:
-    """The error of work enqueued by a host function (the simulator's ``IN_HOST_FUNCTION``)."""
+_ENQUEUED = (
+    "enqueued work on a simulated stream (host_launch, host_copy, release_after, a "
+    "signal or a graph launch)",
+    "nothing was enqueued",
+)
+
+
+def in_host_function_error(did: str = _ENQUEUED[0], left: str = _ENQUEUED[1]) -> RuntimeError:
+    """The error of a CUDA call a host function made on the simulator: by default
+    work it enqueued (the simulator's ``IN_HOST_FUNCTION``); ``did`` says what it did
+    instead, ``left`` what became of it."""
     return RuntimeError(
-        "a host function enqueued work on a simulated stream (host_launch, host_copy, "
-        "release_after, a signal or a graph launch): CUDA forbids a host function any "
-        "CUDA call (the driver may refuse it or deadlock), so the simulator refuses it, "
-        "and nothing was enqueued. Enqueue from the program's own threads; to launch "
-        "when a stream gets somewhere, use host_launch(stream, fn, blocking=False): fn "
-        "then runs on a Python thread, where it may launch (docs/threading.md)"
+        f"a host function {did}: CUDA forbids a host function any CUDA call (the driver "
+        f"may refuse it or deadlock), so the simulator refuses it, and {left}. Call it "
+        "from the program's own threads; to launch when a stream gets somewhere, use "
+        "host_launch(stream, fn, blocking=False): fn then runs on a Python thread, where "
+        "it may launch (docs/threading.md)"
     )

@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import _core
+from ._backend import in_host_function_error
 from ._classify import classify_function
 from ._enqueue import enqueue
 from ._errors import SimulatorUnsupportedError
@@ -330,12 +331,8 @@ def _refuse_in_host_function(call: str) -> None:
     or end is a CUDA call (cuStreamBeginCapture, cuStreamEndCapture), which CUDA
     forbids a host function, as the simulator's sync and enqueues refuse it."""
     if _core.sim_in_host_function():
-        raise RuntimeError(
-            f"{call}() was called from a host function: CUDA forbids a host function any "
-            "CUDA call (a capture's begin and end included), so the simulator refuses it, "
-            "and the stream's capture is as it was. Capture from the program's own "
-            "threads; to act when a stream gets somewhere, use host_launch(stream, fn, "
-            "blocking=False), whose fn runs on a Python thread"
+        raise in_host_function_error(
+            f"called {call}() on a simulated stream", "the stream's capture is as it was"
         )
 
 
