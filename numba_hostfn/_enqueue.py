@@ -128,7 +128,9 @@ def enqueue(
             target, fn, user_data, also_owns, as_device_work, executor, parallel_copy, caller
         )
     except BaseException as error:
-        also_owns = None  # noqa: F841 - host_copy's buffer exports, for one
+        # This frame runs on (forget_locals cannot clear it): its arguments are
+        # dropped here, host_copy's buffer exports and a by_ref(...) made inline.
+        target = fn = user_data = also_owns = executor = None  # noqa: F841
         forget_locals(error)
         raise
 

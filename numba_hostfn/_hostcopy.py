@@ -280,6 +280,9 @@ def host_copy(stream: Any, dst: Any, src: Any, *, executor: Any = None) -> Any:
     try:
         return _host_copy(stream, dst, src, executor)
     except BaseException as error:
+        # Its own arguments too: a memoryview (or numpy view) made in the call holds
+        # an export of its buffer, and this frame runs on, uncleared.
+        stream = dst = src = executor = None  # noqa: F841
         forget_locals(error)  # the buffers' exports, pinned: a refusal keeps none
         raise
 

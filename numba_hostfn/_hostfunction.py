@@ -185,6 +185,17 @@ def _result_refusal(py_func: Callable, target: Callable, options: dict) -> str |
     )
 
 
+def _native_byte_order(layout: np.dtype) -> bool:
+    """Whether every part of ``layout`` is in the machine's byte order: numpy's
+    ``isnative`` looks into fields but not into a subarray's base
+    (``np.dtype([("a", ">i4", (2,))]).isnative`` is True)."""
+    if layout.subdtype is not None:
+        return _native_byte_order(layout.subdtype[0])
+    if layout.names is not None:
+        return all(_native_byte_order(layout.fields[name][0]) for name in layout.names)
+    return layout.isnative
+
+
 def _check_layout(dtype: Any) -> np.dtype | None:
     if dtype is None:
         return None
@@ -196,7 +207,7 @@ def _check_layout(dtype: Any) -> np.dtype | None:
         raise TypeError(f"host_callback(dtype=...) cannot hold Python objects: {layout}")
     if layout.itemsize == 0:
         raise ValueError(f"host_callback(dtype=...) needs a non-empty dtype, got {layout}")
-    if not layout.isnative:
+    if not _native_byte_order(layout):
         raise ValueError(
             f"host_callback(dtype=...) must be in the machine's byte order, got {layout}: "
             "numba cannot compile a non-native byte order; use "
@@ -380,12 +391,16 @@ class HostFunction(_core.CompiledBase):
         try:
             address, owner = resolve_user_data(user_data, self.dtype, self, self.reads_user_data)
         except BaseException as error:
+            user_data = None  # noqa: F841 - this frame runs on: a by_ref(...) made inline
             forget_locals(error)  # its exports: a refusal keeps none (invariant 3)
             raise
         if self._direct is None:
             self._direct = _direct_caller(self._target, self._options)
         try:
             self._direct(address)
+        except BaseException:
+            user_data = None  # noqa: F841 - nor does a body's own error keep it
+            raise
         finally:
             del owner
 

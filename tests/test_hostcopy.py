@@ -429,3 +429,19 @@ def test_a_refused_host_copy_keeps_no_buffer_exported_while_its_error_lives(stre
     assert "sizes differ" in str(error)
     dst.append(0)  # BufferError while the error kept the exports
     src.append(0)
+
+
+def test_a_refused_host_copy_of_views_made_inline_keeps_no_buffer_exported(stream):
+    """As above, with the buffers given as views made in the call (a memoryview, a
+    numpy view of a bytearray): host_copy's own frame, still running when the
+    locals of its helpers were dropped, kept its arguments, and each holds an
+    export of its bytearray for as long as the caught error lived."""
+    dst, src = bytearray(8), bytearray(4)
+    error = None
+    try:
+        nh.host_copy(stream, memoryview(dst), np.frombuffer(src, np.uint8))
+    except ValueError as caught:
+        error = caught
+    assert "sizes differ" in str(error)
+    dst.append(0)  # BufferError while the error kept the views
+    src.append(0)

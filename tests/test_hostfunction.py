@@ -486,3 +486,31 @@ def test_a_refused_direct_call_keeps_no_buffer_exported_while_its_error_lives():
         error = caught
     assert "dtype" in str(error)
     buf.append(0)  # BufferError while the error kept the export
+
+
+def test_a_refused_direct_call_of_a_by_ref_keeps_no_buffer_exported():
+    """As above with ``by_ref(buf)`` made in the call: the direct call's own frame
+    kept it as its argument, so buf stayed unresizable while the error lived."""
+    buf = bytearray(REC.itemsize - 1)
+    error = None
+    try:
+        bump_record(nh.by_ref(buf))
+    except ValueError as caught:
+        error = caught
+    assert "dtype" in str(error)
+    buf.append(0)  # BufferError while the error kept the ByRef
+
+
+def test_a_non_native_subarray_field_is_refused_clearly():
+    """numpy says a dtype whose only non-native part is a subarray field's base is
+    native (``np.dtype([("a", ">i4", (2,))]).isnative`` is True), so the byte-order
+    check let it through and numba failed with "Untyped global name 'layout'"."""
+    for dt in (
+        np.dtype([("a", ">i4", (2,))]),
+        np.dtype([("x", "<f8"), ("inner", [("a", ">i4", (2,))])]),
+    ):
+        with pytest.raises(ValueError, match="byte order"):
+
+            @nh.host_callback(dtype=dt)
+            def f(d):
+                pass

@@ -823,6 +823,40 @@ def test_a_refused_launch_does_not_pin_writable_user_data_while_its_error_lives(
     s.close()
 
 
+@pytest.mark.parametrize("why", ["executor", "closed", "layout"])
+def test_a_refused_launch_does_not_pin_a_by_ref_given_inline_while_its_error_lives(why):
+    """Invariant 3 with the documented way to share: ``user_data=nh.by_ref(buf)``.
+    The program keeps no reference to that ByRef, but the package's frames that
+    were still running when their locals were dropped (host_launch's Python path,
+    enqueue) kept it as their argument, so a caught error kept buf unresizable."""
+    s = nh.create_stream()
+    buf = bytearray(16 if why != "layout" else 8)
+    kwargs = {"executor": object()} if why == "executor" else {}
+    if why == "closed":
+        s.close()
+    error = None
+    try:
+        nh.host_launch(s, write_b, user_data=nh.by_ref(buf), **kwargs)
+    except (TypeError, ValueError, RuntimeError) as caught:
+        error = caught
+    assert error is not None
+    buf.append(0)  # BufferError while the error kept the ByRef
+    s.close()
+
+
+def test_a_refused_record_keeps_no_buffer_exported_while_its_error_lives():
+    """record() pins each buffer an address field points to as it goes; a later
+    field it refuses left those pins in its frame, kept by the caught error."""
+    values = bytearray(8)
+    error = None
+    try:
+        nh.record(SUM, values=values, out=-1)
+    except ValueError as caught:
+        error = caught
+    assert "'out'" in str(error)
+    values.append(0)  # BufferError while the error kept the pin
+
+
 def test_record_takes_an_array_array_as_a_buffer_not_a_number():
     """record() stores a buffer's address in an address field, but an array.array
     (a buffer) of one element is stored as its value, and not kept."""
