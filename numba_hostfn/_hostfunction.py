@@ -222,6 +222,13 @@ def _check_layout(dtype: Any) -> np.dtype | None:
             "user_data.a in the body; or give no dtype= and view the pointer with "
             f"numba.carray(user_data, {shape}, np.{base!r})"
         )
+    if layout.names is None and layout.kind == "V":
+        raise ValueError(
+            f"host_callback(dtype=...) cannot be raw bytes without fields, got {layout!r}: "
+            "numba cannot type an unstructured void dtype. Give it fields, "
+            f"np.dtype([('raw', 'u1', {layout.itemsize})]), or give no dtype= and view the "
+            "pointer with numba.carray"
+        )
     _check_subarray_fields(layout, "")
     return layout
 
@@ -239,6 +246,12 @@ def _check_subarray_fields(layout: np.dtype, prefix: str) -> None:
         base = field if field.subdtype is None else field.subdtype[0]
         if base.names is not None:
             _check_subarray_fields(base, f"{path}.")
+        elif base.kind == "V":
+            raise ValueError(
+                f"host_callback(dtype=...): field {path!r} is raw bytes without fields "
+                f"({base!r}), which numba cannot type. Store them as numbers instead "
+                f"(('{name}', 'u1', {base.itemsize})), or give the field fields of its own"
+            )
         elif field.subdtype is not None and base.kind not in "iufc":
             raise ValueError(
                 f"host_callback(dtype=...): field {path!r} is a subarray of {base!r} "

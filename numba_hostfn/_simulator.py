@@ -20,6 +20,7 @@ docs/simulator.md lists what is and is not modelled.
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 from . import _core
@@ -155,11 +156,12 @@ class Stream(_core.SimStreamBase):
 
     def sleep(self, seconds: float) -> None:
         """Enqueue simulated device work that occupies the stream for ``seconds``."""
-        if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
+        # Any real number (a numpy scalar, a Fraction), as HostExecutor's times.
+        if not isinstance(seconds, numbers.Real) or isinstance(seconds, bool):
             raise TypeError(f"sleep() expected a number of seconds, got {seconds!r}")
         if not 0 <= seconds <= 3600:
             raise ValueError(f"sleep() expected 0 to 3600 seconds, got {seconds!r}")
-        micros = int(seconds * 1e6)
+        micros = int(float(seconds) * 1e6)
         handle = self._live()
         while True:
             status = _core.sim_enqueue(handle, _core.SIM_DELAY, micros, True)
@@ -281,6 +283,11 @@ class Graph:
     """
 
     def __init__(self, native: Any) -> None:
+        if type(native) is not _core.SimGraph:
+            raise TypeError(
+                "simulator.Graph is made by Stream.end_capture() or GraphBuilder.complete(), "
+                f"not directly; got {type(native).__name__}"
+            )
         self._native = native  # a SimGraph: this executable graph's reference
 
     @property
@@ -345,6 +352,11 @@ class GraphBuilder:
     """
 
     def __init__(self, stream: Stream) -> None:
+        if not isinstance(stream, Stream):
+            raise TypeError(
+                "simulator.GraphBuilder expected a simulator.Stream (or use "
+                f"stream.create_graph_builder()), got {type(stream).__name__}"
+            )
         self._stream = stream
         self._definition: Any = None  # a SimGraph, once built
         self._capture: Any = None  # the capture it began (a SimGraph), while building

@@ -309,6 +309,23 @@ def test_a_subarray_numba_cannot_view_is_refused_at_decoration(dtype, says):
     assert "instead" in str(info.value) or "Make the array a field" in str(info.value)
 
 
+@pytest.mark.parametrize(
+    "dtype, says",
+    [
+        (np.dtype("V8"), "raw bytes without fields"),
+        (np.dtype([("n", "i8"), ("blob", "V4")]), "field 'blob' is raw bytes"),
+        (np.dtype([("r", [("blob", "V2")])]), "field 'r.blob' is raw bytes"),
+    ],
+)
+def test_an_unstructured_void_dtype_is_refused_at_decoration(dtype, says):
+    """numba cannot type a void dtype without fields: it failed while compiling, with a
+    HostCallbackCompileError that blamed the body and named the package's internal
+    wrapper ("Untyped global name 'layout': |V8")."""
+    with pytest.raises(ValueError, match=says) as info:
+        nh.host_callback(dtype=dtype)
+    assert "layout" not in str(info.value)
+
+
 def _fills_subarrays(d):
     d.a[0] = 7
     d.m[1, 2] = 2.5

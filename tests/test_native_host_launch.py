@@ -840,3 +840,31 @@ def test_a_flags_class_attribute_does_not_change_a_cuhostfn(stream):
     finally:
         nh.CUhostFn._flags_ = flags
     assert fast == python == "ok", (fast, python)
+
+
+def test_a_refused_configure_launch_leaves_no_half_configured_fast_path(stream):
+    """configure_launch(raise_status=None, route=<bad>) set raise_status (to none) and
+    then raised for route, leaving the fast path on: its next refused enqueue called
+    the missing raise_status (a NULL: the process died).  The fast path is now
+    recomputed on every exit, so it is off until raise_status is back."""
+    from numba_hostfn._process import get_backend
+
+    nh.host_launch(stream, plain)  # the backend is made and configured
+    try:
+        with pytest.raises(TypeError):
+            _core.configure_launch(raise_status=None, route="not a route")
+        assert _counts_of(lambda: nh.host_launch(stream, plain)) == {"fell_through": 1}
+    finally:
+        _launch._configure_native(get_backend())
+    assert _counts_of(lambda: nh.host_launch(stream, plain)) == {"python": 1}
+    stream.sync()
+
+
+@pytest.mark.parametrize(
+    "keyword, value", [("cuda_stream_type", 42), ("byref_type", bytes), ("byref_type", "x")]
+)
+def test_configure_launch_refuses_a_type_the_fast_path_cannot_cast_to(keyword, value):
+    """The fast path casts a user_data of byref_type to a BufferRef and reads its
+    export: any other type (bytes) was taken, and a bytes user_data read as one."""
+    with pytest.raises(TypeError, match=keyword):
+        _core.configure_launch(**{keyword: value})

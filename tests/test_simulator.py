@@ -616,3 +616,35 @@ def test_a_host_function_that_begins_or_ends_a_capture_is_refused(request, unrai
         assert seen == [True] * 6 and not unraisables
         assert not idle.is_capturing and busy.is_capturing
         busy.end_capture().close()  # from the program's thread: taken
+
+
+@pytest.mark.parametrize("seconds", [np.int64(0), np.float32(0.001), np.float64(0.001)])
+def test_sleep_takes_any_real_number(request, seconds):
+    """sleep() refused a numpy integer or float32 (and a Fraction) with "expected a
+    number of seconds, got 0": a number; HostExecutor's times take any real number."""
+    if rerun_on_simulator(request):
+        return
+    with nh.simulator.Stream() as s:
+        s.sleep(seconds)
+        s.sync()
+        with pytest.raises(TypeError, match="seconds"):
+            s.sleep(np.bool_(True))
+
+
+@pytest.mark.parametrize("given", [None, 0, "stream", object()])
+def test_graph_builder_and_graph_refuse_what_they_cannot_use(request, given):
+    """simulator.GraphBuilder(x) and simulator.Graph(x) took anything, and failed at
+    first use with an AttributeError ('NoneType' object has no attribute
+    'begin_capture', 'int' object has no attribute 'held')."""
+    if rerun_on_simulator(request):
+        return
+    with pytest.raises(TypeError, match="simulator.Stream"):
+        nh.simulator.GraphBuilder(given)
+    with pytest.raises(TypeError, match="end_capture"):
+        nh.simulator.Graph(given)
+    with nh.simulator.Stream() as s:  # the ways that make them still do
+        builder = s.create_graph_builder().begin_building()
+        builder.end_building().complete().close()
+        builder.close()
+        s.begin_capture()
+        s.end_capture().close()

@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from numba_hostfn import _core
 
 STUB = Path(_core.__file__).with_name("_core.pyi")
@@ -83,3 +85,27 @@ def test_stub_names_every_runtime_name():
         if isinstance(cls, type):
             own = {member for member in vars(cls) if not _dunder(member)}
             assert own - members[name] == set(), f"in _core.{name}, not in the stub's class"
+
+
+def test_the_stub_names_every_testing_hook():
+    """The stub types _core._testing as a module and names its hooks in a comment;
+    the comment is all a reader has (driver_address was missing from it)."""
+    text = STUB.read_text()
+    start = text.index("# ---- the hooks for tests only")
+    start = text.index(":\n", start) + 2
+    comment = text[start : text.index(".  Not an API", start)].replace("#", "")
+    listed = {name.strip() for name in comment.split(",")}
+    runtime = {name for name in dir(_core._testing) if not _dunder(name)}
+    assert runtime - listed == set(), "in _core._testing, not in _core.pyi's comment"
+    assert listed - runtime == set(), "in _core.pyi's comment, not in _core._testing"
+
+
+def test_dispatcher_run_refuses_more_arguments_than_its_signature():
+    """Dispatcher.run($self, block=True, read_first=False, /) ignored a third argument
+    (and any after it) where every other entry point refuses a wrong count."""
+    from numba_hostfn import _notify
+
+    channel = _notify._Channel(wake_main=False, nonblocking=True)
+    assert channel.dispatcher.run(False, False) == 0
+    with pytest.raises(TypeError, match="at most 2"):
+        channel.dispatcher.run(False, False, "extra")

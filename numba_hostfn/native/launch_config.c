@@ -23,6 +23,21 @@ static int set_object(PyObject **slot, PyObject *value) {
     return 0;
 }
 
+/* A type (or None) for a slot the fast path casts with: 0, or -1 with a TypeError
+ * set.  base: the type it must extend, whose C layout the fast path reads (NULL:
+ * any type). */
+static int set_type(PyObject **slot, PyObject *value, const char *keyword, PyTypeObject *base) {
+    bool usable = value == Py_None ||
+                  (PyType_Check(value) &&
+                   (base == NULL || PyType_IsSubtype((PyTypeObject *)value, base)));
+    if (!usable) {
+        PyErr_Format(PyExc_TypeError, "configure_launch(%s=) expected %s or None, got %R",
+                     keyword, base != NULL ? "a subclass of _core.BufferRef" : "a type", value);
+        return -1;
+    }
+    return set_object(slot, value);
+}
+
 /* The two data descriptors that read a ctypes pointer's (restype, argtypes), or
  * None for neither: 0, or -1 with a TypeError set. */
 static int set_prototype(PyObject *value) {
@@ -63,56 +78,65 @@ PyObject *nhf_py_configure_launch(PyObject *self, PyObject *const *args, Py_ssiz
         PyErr_SetString(PyExc_TypeError, "configure_launch() takes keyword arguments only");
         return NULL;
     }
+    bool ok = false;
     Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
     for (Py_ssize_t i = 0; i < nkw; i++) {
         const char *name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, i));
         PyObject *value = args[i];
         if (name == NULL)
-            return NULL;
+            goto out;
         if (!strcmp(name, "fallback"))
             set_object(&nhf_launch.fallback, value);
         else if (!strcmp(name, "raise_status"))
             set_object(&nhf_launch.raise_status, value);
         else if (!strcmp(name, "sim_stream_type"))
             set_object(&nhf_launch.sim_stream_type, value);
-        else if (!strcmp(name, "cuda_stream_type"))
-            set_object(&nhf_launch.cuda_stream_type, value);
-        else if (!strcmp(name, "cuhostfn_type"))
+        else if (!strcmp(name, "cuda_stream_type")) {
+            if (set_type(&nhf_launch.cuda_stream_type, value, name, NULL) < 0)
+                goto out;
+        } else if (!strcmp(name, "cuhostfn_type"))
             set_object(&nhf_launch.cuhostfn_type, value);
-        else if (!strcmp(name, "byref_type"))
-            set_object(&nhf_launch.byref_type, value);
-        else if (!strcmp(name, "c_void_p"))
+        else if (!strcmp(name, "byref_type")) {
+            if (set_type(&nhf_launch.byref_type, value, name, &nhf_byref_type) < 0)
+                goto out;
+        } else if (!strcmp(name, "c_void_p"))
             set_object(&nhf_launch.c_void_p, value);
         else if (!strcmp(name, "prototype")) {
             if (set_prototype(value) < 0)
-                return NULL;
+                goto out;
         } else if (!strcmp(name, "route")) {
             int route = nhf_route_arg(value);
             if (route == NHF_ROUTE_NONE)
-                return NULL;
+                goto out;
             nhf_launch.route = route;
             nhf_mark_used(); /* the backend is made: a forked child refuses */
         } else if (!strcmp(name, "executor_route")) {
             int route = nhf_route_arg(value);
             if (route == NHF_ROUTE_NONE)
-                return NULL;
+                goto out;
             nhf_launch.executor_route = route;
         } else if (!strcmp(name, "wanted")) {
             int wanted = PyObject_IsTrue(value);
             if (wanted < 0)
-                return NULL;
+                goto out;
             nhf_launch.wanted = wanted;
         } else {
             PyErr_Format(PyExc_TypeError, "configure_launch() got an unknown keyword %s", name);
-            return NULL;
+            goto out;
         }
     }
+    ok = true;
+out:
+    /* Recomputed on every exit: the keywords before a bad one are set (a cleared
+     * raise_status too), and the fast path must not run with one of them unset. */
     nhf_launch.configured = nhf_launch.fallback != NULL && nhf_launch.raise_status != NULL &&
                         nhf_launch.route != NHF_ROUTE_NONE &&
                         nhf_launch.executor_route != NHF_ROUTE_NONE &&
                         nhf_launch.cuhostfn_type != NULL && nhf_launch.byref_type != NULL &&
                         nhf_launch.c_void_p != NULL && nhf_launch.restype_descr != NULL &&
                         nhf_launch.argtypes_descr != NULL;
+    if (!ok)
+        return NULL;
     Py_RETURN_NONE;
 }
 

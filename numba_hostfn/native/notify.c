@@ -361,6 +361,12 @@ static int fail(dispatcher *d, PyObject *entry, unsigned code) {
  * raised to the caller. */
 static PyObject *dispatcher_run(PyObject *self_, PyObject *const *args, Py_ssize_t nargs) {
     dispatcher *d = (dispatcher *)self_;
+    if (nargs > 2) {
+        PyErr_Format(PyExc_TypeError, "run(block=True, read_first=False) takes at most 2 "
+                                      "arguments (%zd given)",
+                     nargs);
+        return NULL;
+    }
     int block = nargs > 0 ? PyObject_IsTrue(args[0]) : 1;
     if (block < 0)
         return NULL;
