@@ -23,10 +23,6 @@ hook                                   why
                                        handler, which may block in a driver call holding the
                                        GIL while the driver's thread waits for the GIL
                                        (LIFETIME.md, inv. 6); a plain ``atexit`` is the fallback
-``threading._DummyThread``             what ``current_thread()`` is on a thread Python did
-                                       not start (the driver's, a pool's): 3.12 runs a
-                                       pending call on any thread, and non-blocking
-                                       callbacks never run on those
 ``__text_signature__``                 what a builtin needs, read as ``inspect.signature``
                                        reads it (:func:`text_signature`)
 ``asyncio._get_running_loop``          in a pending call, the loop running on this thread,
@@ -120,7 +116,6 @@ __all__ = [
     "is_jitted",
     "numba_cfunc_type",
     "numba_hooks",
-    "on_foreign_thread",
     "pointer_address",
     "pointer_flags",
     "pointer_prototype",
@@ -223,11 +218,6 @@ def running_loop() -> Any:
     # _get_running_loop yet, and runs no loop either.
     get = getattr(sys.modules.get("asyncio"), "_get_running_loop", None)
     return None if get is None else get()
-
-
-def on_foreign_thread() -> bool:
-    """True on a thread that Python did not start: a driver's or an executor's."""
-    return isinstance(threading.current_thread(), threading._DummyThread)
 
 
 # ---- numba: imported only when a compiled function is made or passed in ----
@@ -397,7 +387,6 @@ def hooks() -> dict[str, bool]:
     cfunc_names = ("_sig", "_targetdescr", "_cache", "_compile_uncached", "_cache_hits")
     return {
         "threading._register_atexit": hasattr(threading, "_register_atexit"),
-        "threading._DummyThread": isinstance(getattr(threading, "_DummyThread", None), type),
         "asyncio._get_running_loop": callable(getattr(asyncio, "_get_running_loop", None)),
         "_PyEval_AddPendingCall (3.12)": sys.version_info[:2] != (3, 12)
         or hasattr(ctypes.pythonapi, "_PyEval_AddPendingCall"),

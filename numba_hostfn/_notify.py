@@ -31,7 +31,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from . import _core
-from ._compat import any_thread_pending_call, on_foreign_thread, running_loop
+from ._compat import any_thread_pending_call, running_loop
 from ._enqueue import RENEWALS, refuse_signal, renewed_route, signal_route
 from ._process import forked, get_backend
 
@@ -208,13 +208,15 @@ def _pending_call() -> None:
     async_done: the waits of the loop running on this thread, resolved now
     rather than at the loop's next poll of its descriptor (resolving runs no
     user code).  From 3.12 a Python callable's pending call may also run on
-    the driver's thread: nothing there (the descriptor was written).
+    the driver's or an executor's thread: nothing there (no loop runs there; the
+    descriptor was written).  The thread is told by its ident, never by
+    ``threading.current_thread()``, which on a thread Python did not start
+    registers a ``_DummyThread`` that stays in ``threading.enumerate()`` and
+    ``active_count()`` after the thread has ended.
     """
-    if on_foreign_thread():
-        return
     # Also while this thread makes the process's futures (_callbacks_lock, reentrant):
     # a callback that makes the first done_future there makes it itself.
-    if _callbacks is not None and threading.current_thread() is threading.main_thread():
+    if _callbacks is not None and threading.get_ident() == threading.main_thread().ident:
         _callbacks.run(block=False)
     loop = running_loop()
     ref = None if loop is None else _loops.get(loop)

@@ -181,6 +181,37 @@ def test_nonblocking_callbacks_never_run_on_a_host_function_thread(device):
     device.close_stream(other)
 
 
+def test_a_pending_call_on_an_executor_thread_leaves_no_dummy_thread_behind(device):
+    """From 3.12 the notify pending call may run on any thread that runs Python: an
+    executor's thread inside a blocking Python callable too.  It must not register
+    that thread with ``threading`` (``current_thread()`` there makes a
+    ``_DummyThread``, which stays in ``threading.enumerate()`` and ``active_count()``
+    after the executor closed and the thread ended).  Before: every such thread was
+    left behind, one per executor thread (on 3.10, 3.11 and 3.13 the call runs on
+    the main thread only, and nothing changes)."""
+    busy, signalled = device.create_stream(), device.create_stream()
+    nh.host_launch(signalled, lambda: None, blocking=False)  # the helper thread exists
+    signalled.sync()
+    nh.drain()
+    before = threading.active_count()
+    executors = [nh.HostExecutor(threads=2) for _ in range(4)]
+    try:
+        for _ in range(200):
+            for executor in executors:
+                nh.host_launch(busy, lambda: sum(range(300)), executor=executor)
+                nh.host_launch(signalled, lambda: None, blocking=False, executor=executor)
+        busy.sync()
+        signalled.sync()
+    finally:
+        for executor in executors:
+            executor.close()
+    nh.drain()
+    left = [t.name for t in threading.enumerate()]
+    assert threading.active_count() == before, left
+    device.close_stream(busy)
+    device.close_stream(signalled)
+
+
 def test_compiled_functions_run_while_main_holds_the_gil_with_callbacks_queued(device):
     """Thousands of non-blocking callbacks queued on one stream, and the main thread
     holding the GIL: host functions of another stream still run, on time."""
@@ -335,6 +366,33 @@ def test_a_channel_has_one_dispatcher(stream):
     os.read(channel.fd, 8)
     assert channel.dispatcher.run(True) == 1
     assert ran == [True]
+
+
+def test_a_dispatcher_never_made_refuses_instead_of_crashing():
+    """``Dispatcher.__new__`` without ``__init__`` has no channel and no table: each
+    method raises RuntimeError.  Before: run() and launch() read through NULL (a
+    segmentation fault), outstanding() a SystemError."""
+    code = textwrap.dedent("""
+        from numba_hostfn import _core
+
+        blank = _core.Dispatcher.__new__(_core.Dispatcher)
+        calls = [
+            lambda: blank.run(),
+            lambda: blank.run(False, True),
+            lambda: blank.launch(_core.ROUTE_SIM, 1, None, None),
+            lambda: blank.outstanding(),
+        ]
+        for call in calls:
+            try:
+                call()
+            except RuntimeError as error:
+                assert "never made" in str(error), error
+            else:
+                raise AssertionError("accepted")
+        print("refused", blank.due(), blank.faulted(), blank.running_here())
+    """)
+    out = run_child(code)
+    assert "refused 0 0 False" in out, out
 
 
 def test_an_exception_just_after_a_signal_is_enqueued_frees_nothing_twice():

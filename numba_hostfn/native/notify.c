@@ -263,6 +263,16 @@ typedef struct {
     atomic_long faulted;      /* entries whose launch a device fault failed */
 } dispatcher;
 
+/* A Dispatcher made with __new__ alone (or cleared by the collector) has no channel
+ * or table: its methods refuse instead of reading through NULL. */
+static int dispatcher_ready(dispatcher *d) {
+    if (d->ch != NULL && d->waiting != NULL)
+        return 0;
+    PyErr_SetString(PyExc_RuntimeError,
+                    "this Dispatcher was never made (Dispatcher(channel, ...)) or is cleared");
+    return -1;
+}
+
 static int due_push(dispatcher *d, due_key key) {
     if (d->due_len == d->due_cap) {
         size_t cap = d->due_cap ? 2 * d->due_cap : 64;
@@ -367,6 +377,8 @@ static PyObject *dispatcher_run(PyObject *self_, PyObject *const *args, Py_ssize
                      nargs);
         return NULL;
     }
+    if (dispatcher_ready(d) < 0)
+        return NULL;
     int block = nargs > 0 ? PyObject_IsTrue(args[0]) : 1;
     if (block < 0)
         return NULL;
@@ -460,7 +472,8 @@ static PyObject *dispatcher_run(PyObject *self_, PyObject *const *args, Py_ssize
 static PyObject *dispatcher_launch(PyObject *self_, PyObject *const *args, Py_ssize_t nargs) {
     dispatcher *d = (dispatcher *)self_;
     void *target;
-    if (nhf_check_nargs("launch(route, target, owner, entry)", nargs, 4) < 0)
+    if (dispatcher_ready(d) < 0 ||
+        nhf_check_nargs("launch(route, target, owner, entry)", nargs, 4) < 0)
         return NULL;
     int route = nhf_route_arg(args[0]);
     if (route == NHF_ROUTE_NONE || nhf_address_arg(args[1], &target) < 0)
@@ -492,6 +505,8 @@ static PyObject *dispatcher_launch(PyObject *self_, PyObject *const *args, Py_ss
 
 static PyObject *dispatcher_outstanding(PyObject *self_, PyObject *unused) {
     (void)unused;
+    if (dispatcher_ready((dispatcher *)self_) < 0)
+        return NULL;
     return PyLong_FromSsize_t(PyDict_Size(((dispatcher *)self_)->waiting));
 }
 
