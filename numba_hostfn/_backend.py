@@ -236,11 +236,12 @@ class Backend:
 
     # ---- graphs: the capture path and explicit graphs (``_graphs``) ----
 
-    def capture_graph(self, handle: int, builder: bool) -> Any:
+    def capture_graph(self, handle: int, builder: bool, caller: str = "host_launch") -> Any:
         """The graph being captured on stream ``handle``, or None if it is not capturing.
 
         Raises RuntimeError if the capture cannot own a node (invalidated), or
-        if ``builder`` is true and the stream is not capturing.
+        if ``builder`` is true and the stream is not capturing; the error names
+        ``caller``, the public function called.
         """
         raise NotImplementedError  # pragma: no cover
 

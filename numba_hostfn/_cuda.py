@@ -145,24 +145,24 @@ class CudaBackend(Backend):
             self._check(rc, call or "a CUDA driver call")
         return value
 
-    def capture_graph(self, handle: int, builder: bool) -> Any:
+    def capture_graph(self, handle: int, builder: bool, caller: str = "host_launch") -> Any:
         status, graph = self._answer(_core.cuda_capture_info(handle))
         if status == _core.CU_STREAM_CAPTURE_STATUS_ACTIVE:
             if not graph:
                 raise RuntimeError(
-                    "host_launch() could not read the graph being captured on this stream; "
+                    f"{caller}() could not read the graph being captured on this stream; "
                     "nothing was enqueued, and the capture is as it was"
                 )
             return graph
         if status == _core.CU_STREAM_CAPTURE_STATUS_INVALIDATED:
             raise RuntimeError(
-                "host_launch() was given a stream whose graph capture is invalidated (an "
+                f"{caller}() was given a stream whose graph capture is invalidated (an "
                 "earlier call broke it; ending the capture will fail); nothing was enqueued. "
                 "End the capture and capture again"
             )
         if builder:
             raise RuntimeError(
-                "host_launch() was given a GraphBuilder that is not building; call "
+                f"{caller}() was given a GraphBuilder that is not building; call "
                 "builder.begin_building() first"
             )
         return None  # the capture ended since the enqueue saw it

@@ -179,7 +179,7 @@ def _enqueue(
                 enqueued = _executor_enqueue(backend, handle, launch)
             if enqueued:
                 return None
-        if add_captured_node(backend, handle, launch, builder, as_device_work):
+        if add_captured_node(backend, handle, launch, builder, as_device_work, caller):
             return None
         # The capture ended between the two checks: enqueue on the stream.
 

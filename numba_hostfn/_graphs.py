@@ -56,7 +56,12 @@ def _graph_record(backend: Backend, graph: Any, launch: Launch) -> tuple[int, in
 
 
 def add_captured_node(
-    backend: Backend, handle: int, launch: Launch, builder: bool, device: bool = False
+    backend: Backend,
+    handle: int,
+    launch: Launch,
+    builder: bool,
+    device: bool = False,
+    caller: str = "host_launch",
 ) -> bool:
     """Add ``launch`` to the graph being captured on stream ``handle``, owned by it
     (on its executor: a graph slot's three operations).
@@ -66,7 +71,7 @@ def add_captured_node(
     nothing kept, if the capture cannot own a node.  A failure after the graph
     owns the node's record leaves it there, released with the graph.
     """
-    graph = backend.capture_graph(handle, builder)
+    graph = backend.capture_graph(handle, builder, caller)
     if graph is None:
         return False
     if launch.executor is not None:

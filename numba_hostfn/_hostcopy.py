@@ -174,7 +174,7 @@ def _region(obj: Any, role: str) -> _Region:
             f"array, bytearray, memoryview) or a host-accessible cuda.core Buffer; got "
             f"{kind.__name__}. Device arrays (CuPy, torch CUDA tensors) are not host memory"
         ) from None
-    arr = np.asarray(view)
+    arr = _as_array(view, role)
     if arr.dtype.hasobject:
         raise TypeError(
             f"host_copy() {role} holds Python objects (dtype {arr.dtype}); copying their "
@@ -197,6 +197,27 @@ def _region(obj: Any, role: str) -> _Region:
         f"{arr.strides}): it needs C-contiguous memory, or rows that are each contiguous "
         "and evenly spaced; pass np.ascontiguousarray(...)"
     )
+
+
+def _as_array(view: memoryview, role: str) -> np.ndarray:
+    """``view``'s memory as a numpy array, without a copy.  A format numpy cannot
+    read (ctypes pointers, ``c_longdouble``, ``c_wchar``: valid buffers) is taken as
+    its bytes, which is all host_copy copies; such a buffer must be C-contiguous."""
+    try:
+        return np.asarray(view)
+    except (ValueError, TypeError, NotImplementedError):
+        pass
+    if _core.format_holds_objects(view.format):
+        raise TypeError(
+            f"host_copy() {role} holds Python objects (format {view.format!r}); copying "
+            "their pointers without their reference counts would corrupt them"
+        )
+    if not view.c_contiguous:
+        raise ValueError(
+            f"host_copy() {role} has the buffer format {view.format!r}, which numpy cannot "
+            "read, and is not C-contiguous: host_copy can copy it only as contiguous bytes"
+        )
+    return np.frombuffer(view, np.uint8) if view.nbytes else np.zeros(0, np.uint8)
 
 
 def _rows_meeting(start: int, end: int, r: _Region) -> tuple[int, int]:
@@ -363,13 +384,24 @@ def release_after(stream: Any, *objs: Any, executor: Any = None) -> Any:
         For an explicit graph, the new node (``stream`` itself if nothing was
         added); else None.
     """
-    if executor is not None:
-        check_executor(executor)
-    if not objs:
-        return _unchanged(stream, "release_after")
-    return enqueue(
-        stream, _compiled("release_point"), None, objs, executor=executor, caller="release_after"
-    )
+    try:
+        if executor is not None:
+            check_executor(executor)
+        if not objs:
+            return _unchanged(stream, "release_after")
+        return enqueue(
+            stream,
+            _compiled("release_point"),
+            None,
+            objs,
+            executor=executor,
+            caller="release_after",
+        )
+    except BaseException:
+        # A refusal keeps nothing (invariant 3): this frame, in the error's
+        # traceback, would keep the objects (a memoryview: its buffer exported).
+        stream = objs = executor = None  # noqa: F841
+        raise
 
 
 def _unchanged(target: Any, caller: str) -> Any:

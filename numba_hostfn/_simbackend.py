@@ -58,13 +58,13 @@ class SimulatorBackend(Backend):
             )
         return handle
 
-    def capture_graph(self, handle: int, builder: bool) -> Any:
+    def capture_graph(self, handle: int, builder: bool, caller: str = "host_launch") -> Any:
         if _core.sim_in_host_function():  # a GraphBuilder's capture enqueues nothing first
             raise in_host_function_error()
         capture = self.captures.get(handle)
         if capture is None and builder:
             raise RuntimeError(
-                "host_launch() was given a GraphBuilder that is not building; call "
+                f"{caller}() was given a GraphBuilder that is not building; call "
                 "builder.begin_building() first"
             )
         return capture

@@ -1,6 +1,7 @@
 """host_copy, host_memcpy(_2d) and release_after, on both backends."""
 
 import array
+import ctypes
 import gc
 import struct
 import sys
@@ -431,17 +432,76 @@ def test_a_refused_host_copy_keeps_no_buffer_exported_while_its_error_lives(stre
     src.append(0)
 
 
-def test_a_refused_host_copy_of_views_made_inline_keeps_no_buffer_exported(stream):
-    """As above, with the buffers given as views made in the call (a memoryview, a
-    numpy view of a bytearray): host_copy's own frame, still running when the
-    locals of its helpers were dropped, kept its arguments, and each holds an
-    export of its bytearray for as long as the caught error lived."""
+def test_a_refused_host_copy_keeps_no_view_it_was_given_while_its_error_lives(stream):
+    """Invariant 3 for the buffers themselves: host_copy's own frame, still running
+    when it cleared the others, stayed in the traceback with its arguments, so a
+    memoryview (or numpy view) made for the call kept its bytearray exported for as
+    long as a caught error lived."""
     dst, src = bytearray(8), bytearray(4)
-    error = None
     try:
         nh.host_copy(stream, memoryview(dst), np.frombuffer(src, np.uint8))
     except ValueError as caught:
         error = caught
     assert "sizes differ" in str(error)
-    dst.append(0)  # BufferError while the error kept the views
-    src.append(0)
+    assert resizable(dst) and resizable(src)
+    closed = nh.HostExecutor(threads=1)
+    closed.close()
+    try:
+        nh.host_copy(stream, memoryview(dst)[:4], memoryview(src), executor=closed)
+    except RuntimeError as caught:
+        error = caught
+    assert "closed" in str(error)
+    assert resizable(dst) and resizable(src)
+    assert nh.pending() == 0
+
+
+def test_a_refused_release_after_keeps_nothing_while_its_error_lives(stream):
+    """Invariant 3 for release_after: its frame kept the objects it refused to keep."""
+    buf = bytearray(8)
+    closed = nh.HostExecutor(threads=1)
+    closed.close()
+    try:
+        nh.release_after(stream, memoryview(buf), executor=closed)
+    except RuntimeError as caught:
+        error = caught
+    assert "closed" in str(error)
+    assert resizable(buf)
+    assert nh.pending() == 0
+
+
+def test_host_copy_takes_buffers_whose_format_numpy_cannot_read(stream):
+    """Any buffer is accepted (docs/host_copies.md): host_copy copies bytes.  A ctypes
+    array of pointers, long doubles or wide characters has a buffer format numpy
+    cannot read ('<P', '<g', '<u'), and host_copy raised numpy's ValueError instead."""
+    src = (ctypes.c_void_p * 64)(*range(1, 65))
+    dst = (ctypes.c_void_p * 64)()
+    nh.host_copy(stream, dst, src)
+    wide = (ctypes.c_wchar * 8)()
+    nh.host_copy(stream, wide, (ctypes.c_wchar * 8)(*"abcdefgh"))
+    out = np.zeros(ctypes.sizeof(ctypes.c_longdouble) * 4, np.uint8)
+    nh.host_copy(stream, out, (ctypes.c_longdouble * 4)(1.5, 2.5, 3.5, 4.5))
+    stream.sync()
+    assert list(dst) == list(range(1, 65)) and wide.value == "abcdefgh"
+    assert bytes(out) == bytes((ctypes.c_longdouble * 4)(1.5, 2.5, 3.5, 4.5))
+    with pytest.raises(ValueError, match="host_copy\\(\\) src has"):
+        nh.host_copy(stream, np.zeros(32 * 8, np.uint8), memoryview(src)[::2])
+    with pytest.raises(TypeError, match="Python objects"):
+        nh.host_copy(stream, (ctypes.py_object * 2)(), (ctypes.py_object * 2)(1, 2))
+    assert nh.pending() == 0
+
+
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda b: nh.host_copy(b, np.zeros(4), np.ones(4)), "host_copy"),
+        (lambda b: nh.release_after(b, object()), "release_after"),
+    ],
+    ids=["host_copy", "release_after"],
+)
+def test_a_builder_not_building_is_refused_in_the_callers_name(stream, call, name):
+    """The refusal named host_launch() whichever public function was called."""
+    builder = stream.create_graph_builder()
+    with pytest.raises(RuntimeError, match=f"^{name}\\(\\) was given a GraphBuilder that is not"):
+        call(builder)
+    assert nh.pending() == 0
+    builder.close()

@@ -531,3 +531,15 @@ def test_a_non_native_subarray_field_is_refused_clearly():
             @nh.host_callback(dtype=dt)
             def f(d):
                 pass
+
+
+def test_a_refused_direct_call_keeps_no_view_it_was_given_while_its_error_lives():
+    """Invariant 3: the direct call's own frame kept its user_data argument in the
+    error's traceback, so a memoryview made for the call kept its bytearray exported."""
+    buf = bytearray(REC.itemsize - 1)
+    try:
+        bump_record(memoryview(buf))
+    except ValueError as caught:
+        error = caught
+    assert "dtype" in str(error)
+    buf.append(0)  # BufferError while the error kept the memoryview

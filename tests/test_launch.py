@@ -857,6 +857,29 @@ def test_a_refused_record_keeps_no_buffer_exported_while_its_error_lives():
     values.append(0)  # BufferError while the error kept the pin
 
 
+@pytest.mark.parametrize("why", ["executor", "closed"])
+def test_a_refused_launch_keeps_no_view_of_user_data_while_its_error_lives(why, launch_path):
+    """Invariant 3 for the user data itself: host_launch's Python path (where the
+    native one falls through, too) kept its arguments in its frame, which a caught
+    error's traceback keeps, so a memoryview made for the call kept its bytearray
+    exported."""
+    s = nh.create_stream()
+    buf = bytearray(16)
+    executor = None
+    if why == "executor":
+        executor = nh.HostExecutor(threads=1)
+        executor.close()
+    else:
+        s.close()
+    try:
+        nh.host_launch(s, write_b, user_data=memoryview(buf), executor=executor)
+    except RuntimeError as caught:
+        error = caught
+    assert "closed" in str(error)
+    buf.append(0)  # BufferError while the error kept the memoryview
+    s.close()
+
+
 def test_record_takes_an_array_array_as_a_buffer_not_a_number():
     """record() stores a buffer's address in an address field, but an array.array
     (a buffer) of one element is stored as its value, and not kept."""
