@@ -180,8 +180,9 @@ def record(dtype: Any, **fields: Any) -> Record:
         cannot hold an address, or a value is of a type its field cannot hold.
     ValueError
         If a field is unknown, a buffer is not C-contiguous or is empty, or a
-        value does not fit its field (``-1`` in an unsigned one, text that is
-        no number); the message names the field.
+        value does not fit its field (``-1`` in an unsigned one, ``1.5`` in an
+        integer one, ``1e300`` in a ``float32`` one, text that is no number); the
+        message names the field.
 
     Examples
     --------
@@ -236,7 +237,15 @@ def _record(dtype: Any, fields: dict[str, Any]) -> Record:
             data[name] = ref.address
             keep.append(ref)
         else:
-            field = layout.fields[name][0]
+            field, given = layout.fields[name][0], value
+            if field.kind in "iu" and isinstance(value, (float, np.floating)):
+                # numpy truncates 1.5 to 1 silently: only a whole number fits.
+                if not float(value).is_integer():
+                    raise ValueError(
+                        f"record() field {name!r} is {field} and cannot hold {value!r} "
+                        "(not a whole number)"
+                    )
+                value = int(value)
             if (
                 field.kind in "iu"
                 and isinstance(value, (int, np.integer))
@@ -247,12 +256,14 @@ def _record(dtype: Any, fields: dict[str, Any]) -> Record:
                 bounds = np.iinfo(field)
                 if not bounds.min <= int(value) <= bounds.max:
                     raise ValueError(
-                        f"record() field {name!r} is {field} and cannot hold {value!r} "
+                        f"record() field {name!r} is {field} and cannot hold {given!r} "
                         f"(it holds {bounds.min} to {bounds.max})"
                     )
             try:
-                data[name] = value
-            except (TypeError, ValueError, OverflowError) as exc:  # numpy's, unnamed
+                # A number too large for a floating field would be stored as inf.
+                with np.errstate(over="raise"):
+                    data[name] = value
+            except (TypeError, ValueError, OverflowError, FloatingPointError) as exc:
                 kind = TypeError if isinstance(exc, TypeError) else ValueError
                 raise kind(
                     f"record() field {name!r} is {field} and cannot hold {value!r} ({exc})"

@@ -899,6 +899,20 @@ def test_record_refuses_a_negative_numpy_integer_in_an_unsigned_field():
         nh.record(SUM, out=np.int64(-1))
 
 
+@pytest.mark.parametrize(
+    "field, value",
+    [("n", 1.5), ("n", float("nan")), ("n", np.float32(2.5)), ("n", 1e30), ("x", 1e300)],
+)
+def test_record_refuses_a_number_its_field_would_change(field, value):
+    """A value that does not fit its field is a ValueError (documented), but numpy
+    truncated 1.5 into an integer field and stored 1e300 in a float32 one as inf."""
+    layout = np.dtype([("n", np.int64), ("x", np.float32)])
+    with pytest.raises(ValueError, match=f"record\\(\\) field '{field}' is"):
+        nh.record(layout, **{field: value})
+    rec = nh.record(layout, n=2.0, x=float("inf"))  # a whole number; inf is a float32
+    assert rec.data["n"][0] == 2 and np.isinf(rec.data["x"][0])
+
+
 def test_a_cycle_through_a_by_ref_is_collected_and_unpins_its_buffer():
     """BufferRef holds its object and export without a tp_traverse, so the cyclic
     collector never saw ByRef -> obj: an array (subclass) that keeps its own by_ref
