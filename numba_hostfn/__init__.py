@@ -8,7 +8,26 @@ stream simulator instead of a GPU.  Rules for threads and the GIL:
 docs/threading.md.
 """
 
-from . import _core
+try:
+    from . import _core
+except ImportError as _missing:  # Python's own message blames a circular import
+    import importlib.machinery as _machinery
+    import os as _os
+    import sys as _sys
+
+    _here = _os.path.dirname(_os.path.abspath(__file__))
+    _suffixes = tuple(_machinery.EXTENSION_SUFFIXES)
+    if any(_os.path.isfile(_os.path.join(_here, "_core" + s)) for s in _suffixes):
+        raise  # built for this Python, and failed to load: its own error says why
+    _other = sorted(n for n in _os.listdir(_here) if n.startswith("_core.") and n.endswith(".so"))
+    raise ImportError(
+        f"numba_hostfn's native core (numba_hostfn._core, a C extension) is not built "
+        f"for this Python ({_sys.implementation.cache_tag}) in {_here}"
+        + (f" (found only {', '.join(_other)})" if _other else "")
+        + ": install the package (in a checkout: python -m pip install -e ., which needs "
+        "a C compiler and Python's headers), or, with it installed, start Python "
+        "outside the checkout"
+    ) from _missing
 
 if not _core.main_interpreter():  # LIFETIME.md, Scope: one interpreter
     raise ImportError("numba_hostfn runs in the main interpreter only, not in a sub-interpreter")

@@ -1,9 +1,13 @@
 """The main job, ``python -m numba_hostfn``, runs on whichever backend this suite uses."""
 
+import os
+import shutil
 import subprocess
 import sys
 
 from _device import assert_no_ignored_errors, child_env
+
+import numba_hostfn
 
 
 def test_main_job_runs_and_reports_order_and_costs():
@@ -47,3 +51,41 @@ def test_main_job_rejects_bad_arguments():
     )
     assert run.returncode == 2
     assert "-n must be at least 5" in run.stderr
+
+
+def test_a_package_without_its_built_core_says_so(tmp_path):
+    """A checkout whose native core is not built for this Python (no install yet, or a
+    wheel installed and Python started in the checkout) names the missing extension
+    and how to build it; Python's own message blames a circular import."""
+    source = os.path.dirname(os.path.abspath(numba_hostfn.__file__))
+    shutil.copytree(
+        source,
+        tmp_path / "numba_hostfn",
+        ignore=lambda _, names: [n for n in names if n.startswith("_core.") and n != "_core.pyi"],
+    )
+    env = child_env()
+    env["PYTHONPATH"] = os.pathsep.join(  # no other copy of the package on the path
+        p
+        for p in env["PYTHONPATH"].split(os.pathsep)
+        if not os.path.isdir(os.path.join(p, "numba_hostfn"))
+    )
+    # Only the copy is importable: not an editable install's finder, which maps
+    # numba_hostfn's submodules to its own tree.
+    only_the_copy = (
+        "import sys; sys.meta_path[:] = "
+        "[f for f in sys.meta_path if '__editable__' not in getattr(f, '__module__', '')]; "
+        "import numba_hostfn"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", only_the_copy],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 1, run.stdout + run.stderr
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("ImportError:"), run.stderr
+    assert "circular import" not in last, last
+    assert "native core" in last and "not built" in last and "pip install" in last, last
