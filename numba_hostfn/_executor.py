@@ -195,17 +195,29 @@ class HostExecutor(_core.ExecutorBase):
         513th of them), and a ``cuMemHostAlloc`` while some thread captures in
         global mode (torch's default) would invalidate that capture.
         """
-        if self._block_used == _WORDS_PER_BLOCK:
+        if self._block_used >= _WORDS_PER_BLOCK:
             with self._backend.relaxed_capture_mode():
-                self._block = self._backend.executor_memory(8 * _WORDS_PER_BLOCK)
-            self._block_used = 0
+                block = self._backend.executor_memory(8 * _WORDS_PER_BLOCK)
+            # One statement: a finalizer that ran meanwhile and took words of a block of
+            # its own leaves that block's other words unused, never a word taken twice.
+            self._block, self._block_used = block, 0
 
     def _words(self) -> int:
-        """Two zeroed 32-bit words of pinned, device-mapped memory (under ``_lock``)."""
-        self._reserve()
-        words = self._block + 8 * self._block_used
-        self._block_used += 1
-        return words
+        """Two zeroed 32-bit words of pinned, device-mapped memory (under ``_lock``).
+
+        The lock is reentrant: a finalizer (a collection, a drain's release, a signal
+        handler) may run at any line here and launch with this executor on another
+        stream (LIFETIME.md, invariant 11).  So the words are read and taken in one
+        statement with no call in it, and a finalizer gets words of its own, before or
+        after; one that used the block up in between sends this claim to a new block.
+        (Before, one between the read and the increment got the same words: two
+        streams wrote one "reached" word.)
+        """
+        while True:
+            self._reserve()
+            block, used, self._block_used = self._block, self._block_used, self._block_used + 1
+            if used < _WORDS_PER_BLOCK:
+                return block + 8 * used
 
     def _graph_slot(self) -> _core.GraphSlot:
         """A disarmed graph slot for one node: a free one, or one on new words.
@@ -279,6 +291,12 @@ def check_executor(executor: Any) -> HostExecutor:
     if not isinstance(executor, HostExecutor):
         raise TypeError(
             f"executor= expected a numba_hostfn.HostExecutor, got {type(executor).__name__}"
+        )
+    if not executor._pool:  # HostExecutor.__init__ never ran (a subclass's skipped it)
+        raise RuntimeError(
+            f"executor= got a {type(executor).__name__} that was not started: "
+            "HostExecutor.__init__ never ran (a subclass's __init__ must call "
+            "super().__init__())"
         )
     if executor._closed:
         raise RuntimeError("the HostExecutor is closed; create a new one")

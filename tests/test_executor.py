@@ -828,6 +828,30 @@ def test_close_finishes_outstanding_work_first(stream, device):
     stream.sync()
 
 
+def test_a_close_after_the_threads_were_joined_is_not_taken_for_one_of_its_own_tasks():
+    """close()'s native step (``_close``) from a thread started after another close
+    joined the pool's threads returns, as a close of a closed pool does.  Before, it
+    compared the caller with the joined threads' ids, which glibc gives to the next
+    threads started: a second close() racing the first (past ``closed`` before the
+    first set it, in a thread started meanwhile) raised "called from one of its own
+    tasks"."""
+    ex = nh.HostExecutor(threads=4)
+    ex.close()  # joins the four threads: their ids are free for the next ones
+    refused = []
+
+    def close_again():
+        try:
+            ex._close()  # what close() runs, for a caller that saw ``closed`` False
+        except RuntimeError as exc:
+            refused.append(str(exc))
+
+    for _ in range(8):
+        t = threading.Thread(target=close_again)
+        t.start()
+        t.join()
+    assert refused == [], refused[0]
+
+
 def test_close_from_one_of_its_own_tasks_is_refused_and_the_pool_goes_on(stream):
     """A task that closes its own executor gets RuntimeError (close() would wait
     for that task, and join its own thread: main hung for ever)."""
@@ -888,6 +912,53 @@ def test_close_from_a_host_function_with_its_tasks_queued_behind_is_refused():
     for that task, which waited for the host function: main hung for ever)."""
     out = run_child(CLOSE_FROM_A_HOST_FUNCTION_SCRIPT, timeout=60)
     assert out.split("\n")[-2] == "3 True 0 [(True, True), (True, True)]", out
+
+
+CLOSE_FROM_A_CTYPES_HOST_FUNCTION_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import ctypes
+    from _device import Hold
+
+    counter = np.zeros(1, np.int64)
+    ex = nh.HostExecutor(threads=2)
+    other = nh.HostExecutor(threads=1)
+    seen = []
+
+    def close_it(_):
+        try:
+            ex.close()
+            seen.append("closed")
+        except RuntimeError as exc:
+            seen.append(str(exc))
+
+    close_it = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(close_it)  # a CUhostFn
+    launch_on = {"executor": other} if ON == "executor" else {}  # else the driver's thread
+    with Hold(stream):  # both launches are enqueued before the stream gets there
+        nh.host_launch(stream, close_it, **launch_on)
+        nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=ex)
+    stream.sync()
+    ex.close()
+    other.close()
+    nh.drain()
+    print(int(counter[0]), ex.closed, nh.pending(), ["from a host function" in m for m in seen])
+""")
+
+
+@pytest.mark.parametrize("launch_on", ["executor", "driver"])
+def test_close_from_a_ctypes_host_function_with_its_tasks_queued_behind_is_refused(
+    request, launch_on
+):
+    """A ctypes CUhostFn that calls Python runs through no Python callable's
+    trampoline, so nothing marked its thread as a host function's: its close(), with a
+    task of the executor queued behind it on its stream, waited for that task, which
+    waited for it (the child hung, on another executor's thread as on the simulator's
+    host-function thread).  Every thread that only runs host functions (a pool's, the
+    simulator's) counts as in a host function now.  The driver's own thread on CUDA is
+    not the package's to mark: that case runs on the simulator."""
+    if launch_on == "driver" and rerun_on_simulator(request):
+        return
+    script = f"ON = {launch_on!r}\n" + CLOSE_FROM_A_CTYPES_HOST_FUNCTION_SCRIPT
+    out = run_child(script, timeout=60)
+    assert out.split("\n")[-2] == "1 True 0 [True]", out
 
 
 CLOSE_RACING_A_LAUNCH_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
@@ -981,6 +1052,40 @@ def test_a_simulated_sync_or_close_from_an_executor_task_is_refused(request):
         return
     out = run_child(SYNC_FROM_A_TASK_SCRIPT, timeout=60)
     assert out.split("\n")[-2] == "[True, True, True, True] 2 0", out
+
+
+SYNC_FROM_A_CTYPES_TASK_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import ctypes
+
+    ex = nh.HostExecutor(threads=2)
+    seen = []
+
+    def waits(_):
+        for wait in (stream.sync, stream.close):
+            try:
+                wait()
+                seen.append("returned")
+            except RuntimeError as exc:
+                seen.append("host function" in str(exc))
+
+    waits = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(waits)  # a CUhostFn, not a callable
+    nh.host_launch(stream, waits, executor=ex)
+    stream.sync()
+    ex.close()
+    nh.drain()
+    print(seen, nh.pending())
+""")
+
+
+def test_a_simulated_sync_or_close_from_a_ctypes_executor_task_is_refused(request):
+    """As test_a_simulated_sync_or_close_from_an_executor_task_is_refused, for a task
+    that is a ctypes CUhostFn calling Python: no trampoline marked the pool thread as
+    in a host function, and its sync of its own stream waited for itself (the child
+    hung)."""
+    if rerun_on_simulator(request):
+        return
+    out = run_child(SYNC_FROM_A_CTYPES_TASK_SCRIPT, timeout=60)
+    assert out.split("\n")[-2] == "[True, True] 0", out
 
 
 def test_owners_kept_until_run_then_released_on_the_main_thread(executor, stream, device):
@@ -1185,6 +1290,30 @@ def test_bad_arguments_are_refused_with_nothing_enqueued(stream):
         nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=closed)
     with pytest.raises(RuntimeError, match="closed"):
         nh.host_copy(stream, np.zeros(4), np.ones(4), executor=closed)
+    assert nh.pending() == 0 and sys.getrefcount(counter) == refs
+
+
+def test_an_executor_whose_init_never_ran_is_refused_clearly_with_nothing_enqueued(stream):
+    """executor= a HostExecutor whose __init__ never ran (a subclass's __init__ that does
+    not call super().__init__()) raises RuntimeError saying so, from every entry point,
+    with nothing enqueued.  Before: AttributeError ('_closed'), from the argument check."""
+
+    class Forgetful(nh.HostExecutor):
+        def __init__(self) -> None:  # no super().__init__(): no pool, no lanes
+            self.name = "mine"
+
+    executor = Forgetful()
+    counter = np.zeros(1, np.int64)
+    refs = sys.getrefcount(counter)
+    for launch in (
+        lambda: nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=executor),
+        lambda: nh.host_launch(stream, lambda: None, executor=executor),
+        lambda: nh.host_copy(stream, np.zeros(4), np.ones(4), executor=executor),
+        lambda: nh.release_after(stream, counter, executor=executor),
+        lambda: nh.done_future(stream, executor=executor),
+    ):
+        with pytest.raises(RuntimeError, match=r"not started.*super\(\).__init__"):
+            launch()
     assert nh.pending() == 0 and sys.getrefcount(counter) == refs
 
 
@@ -1751,6 +1880,72 @@ FINALIZER_INSIDE_A_LANE_LOOKUP_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     nh.drain()
     print(f0 is s0, inner0 == [s1], f2 is s2, inner2 == [s3], nh.pending())
 """)
+
+
+FINALIZER_INSIDE_A_WORD_CLAIM_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import sys
+    from numba_hostfn import _core, _executor
+
+    def lines_of(code):
+        return sorted({line for _, _, line in code.co_lines() if line is not None})
+
+    counter = np.zeros(1, np.int64)
+    shared = []
+    for fn in (_executor.HostExecutor._words, _executor.HostExecutor._reserve):
+        code = fn.__code__
+        for line in lines_of(code):
+            for new_block in (False, True):
+                ex = nh.HostExecutor(threads=1)
+                if new_block:  # this block used up: the claim takes a new one first
+                    ex._block_used = _executor._WORDS_PER_BLOCK
+                a, b = device.create_stream(), device.create_stream()
+                fired = []
+
+                def local(frame, event, arg):
+                    # The finalizer: a launch with the same executor on another stream,
+                    # at this line, where a collection or a drain's release may run it.
+                    if event == "line" and frame.f_lineno == line and not fired:
+                        fired.append(line)
+                        nh.host_launch(b, increment, user_data=nh.by_ref(counter),
+                                       executor=ex)
+                    return local
+
+                def tracer(frame, event, arg):
+                    return local if frame.f_code is code and not fired else None
+
+                sys.settrace(tracer)
+                try:
+                    nh.host_launch(a, increment, user_data=nh.by_ref(counter), executor=ex)
+                finally:
+                    sys.settrace(None)
+                for _ in range(3):
+                    nh.host_launch(a, increment, user_data=nh.by_ref(counter), executor=ex)
+                a.sync()
+                b.sync()
+                if fired:
+                    # b reached its one task: its "reached" word says 1, unless a's
+                    # lane writes it too (a's tasks are at 4).
+                    lane = ex._find_lane(b.__cuda_stream__()[1])
+                    if _core.lane_reached(lane, 2, 0, False) != 0:
+                        shared.append((fn.__name__, line, new_block))
+                        continue  # not closed: a task whose "reached" came early never ran
+                ex.close()
+                device.close_stream(a)
+                device.close_stream(b)
+    nh.drain()
+    print(shared, nh.pending())
+""")
+
+
+def test_a_finalizer_that_launches_inside_a_word_claim_gets_words_of_its_own():
+    """A finalizer that launches with the executor on another stream, run at any line
+    of the executor's claim of a lane's words (``_words``, ``_reserve``: under its
+    reentrant lock, invariant 11), gets words of its own.  Before, one between the read
+    of ``_block_used`` and its increment was given the same words as the launch it
+    interrupted: two streams wrote one "reached" word, and a task ran when the other
+    stream got there (or its stream went past it before it ran)."""
+    out = run_child(FINALIZER_INSIDE_A_WORD_CLAIM_SCRIPT, timeout=120)
+    assert out.split("\n")[-2] == "[] 0", out
 
 
 def test_a_finalizer_that_waits_on_a_stream_inside_a_lane_lookup_does_not_deadlock():

@@ -59,7 +59,10 @@ static PyObject *executor_close(PyObject *self_, PyObject *unused) {
     (void)unused;
     nhf_pool *pool = ((nhf_executor_object *)self_)->pool;
     if (pool != NULL) {
-        for (long i = 0; i < pool->nthreads; i++) {
+        /* Once close has let the threads go, their ids may be a later thread's
+         * (glibc reuses a joined thread's): no task of the pool runs any more. */
+        bool released = atomic_load(&pool->threads_released);
+        for (long i = 0; !released && i < pool->nthreads; i++) {
             if (pthread_equal(pthread_self(), pool->threads[i])) {
                 PyErr_SetString(PyExc_RuntimeError,
                                 "HostExecutor.close() was called from one of its own tasks, "

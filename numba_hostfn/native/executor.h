@@ -198,6 +198,10 @@ struct nhf_pool {
     pthread_cond_t wake;    /* parked threads */
     pthread_mutex_t close_mutex; /* one close() at a time */
     int closed;             /* close() finished (under close_mutex) */
+    /* Set by close once nothing is outstanding, before it joins (or detaches) the
+     * threads: from then on their ids may be given to new threads, so a close() is
+     * no longer matched against them (executor_close). */
+    atomic_int threads_released;
     pid_t pid;              /* the process whose threads these are (not a forked child) */
 };
 

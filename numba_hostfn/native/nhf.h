@@ -345,6 +345,11 @@ PyObject *nhf_call_reporting(PyObject *callable);
  * (the driver's, the simulator's, or a HostExecutor's task or graph node): a
  * wait for stream work from there may wait for itself, and is refused. */
 int nhf_in_host_function(void);
+/* A thread that runs only host functions (a HostExecutor's pool thread, the
+ * simulator's host-function thread), at its start: from then on it counts as in a
+ * host function whatever it runs, a ctypes CUhostFn that calls Python too (which no
+ * trampoline marks: a wait for stream work from it waited for itself, for ever). */
+void nhf_mark_host_function_thread(void);
 /* The trampolines' numbers (RUN_COMPILED, ...) and the replays' addresses. */
 int nhf_trampolines_init(PyObject *module);
 

@@ -171,6 +171,9 @@ static void *thread_main(void *pool_) {
     int me_poller = 0;
     /* Sleep as long as asked, not the default 50 us longer. */
     (void)prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+    /* Everything it runs is a host function: a close() or a simulated sync from a
+     * ctypes CUhostFn task (no Python callable's trampoline) is refused too. */
+    nhf_mark_host_function_thread();
     /* The records this thread's tasks complete are drained by the launching
      * thread's next enqueue, or by a pending call that a pool thread schedules
      * once they have waited NHF_DRAIN_DEFER_NS, or before it sleeps: not one
@@ -432,6 +435,9 @@ long nhf_pool_close(nhf_pool *pool, bool no_wait) {
     pthread_mutex_lock(&pool->mutex);
     bool armed = atomic_load(&pool->live_slots) > 0;
     pthread_mutex_unlock(&pool->mutex);
+    /* Before the ids are given back: a thread made after the join may get one of
+     * them, and must not be taken for one of the pool's (executor_close). */
+    atomic_store(&pool->threads_released, 1);
     for (long i = 0; i < pool->nthreads; i++) {
         if (armed)
             pthread_detach(pool->threads[i]);

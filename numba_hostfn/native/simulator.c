@@ -303,6 +303,7 @@ static void *host_thread_main(void *unused) {
     (void)unused;
     host_thread_id = pthread_self();
     atomic_store_explicit(&host_thread_known, 1, memory_order_release);
+    nhf_mark_host_function_thread(); /* a HostExecutor's close() from here: refused */
     pthread_mutex_lock(&context.mutex);
     for (;;) {
         nhf_sim_stream *stream = context.head;

@@ -105,6 +105,8 @@ static void host_function_depth_add(intptr_t delta) {
 
 int nhf_in_host_function(void) { return host_function_depth() > 0; }
 
+void nhf_mark_host_function_thread(void) { host_function_depth_add(1); }
+
 /* GIL held: the record's callable, called; its exception reported with the
  * callable as the object (a blocking Python callable reports every exception,
  * KeyboardInterrupt included, as the stream cannot stop). */
