@@ -1,9 +1,10 @@
 # The native core's Python surface (native/*.c), checked against the built module by
 # tests/test_stubs.py (mypy.stubtest).  An address (a function, a record, a stream, a
 # lane, a channel, a slot, a graph) crosses as an int; Python hands it back, never
-# dereferences it.  Every function is positional-only: its C side takes a fixed
-# argument vector (METH_O, METH_NOARGS, METH_FASTCALL), except configure_launch
-# (keywords only).
+# dereferences it.  Every function and method is positional-only: its C side takes a
+# fixed argument vector (METH_O, METH_NOARGS, METH_FASTCALL), except configure_launch
+# (keywords only); the constructors of BufferRef and Dispatcher take keywords too, as
+# their signatures below say.
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any, Final, final, overload

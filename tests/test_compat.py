@@ -102,3 +102,15 @@ def test_declared_minimums_are_the_versions_ci_runs_as_oldest():
 def _version(text: str) -> tuple[int, ...]:
     parts = [int(p) for p in text.split(".")]
     return tuple(parts + [0] * (3 - len(parts)))
+
+
+def test_classifiers_name_the_pythons_ci_runs():
+    """pyproject's Python classifiers are the versions .ci/run installs and tests."""
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    classified = set(re.findall(r'"Programming Language :: Python :: (3\.\d+)"', pyproject))
+    ci = (ROOT / ".ci/run").read_text()
+    first = set(re.findall(r"^MAIN=(3\.\d+)", ci, re.M))
+    looped = re.search(r"^for version in ([0-9. ]+); do", ci, re.M)
+    assert looped is not None, "the loop over the other Pythons moved: update this test"
+    tested = first | set(looped.group(1).split())
+    assert classified == tested, (classified, tested)
