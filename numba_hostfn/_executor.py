@@ -131,7 +131,7 @@ class HostExecutor(_core.ExecutorBase):
 
     @property
     def closed(self) -> bool:
-        """True once :meth:`close` has run."""
+        """True once :meth:`close` has returned (not after an interrupted one)."""
         return self._closed
 
     def outstanding(self) -> int:
@@ -254,6 +254,14 @@ class HostExecutor(_core.ExecutorBase):
         have to execute a wait on them.  A launch racing it either raises
         RuntimeError ("closed"), having enqueued nothing, or runs before it
         returns; an interrupted close can be called again and finishes the job.
+
+        The wait checks for signals every 50 ms, as
+        ``ThreadPoolExecutor.shutdown(wait=True)`` does: a Ctrl-C (or a signal
+        handler's exception) raises out of close() while a task is still
+        running.  The executor is then stopped but not :attr:`closed`: new
+        launches raise RuntimeError ("closed"), its threads still run the
+        outstanding tasks and release their owners, and a later close() waits
+        for them again and joins the threads.
 
         Raises RuntimeError from one of its own tasks, and from any host
         function (a driver's, or another executor's task) while tasks are

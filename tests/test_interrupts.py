@@ -222,6 +222,68 @@ def test_a_close_interrupted_at_any_line_can_be_called_again_and_finishes():
     assert words[2:] == ["ran", "True", "threads", "left", "0", "0", "pending", "0"], out
 
 
+CTRL_C_CLOSE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import signal, sys, threading, time
+    from numba_hostfn import _core
+    from _device import threads_but_watchdog as native_threads
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's, whatever we inherited
+    main = threading.main_thread().ident
+    threads, held = native_threads(), _core.held()
+    gate, order, interrupted = threading.Event(), [], threading.Event()
+
+    def interrupt_the_close():
+        # Once the main thread is inside close() (its native wait), Ctrl-C; if close()
+        # does not give way, let the task end after all (a hang guard, not a timing).
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            frame = sys._current_frames().get(main)
+            if frame is not None and frame.f_code.co_name == "close":
+                break
+            time.sleep(0.01)
+        time.sleep(0.2)  # well inside the native wait
+        signal.pthread_kill(main, signal.SIGINT)
+        if not interrupted.wait(30):
+            order.append("task released")
+            gate.set()
+
+    cell = np.zeros(1, np.int64)
+    executor = nh.HostExecutor(threads=2)
+    nh.host_launch(stream, lambda: gate.wait(120), executor=executor)  # until gate is set
+    nh.host_launch(stream, lambda: order.append("after"), executor=executor)
+    threading.Thread(target=interrupt_the_close, daemon=True).start()
+    try:
+        executor.close()
+        order.append("close returned")
+    except KeyboardInterrupt:
+        order.append("interrupted")
+    interrupted.set()
+    # Stopped: a launch is refused, with nothing enqueued; its tasks are still outstanding.
+    try:
+        nh.host_launch(stream, increment, user_data=nh.by_ref(cell), executor=executor)
+        order.append("launched")
+    except RuntimeError as exc:
+        order.append("refused" if "closed" in str(exc) else repr(exc))
+    outstanding = executor.outstanding()
+    gate.set()
+    executor.close()  # again: it waits for the task, runs the one behind it, joins
+    stream.sync()
+    nh.drain()
+    print(order, outstanding, executor.closed, int(cell[0]), _core.held() - held,
+          native_threads() - threads, nh.pending())
+""")
+
+
+def test_ctrl_c_interrupts_a_close_waiting_for_a_task_and_a_later_close_finishes():
+    """SIGINT while close() waits for a task that is blocked: close() raises
+    KeyboardInterrupt (as ThreadPoolExecutor.shutdown does) and leaves the executor
+    stopped (a launch is refused, nothing enqueued) with its tasks outstanding; once the
+    task ends, close() again runs the rest, joins the threads and releases every record
+    (main's native wait checked no signal: close() waited for the task, Ctrl-C ignored)."""
+    out = run_child(CTRL_C_CLOSE_SCRIPT, timeout=120)
+    assert out.split("\n")[-2] == "['interrupted', 'refused', 'after'] 2 True 0 0 0 0", out
+
+
 SLOT_RELEASE_SCRIPT = (
     CHILD_PREAMBLE
     + INJECT

@@ -51,10 +51,19 @@ static PyObject *refuse_close_from_host_function(long outstanding, const char *t
     return NULL;
 }
 
+/* How long close waits, without the GIL, between two checks for signals. */
+#define CLOSE_SLICE_NS 50000000L /* 50 ms */
+
 /* _close(): finish what is enqueued, then stop the threads (GIL released).
  * Refused from one of the pool's own tasks, and from any host function (a
  * driver's, the simulator's, another executor's task) while tasks are
- * outstanding: a host function must not wait for stream work. */
+ * outstanding: a host function must not wait for stream work.  The wait is
+ * taken in slices; between two, with the GIL, Python's signal handlers run
+ * (PyErr_CheckSignals, on the main thread), so a Ctrl-C raises KeyboardInterrupt
+ * while a task is still running (as ThreadPoolExecutor.shutdown's join does), and
+ * a handler that returns lets the wait go on.  One interrupted leaves the pool
+ * stopped (launches are refused) with its threads running the outstanding tasks;
+ * a later _close() waits for them again and joins the threads. */
 static PyObject *executor_close(PyObject *self_, PyObject *unused) {
     (void)unused;
     nhf_pool *pool = ((nhf_executor_object *)self_)->pool;
@@ -74,9 +83,15 @@ static PyObject *executor_close(PyObject *self_, PyObject *unused) {
         long outstanding = nhf_pool_outstanding(pool);
         if (from_host_function && outstanding > 0)
             return refuse_close_from_host_function(outstanding, ""); /* the pool goes on */
-        Py_BEGIN_ALLOW_THREADS
-        outstanding = nhf_pool_close(pool, from_host_function);
-        Py_END_ALLOW_THREADS
+        for (;;) {
+            Py_BEGIN_ALLOW_THREADS
+            outstanding = nhf_pool_close(pool, from_host_function, CLOSE_SLICE_NS);
+            Py_END_ALLOW_THREADS
+            if (outstanding != NHF_POOL_CLOSE_WAITING)
+                break;
+            if (PyErr_CheckSignals() < 0)
+                return NULL; /* stopped, its tasks still running: close() again waits */
+        }
         if (outstanding > 0) /* a launch raced the check above: stopped, not waited for */
             return refuse_close_from_host_function(
                 outstanding,

@@ -310,8 +310,11 @@ PyObject *nhf_slot_take(PyObject *executor, nhf_pool *pool);
 
 /* A pool of nthreads threads, started; NULL if that failed.  Never freed. */
 nhf_pool *nhf_pool_new(long nthreads, long spin_ns, long poll_ns);
-/* Without the GIL: finish the outstanding tasks, then stop the threads. */
-long nhf_pool_close(nhf_pool *pool, bool no_wait);
+/* Without the GIL: finish the outstanding tasks, then stop the threads; with
+ * slice_ns > 0, NHF_POOL_CLOSE_WAITING if tasks are still outstanding after about
+ * that long (stopped: call again to go on waiting). */
+#define NHF_POOL_CLOSE_WAITING (-1L)
+long nhf_pool_close(nhf_pool *pool, bool no_wait, long slice_ns);
 /* GIL held: a lane of pool for stream on words; NULL if no memory. */
 lane *nhf_lane_new(nhf_pool *pool, void *stream, void *words);
 /* Under the lane's enqueue mutex: the task for trampoline(record), numbered

@@ -403,13 +403,20 @@ static void *aligned_zeroed(size_t size) {
  * a wait on their words.  0 once closed.  With no_wait (a close from a host
  * function), it returns the count of tasks outstanding instead of waiting for
  * them, if any are once the pool is stopped (a launch raced the caller's
- * check): the threads run them and quit, and a later close joins them. */
-long nhf_pool_close(nhf_pool *pool, bool no_wait) {
+ * check): the threads run them and quit, and a later close joins them.  With
+ * slice_ns > 0 it waits about that long at most for the outstanding tasks, and
+ * returns NHF_POOL_CLOSE_WAITING if some are still outstanding then: the pool
+ * stays stopped (it refuses launches, its threads run the tasks), and the next
+ * call waits on where this one left off (executor_close checks for signals in
+ * between: a Ctrl-C interrupts a close waiting for a task that never ends). */
+long nhf_pool_close(nhf_pool *pool, bool no_wait, long slice_ns) {
     pthread_mutex_lock(&pool->close_mutex);
     if (pool->closed) {
         pthread_mutex_unlock(&pool->close_mutex);
         return 0;
     }
+    if (atomic_load(&pool->quit))
+        goto stopped; /* an earlier call stopped it, and left off waiting */
     pthread_mutex_lock(&pool->mutex);
     atomic_store(&pool->stopping, 1);
     pthread_cond_broadcast(&pool->wake);
@@ -425,13 +432,20 @@ long nhf_pool_close(nhf_pool *pool, bool no_wait) {
     atomic_store(&pool->quit, 1);
     pthread_cond_broadcast(&pool->wake);
     pthread_mutex_unlock(&pool->mutex);
+stopped:;
     long outstanding = nhf_pool_outstanding(pool);
     if (no_wait && outstanding > 0) {
         pthread_mutex_unlock(&pool->close_mutex);
         return outstanding;
     }
-    while (nhf_pool_outstanding(pool) > 0)
+    long start = slice_ns > 0 ? nhf_now_ns() : 0;
+    while (nhf_pool_outstanding(pool) > 0) {
+        if (slice_ns > 0 && nhf_now_ns() - start >= slice_ns) {
+            pthread_mutex_unlock(&pool->close_mutex);
+            return NHF_POOL_CLOSE_WAITING;
+        }
         nhf_sleep_ns(20000);
+    }
     pthread_mutex_lock(&pool->mutex);
     bool armed = atomic_load(&pool->live_slots) > 0;
     pthread_mutex_unlock(&pool->mutex);
@@ -659,7 +673,7 @@ nhf_pool *nhf_pool_new(long nthreads, long spin_ns, long poll_ns) {
     for (long i = 0; i < nthreads; i++) {
         if (pthread_create(&threads[i], NULL, thread_main, pool) != 0) {
             pool->nthreads = i; /* close the threads that started */
-            (void)nhf_pool_close(pool, false);
+            (void)nhf_pool_close(pool, false, 0);
             return NULL;
         }
         pool->nthreads = i + 1;
