@@ -245,6 +245,19 @@ class Backend:
         """
         raise NotImplementedError  # pragma: no cover
 
+    def check_open(self, handle: int, builder: bool, caller: str = "host_launch") -> None:
+        """Refuse a call that has nothing to enqueue on ``handle`` (a zero-byte
+        ``host_copy``, ``release_after`` with no objects) where an enqueue would be
+        refused for its target, enqueuing nothing.
+
+        A GraphBuilder that is not building: ``capture_graph``, the capture path's
+        own check, on both backends.  A stream: nothing on CUDA, where what refuses
+        an enqueue is ``cuLaunchHostFunc`` itself, which such a call does not make;
+        the simulator refuses a closed stream (``SimulatorBackend``).
+        """
+        if builder:
+            self.capture_graph(handle, True, caller)
+
     def graph_record(self, graph: Any, fn: int, arg: int, owner: Any) -> int:
         """A record for ``fn(arg)`` owning ``owner``, owned by ``graph`` from the start.
 

@@ -22,6 +22,7 @@ from ._userdata import resolve_user_data
 
 __all__ = [
     "RENEWALS",
+    "check_empty",
     "check_target",
     "enqueue",
     "raise_refused",
@@ -102,6 +103,19 @@ def check_target(target: Any, caller: str = "host_launch") -> tuple[str, int]:
     if kind == "node":
         return kind, 0
     return kind, get_backend().stream_handle(target, stream_handle(target))
+
+
+def check_empty(target: Any, caller: str) -> Any:
+    """What a call that adds nothing returns (an explicit graph's node itself, else
+    None), its target checked as a launch's is: its type, its handle, then the
+    backend's refusals that need no enqueue (``Backend.check_open``: a closed
+    simulated stream, a GraphBuilder that is not building), so that a target a
+    launch would refuse is refused whether or not there was anything to enqueue."""
+    kind, handle = check_target(target, caller)
+    if kind == "node":
+        return target
+    get_backend().check_open(handle, kind == "builder", caller)
+    return None
 
 
 def enqueue(

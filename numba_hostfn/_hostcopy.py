@@ -21,7 +21,7 @@ import numpy as np
 
 from . import _core
 from ._compat import numba_hooks
-from ._enqueue import check_target, enqueue
+from ._enqueue import check_empty, enqueue
 from ._errors import forget_locals
 from ._executor import check_executor
 from ._hostfunction import HostFunction, host_callback
@@ -263,7 +263,8 @@ def host_copy(stream: Any, dst: Any, src: Any, *, executor: Any = None) -> Any:
     owned by the launch until the copy has run, as buffer exports: a
     ``bytearray`` or ``array.array`` cannot be resized, nor a ``memoryview``
     released, meanwhile (``BufferError``).  Copies of zero bytes enqueue
-    nothing.
+    nothing, but are refused where a copy would be: a closed simulated
+    stream, a ``GraphBuilder`` that is not building (``RuntimeError``).
 
     Parameters
     ----------
@@ -330,7 +331,7 @@ def _host_copy(stream: Any, dst: Any, src: Any, executor: Any) -> Any:
     if d.nbytes != s.nbytes:
         raise ValueError(f"host_copy() sizes differ: dst holds {d.nbytes} bytes, src {s.nbytes}")
     if d.nbytes == 0:
-        return _unchanged(stream, "host_copy")
+        return check_empty(stream, "host_copy")
     if _overlap(d, s):
         raise ValueError("host_copy() dst and src overlap; copy through a temporary")
     keep = (d.owner, s.owner)  # the memory, not only the objects (LIFETIME.md, invariant 1)
@@ -373,7 +374,9 @@ def release_after(stream: Any, *objs: Any, executor: Any = None) -> Any:
     stream : stream, GraphBuilder or explicit graph node
         As for :func:`host_launch`.
     *objs : object
-        Anything; nothing is enqueued when none is given.
+        Anything; nothing is enqueued when none is given, but a target that
+        refuses a launch (a closed simulated stream, a ``GraphBuilder`` that is
+        not building) is refused all the same.
     executor : HostExecutor, optional
         Release from the executor's stream point instead of a host function
         on the driver's thread.
@@ -388,7 +391,7 @@ def release_after(stream: Any, *objs: Any, executor: Any = None) -> Any:
         if executor is not None:
             check_executor(executor)
         if not objs:
-            return _unchanged(stream, "release_after")
+            return check_empty(stream, "release_after")
         return enqueue(
             stream,
             _compiled("release_point"),
@@ -402,11 +405,3 @@ def release_after(stream: Any, *objs: Any, executor: Any = None) -> Any:
         # traceback, would keep the objects (a memoryview: its buffer exported).
         stream = objs = executor = None  # noqa: F841
         raise
-
-
-def _unchanged(target: Any, caller: str) -> Any:
-    """What a call that adds nothing returns: an explicit graph's node itself, else None.
-
-    The target is checked as a launch's is (its type, then its ``__cuda_stream__``),
-    so that a wrong one is refused whether or not there was anything to enqueue."""
-    return target if check_target(target, caller)[0] == "node" else None

@@ -230,7 +230,37 @@ def _check_layout(dtype: Any) -> np.dtype | None:
             "pointer with numba.carray"
         )
     _check_subarray_fields(layout, "")
+    _check_number_types(layout, "")
     return layout
+
+
+def _check_number_types(layout: np.dtype, prefix: str) -> None:
+    """Refuse the numbers numba's CPU target cannot compile, in any field.
+
+    ``float16`` has a numba type but no CPU data model: the compile failed with
+    numba's bare ``NotImplementedError: float16`` (0.60-0.68; only numba-cuda's
+    device code has half floats).  ``longdouble`` and ``clongdouble`` have no numba
+    type at all ("Untyped global name 'layout': float128").
+    """
+    base = layout if layout.subdtype is None else layout.subdtype[0]
+    if base.names is not None:
+        for name in base.names:
+            _check_number_types(base.fields[name][0], f"{prefix}{name}.")
+        return
+    where = f": field {prefix[:-1]!r} is" if prefix else " is"
+    if base.kind == "f" and base.itemsize == 2:
+        raise ValueError(
+            f"host_callback(dtype=...){where} float16, which numba cannot compile in a "
+            "host function (its CPU target has no float16; only CUDA device code has). "
+            "Use np.float32 (convert the data with .astype(np.float32)), or declare it "
+            "np.uint16, pass the data's .view(np.uint16), and decode the bits in the body"
+        )
+    if base.kind in "fc" and base.itemsize > (8 if base.kind == "f" else 16):
+        instead = "np.float64" if base.kind == "f" else "np.complex128"
+        raise ValueError(
+            f"host_callback(dtype=...){where} {base} (C long double), which numba "
+            f"cannot compile; use {instead} (convert the data with .astype({instead}))"
+        )
 
 
 def _check_subarray_fields(layout: np.dtype, prefix: str) -> None:
@@ -325,7 +355,7 @@ class HostFunction(_core.CompiledBase):
         self.__doc__ = py_func.__doc__
         self.__wrapped__ = py_func
         label = f"host function {py_func.__module__}.{py_func.__qualname__}"
-        options = _numba_options(fastmath, boundscheck, debug, error_model)
+        options = _numba_options(fastmath, boundscheck, debug, error_model, cache)
         numba = _numba()
         target = py_func
         try:
@@ -437,8 +467,38 @@ _REFUSED_OPTIONS = {
 }
 
 
-def _numba_options(fastmath: Any, boundscheck: Any, debug: Any, error_model: Any) -> dict:
-    """The numba options of a host function, checked."""
+#: The flags numba's ``fastmath=`` takes in a set (or as a dict's keys): LLVM's
+#: fast-math flags, and ``'fast'`` for all of them (numba.core.cpu_options).
+FASTMATH_FLAGS = frozenset({"fast", "nnan", "ninf", "nsz", "arcp", "contract", "afn", "reassoc"})
+
+
+def _fastmath(fastmath: Any) -> bool | set | dict:
+    """``fastmath=`` as numba takes it, checked here, without numba: numba refuses a
+    wrong one only while compiling (a HostCallbackCompileError blaming the body)."""
+    if isinstance(fastmath, bool):
+        return fastmath
+    if isinstance(fastmath, (set, frozenset, dict)):
+        flags = fastmath.keys() if isinstance(fastmath, dict) else fastmath
+        unknown = [f for f in flags if not isinstance(f, str) or f not in FASTMATH_FLAGS]
+        if unknown:
+            raise ValueError(
+                f"host_callback(fastmath=...) got the unknown flag(s) "
+                f"{', '.join(map(repr, unknown))}; expected flags from "
+                f"{sorted(FASTMATH_FLAGS)}"
+            )
+        # numba takes a set, not a frozenset; a dict's true values say which flags.
+        return dict(fastmath) if isinstance(fastmath, dict) else set(fastmath)
+    raise TypeError(
+        f"host_callback(fastmath=...) expected True, False, or a set of fast-math flags "
+        f"from {sorted(FASTMATH_FLAGS)} (e.g. {{'nnan', 'ninf'}}), got {fastmath!r}"
+    )
+
+
+def _numba_options(
+    fastmath: Any, boundscheck: Any, debug: Any, error_model: Any, cache: Any = False
+) -> dict:
+    """The numba options of a host function, checked (``cache`` too, which is not
+    one of them: it is checked here with them, before numba is imported)."""
     if error_model not in ("numpy", "python"):
         raise ValueError(
             f"host_callback(error_model=...) expected 'numpy' or 'python', got {error_model!r}"
@@ -447,7 +507,10 @@ def _numba_options(fastmath: Any, boundscheck: Any, debug: Any, error_model: Any
         raise TypeError(
             f"host_callback(boundscheck=...) expected True, False or None, got {boundscheck!r}"
         )
-    options = {"error_model": error_model, "fastmath": fastmath, "debug": bool(debug)}
+    for name, value in (("debug", debug), ("cache", cache)):
+        if not isinstance(value, bool):  # a truthy "no" turned it on
+            raise TypeError(f"host_callback({name}=...) expected True or False, got {value!r}")
+    options = {"error_model": error_model, "fastmath": _fastmath(fastmath), "debug": debug}
     if boundscheck is not None:  # None: numba's default (NUMBA_BOUNDSCHECK)
         options["boundscheck"] = boundscheck
     return options
@@ -495,6 +558,10 @@ def host_callback(
         loads it instead of compiling.
     fastmath : bool or set of str, optional
         Passed to numba: allow floating-point reassociation and the like.
+        ``True`` for all of it, or a set of LLVM's fast-math flags: ``'nnan'``,
+        ``'ninf'``, ``'nsz'``, ``'arcp'``, ``'contract'``, ``'afn'``,
+        ``'reassoc'`` (``'fast'``: all of them); numba's dict form, flag to
+        bool, is taken too.
     boundscheck : bool, optional
         Check array indices against the array's shape as the body declares it
         (``carray``'s shape; an index outside it raises ``IndexError``, reported
@@ -522,13 +589,16 @@ def host_callback(
         default, ``*args``, keyword-only or ``**kwargs`` one beside it), is a
         generator or coroutine function, returns a value (on any path: write
         results into the user data instead), or ``dtype`` is not a numpy dtype
-        without objects, ``boundscheck`` is not True, False or None, or an
-        option other than the ones above is given.
+        without objects, ``boundscheck`` is not True, False or None, ``cache``
+        or ``debug`` is not True or False, ``fastmath`` is not a bool, set or
+        dict, or an option other than the ones above is given.
     ValueError
         If ``dtype`` is empty, a subarray dtype, not in the machine's byte
-        order, or has a subarray field numba cannot compile (the message names
-        the field and what to use instead), or ``error_model`` is neither
-        ``'numpy'`` nor ``'python'``.
+        order, or has a subarray field numba cannot compile, or is or holds a
+        ``float16`` or long double, which numba cannot compile on the CPU (the
+        message names the field and what to use instead), ``fastmath`` names a
+        flag numba does not know, or ``error_model`` is neither ``'numpy'``
+        nor ``'python'``.
 
     Examples
     --------
@@ -549,7 +619,7 @@ def host_callback(
             f"host_callback() does not take the option {name!r}: {why}. It takes dtype, "
             "cache, fastmath, boundscheck, debug and error_model"
         )
-    _numba_options(fastmath, boundscheck, debug, error_model)  # refuse bad values early
+    _numba_options(fastmath, boundscheck, debug, error_model, cache)  # refuse bad values early
     _check_layout(dtype)
     settings = {
         "dtype": dtype,

@@ -69,6 +69,11 @@ class SimulatorBackend(Backend):
             )
         return capture
 
+    def check_open(self, handle: int, builder: bool, caller: str = "host_launch") -> None:
+        super().check_open(handle, builder, caller)
+        if not builder and _core.sim_stopped(handle):  # what its enqueue answers
+            self.raise_refusal(_core.QUEUE_STOPPED, stream=handle)
+
     def graph_record(self, graph: Any, fn: int, arg: int, owner: Any) -> int:
         return _core.sim_graph_record(graph, fn, arg, owner)
 

@@ -9,7 +9,7 @@ import weakref
 
 import numpy as np
 import pytest
-from _device import Hold, released_eventually, resizable
+from _device import Hold, released_eventually, rerun_on_simulator, resizable
 
 import numba_hostfn as nh
 
@@ -205,6 +205,90 @@ def test_a_call_with_nothing_to_enqueue_still_checks_its_stream(call):
 def test_zero_bytes_enqueue_nothing(stream):
     nh.host_copy(stream, np.zeros(0), np.zeros(0))
     assert nh.pending() == 0
+
+
+#: Each call with something to enqueue, and the same call with nothing: a zero-byte
+#: copy (numpy arrays, bytearrays) and release_after with no objects.
+_FULL_AND_EMPTY = {
+    "host_copy": (
+        lambda t: nh.host_copy(t, np.zeros(4), np.ones(4)),
+        [
+            lambda t: nh.host_copy(t, np.zeros(0), np.zeros(0)),
+            lambda t: nh.host_copy(t, bytearray(), bytearray()),
+        ],
+    ),
+    "release_after": (
+        lambda t: nh.release_after(t, object()),
+        [lambda t: nh.release_after(t)],
+    ),
+}
+
+
+def _refusal(call, target):
+    with pytest.raises(Exception) as caught:
+        call(target)
+    return type(caught.value), str(caught.value)
+
+
+def _refused_alike(target, name):
+    """The empty calls of ``name`` on ``target`` raise what the full one raises, and
+    enqueue and keep nothing, as it does."""
+    full, empties = _FULL_AND_EMPTY[name]
+    held = nh._core.held()
+    expected = _refusal(full, target)
+    for empty in empties:
+        assert _refusal(empty, target) == expected
+    assert nh.pending() == 0 and nh._core.held() == held
+    return expected
+
+
+@pytest.mark.parametrize("name", sorted(_FULL_AND_EMPTY))
+@pytest.mark.parametrize("ended", [False, True], ids=["never began", "ended"])
+def test_a_call_with_nothing_to_enqueue_refuses_a_builder_not_building(stream, name, ended):
+    """A zero-byte host_copy and an empty release_after returned None on a GraphBuilder
+    that is not building, which the same call with something to enqueue refuses."""
+    builder = stream.create_graph_builder()
+    if ended:
+        builder.begin_building()
+        builder.end_building()
+    error, message = _refused_alike(builder, name)
+    assert error is RuntimeError and message.startswith(f"{name}() was given a GraphBuilder")
+    builder.close()
+
+
+@pytest.mark.parametrize("name", sorted(_FULL_AND_EMPTY))
+def test_a_call_with_nothing_to_enqueue_refuses_a_closed_simulated_stream(request, name):
+    """As the same call with something to enqueue: the simulated stream's refusal."""
+    if rerun_on_simulator(request):
+        return
+    s = nh.simulator.Stream()
+    s.close()
+    assert _refused_alike(s, name) == (
+        RuntimeError,
+        "the simulated stream is closed; create a new Stream",
+    )
+
+
+def test_a_call_with_nothing_to_enqueue_is_a_no_op_where_it_would_enqueue(stream, device):
+    """On a good stream and in a capture the zero-sized calls add nothing, cheaply."""
+    held = nh._core.held()
+    assert nh.host_copy(stream, bytearray(), bytearray()) is None
+    assert nh.release_after(stream) is None
+    builder = stream.create_graph_builder().begin_building()
+    assert nh.host_copy(builder, np.zeros(0), np.zeros(0)) is None
+    assert nh.release_after(builder) is None
+    src, dst = np.arange(4.0), np.zeros(4)
+    alive = weakref.ref(src)
+    nh.host_copy(builder, dst, src)  # a graph of one node: the empty calls added none
+    graph = builder.end_building().complete()
+    graph.launch(stream)
+    stream.sync()
+    graph.close()
+    builder.close()
+    assert (dst == np.arange(4.0)).all()
+    del graph, builder, src
+    assert released_eventually(alive, device)
+    assert nh._core.held() == held
 
 
 def test_dst_and_src_kept_alive_until_copied_then_released(stream, device):

@@ -174,6 +174,70 @@ def test_numba_options_that_make_no_sense_are_refused_by_name(option, why):
         nh.host_callback(error_model="c")
 
 
+def _noop(p):
+    pass
+
+
+@pytest.mark.parametrize(
+    "options, error, says",
+    [
+        ({"fastmath": "yes"}, TypeError, "fastmath=...\\) expected True, False, or a set"),
+        ({"fastmath": 1}, TypeError, "fastmath=...\\) expected .* got 1$"),
+        ({"fastmath": ["nnan"]}, TypeError, "fastmath=...\\) expected .*'nnan'"),
+        ({"fastmath": {"nnan", "fastest"}}, ValueError, "unknown flag\\(s\\) 'fastest'"),
+        ({"fastmath": {"fast": True, 3: False}}, ValueError, "unknown flag\\(s\\) 3;"),
+        ({"cache": "no"}, TypeError, "cache=...\\) expected True or False, got 'no'"),
+        ({"cache": 1}, TypeError, "cache=...\\) expected True or False, got 1"),
+        ({"debug": "no"}, TypeError, "debug=...\\) expected True or False, got 'no'"),
+        ({"debug": None}, TypeError, "debug=...\\) expected True or False, got None"),
+    ],
+)
+def test_wrong_option_values_are_refused_at_decoration_naming_the_option(options, error, says):
+    """fastmath="yes" failed while compiling, in a HostCallbackCompileError from inside
+    numba (and not at all when the decorator was made without the function); a truthy
+    cache="no" or debug="no" turned the option on.  Refused when decorating, by name."""
+    for call in (lambda: nh.host_callback(**options), lambda: nh.host_callback(_noop, **options)):
+        with pytest.raises(error, match=says) as info:
+            call()
+        assert not isinstance(info.value, nh.HostCallbackCompileError)
+
+
+@pytest.mark.parametrize(
+    "fastmath", [True, False, {"nnan", "ninf"}, frozenset({"contract", "afn"}), {"fast": True}]
+)
+def test_fastmath_takes_a_bool_a_set_of_flags_or_numbas_dict(fastmath):
+    @nh.host_callback(fastmath=fastmath)
+    def scale(p):
+        a = carray(p, (2,), np.float64)
+        a[0] = a[0] * a[1]
+
+    data = np.array([3.0, 2.0])
+    scale(nh.by_ref(data))
+    assert data[0] == 6.0
+
+
+def test_wrong_options_are_refused_before_numba_is_imported():
+    """The checks need no numba: a refused decorator leaves it unimported."""
+    from _device import run_child
+
+    out = run_child(
+        "import sys\n"
+        "import numba_hostfn as nh\n"
+        "def f(p):\n"
+        "    pass\n"
+        "for options in ({'fastmath': 'yes'}, {'fastmath': {'x'}}, {'cache': 'no'},\n"
+        "                {'debug': 1}):\n"
+        "    try:\n"
+        "        nh.host_callback(f, **options)\n"
+        "    except (TypeError, ValueError) as error:\n"
+        "        assert not isinstance(error, nh.HostCallbackCompileError), error\n"
+        "    else:\n"
+        "        raise AssertionError(options)\n"
+        "print('numba' in sys.modules)\n"
+    )
+    assert out.split() == ["False"]
+
+
 def test_compile_error_raises_at_decoration_naming_the_function():
     def uses_python_objects(p):
         return {"a": object()}
@@ -543,3 +607,48 @@ def test_a_refused_direct_call_keeps_no_view_it_was_given_while_its_error_lives(
         error = caught
     assert "dtype" in str(error)
     buf.append(0)  # BufferError while the error kept the memoryview
+
+
+_LONG_DOUBLE = pytest.mark.skipif(
+    np.dtype(np.longdouble).itemsize == 8, reason="long double is double on this platform"
+)
+
+
+@pytest.mark.parametrize(
+    "dtype, says, instead",
+    [
+        (np.float16, "host_callback\\(dtype=...\\) is float16", "np.float32"),
+        (np.dtype([("n", "i8"), ("h", np.float16)]), "field 'h' is float16", "np.uint16"),
+        (np.dtype([("h", np.float16, (4,))]), "field 'h' is float16", "np.float32"),
+        (np.dtype([("r", [("h", "e")], 2)]), "field 'r.h' is float16", "np.float32"),
+        pytest.param(np.longdouble, "is float", "np.float64", marks=_LONG_DOUBLE),
+        pytest.param(
+            np.dtype([("z", np.clongdouble)]),
+            "field 'z' is complex",
+            "np.complex128",
+            marks=_LONG_DOUBLE,
+        ),
+    ],
+)
+def test_a_float16_or_long_double_is_refused_at_decoration_naming_the_field(dtype, says, instead):
+    """numba's CPU target has no float16: the compile failed with a
+    HostCallbackCompileError whose whole explanation was "float16" (a long double:
+    "Untyped global name 'layout': float128", naming the package's wrapper)."""
+    with pytest.raises(ValueError, match=says) as info:
+        nh.host_callback(dtype=dtype)
+    message = str(info.value)
+    assert "numba cannot compile" in message and instead in message, message
+    assert "layout" not in message
+
+
+def test_numba_still_cannot_compile_float16_on_the_cpu():
+    """Why float16 is refused: should numba learn it, this fails, and the refusal
+    (_hostfunction._check_number_types) can go."""
+    import numba
+
+    @numba.njit
+    def double(a):
+        a[0] = a[0] * 2
+
+    with pytest.raises(Exception, match="float16"):
+        double(np.ones(1, np.float16))

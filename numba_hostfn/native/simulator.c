@@ -762,6 +762,20 @@ static PyObject *py_pending(PyObject *self, PyObject *arg) {
     return PyLong_FromLong(pending);
 }
 
+/* sim_stopped(stream) -> whether the stream was closed: what its enqueue refuses
+ * with QUEUE_STOPPED, asked by a call that has nothing to enqueue (a zero-byte
+ * host_copy, release_after with no objects), which is refused as one that has. */
+static PyObject *py_stopped(PyObject *self, PyObject *arg) {
+    (void)self;
+    nhf_sim_stream *stream = stream_arg(arg);
+    if (stream == NULL)
+        return NULL;
+    pthread_mutex_lock(&stream->mutex);
+    int stopping = stream->stopping;
+    pthread_mutex_unlock(&stream->mutex);
+    return PyBool_FromLong(stopping);
+}
+
 /* Refuse new work; the thread runs what is queued, then ends.  Then wait for it
  * to end (join true), without the GIL, or let it end alone (join false).  One
  * call, so that no exception can come between the two (a half-closed stream).
@@ -1018,6 +1032,8 @@ static PyMethodDef methods[] = {
      "True on the simulated host-function thread (a host function's call)."},
     {"sim_query", py_query, METH_O, "sim_query($module, stream, /)\n--\n\n"
      "Returns 0, 600 (not ready) or the fault."},
+    {"sim_stopped", py_stopped, METH_O, "sim_stopped($module, stream, /)\n--\n\n"
+     "True once the stream was closed (its enqueue refuses with QUEUE_STOPPED)."},
     {"sim_new_context", py_new_context, METH_NOARGS,
      "sim_new_context($module, /)\n--\n\n"
      "Streams made from now on belong to a new, healthy simulated context."},
