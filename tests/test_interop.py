@@ -48,6 +48,33 @@ def test_cuda_core_legacy_and_per_thread_default_streams(device):
 
 
 @pytest.mark.gpu
+def test_a_closed_cuda_core_stream_is_refused_not_read_as_the_legacy_default_stream(device):
+    """cuda.core's ``Stream.close()`` resets the handle: cuda.core 1.2.0's
+    ``__cuda_stream__`` then gives ``(0, 0)``, which the driver reads as the legacy
+    default stream (newer ones raise).  Every call on it is refused, enqueuing nothing."""
+    from numba_hostfn import _core
+
+    stream = device.create_stream()
+    stream.close()
+    held, pending = _core.held(), nh.pending()
+    calls = []
+    for call in (
+        lambda: nh.host_launch(stream, increment, user_data=nh.by_ref(np.zeros(1, np.int64))),
+        lambda: nh.host_launch(stream, lambda: calls.append(1)),
+        lambda: nh.host_launch(stream, lambda: calls.append(1), blocking=False),
+        lambda: nh.host_copy(stream, bytearray(), bytearray()),
+        lambda: nh.host_copy(stream, bytearray(8), bytes(8)),
+        lambda: nh.release_after(stream, object()),
+        lambda: nh.done_future(stream),
+    ):
+        with pytest.raises(RuntimeError, match="closed"):
+            call()
+    device.synchronize()
+    nh.drain()
+    assert calls == [] and (_core.held(), nh.pending()) == (held, pending)
+
+
+@pytest.mark.gpu
 def test_cupy_stream(device):
     import cupy
 
