@@ -13,7 +13,6 @@ from typing import Any
 from . import _core
 from ._backend import Backend, Launch, StaleLane
 from ._classify import KINDS, classify_function, compiled_layout
-from ._errors import forget_locals
 from ._executor import check_executor, copy_context_of, default_lane_of, lane_of, renew_lane
 from ._graphs import add_captured_node, add_graph_node
 from ._process import get_backend
@@ -135,31 +134,9 @@ def enqueue(
     host function.  ``parallel_copy`` says that ``fn`` is the compiled copy with
     MEMCPY_LAYOUT user data, which an executor shares out among its threads.
     ``caller`` is the public function a wrong target's error names.  A refusal
-    keeps nothing in its traceback's frames (``forget_locals``).
+    keeps nothing: every caller, a public entry point, is decorated with
+    ``_errors.keeps_nothing_on_refusal``, which clears this frame too.
     """
-    try:
-        return _enqueue(
-            target, fn, user_data, also_owns, as_device_work, executor, parallel_copy, caller
-        )
-    except BaseException as error:
-        # This frame runs on (forget_locals cannot clear it): its arguments are
-        # dropped here, host_copy's buffer exports and a by_ref(...) made inline.
-        target = fn = user_data = also_owns = executor = None  # noqa: F841
-        forget_locals(error)
-        raise
-
-
-def _enqueue(
-    target: Any,
-    fn: Any,
-    user_data: Any,
-    also_owns: Any,
-    as_device_work: bool,
-    executor: Any,
-    parallel_copy: bool,
-    caller: str,
-) -> Any:
-    """enqueue's work; its locals are dropped if it raises."""
     # Checked in argument order, so the first wrong one is the one reported: the
     # target (its type, then its handle), fn, user_data, then the executor.
     kind_of_target, handle = check_target(target, caller)

@@ -9,7 +9,10 @@ host function cannot be raised to the caller: they are reported through
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 __all__ = [
     "BackendUnavailableError",
@@ -109,7 +112,7 @@ def forget_locals(error: BaseException) -> None:
     frames, whose locals would keep user data exported (a ``bytearray`` that cannot
     be resized) and copies alive.  The program's own frames keep theirs (a
     ``__buffer__`` that raised, for a debugger); a frame still running is left to
-    its function, which drops what it holds itself.
+    its function: :func:`keeps_nothing_on_refusal`'s wrapper drops what it holds.
     """
     tb = error.__traceback__
     while tb is not None:
@@ -120,3 +123,32 @@ def forget_locals(error: BaseException) -> None:
             except RuntimeError:  # still running (the caller's own frame)
                 pass
         tb = tb.tb_next
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def keeps_nothing_on_refusal(func: _F) -> _F:
+    """``func``, keeping nothing if it raises (LIFETIME.md, invariant 3).
+
+    For the package's public entry points (``host_launch``'s Python path,
+    ``host_copy``, ``release_after``, ``record``, a ``HostFunction``'s direct
+    call, ...), whose bodies are then the plain work.  When ``func`` raises, its
+    frame (and those under it) has returned, so :func:`forget_locals` clears
+    them; the wrapper's own frame, the one still running, drops the arguments
+    itself: a ``by_ref(...)`` or a ``memoryview`` made in the call would keep a
+    buffer exported for as long as the caught error (or ``sys.last_exc``) lives.
+    Put it on the outermost function of the package a call enters: a caller in
+    the package would still be running, and keep its own locals.
+    """
+
+    @functools.wraps(func)
+    def refusal_keeps_nothing(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except BaseException as error:
+            del args, kwargs  # this frame runs on: forget_locals cannot clear it
+            forget_locals(error)
+            raise
+
+    return refusal_keeps_nothing  # type: ignore[return-value]

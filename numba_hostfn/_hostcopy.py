@@ -22,7 +22,7 @@ import numpy as np
 from . import _core
 from ._compat import numba_hooks
 from ._enqueue import check_empty, enqueue
-from ._errors import forget_locals
+from ._errors import keeps_nothing_on_refusal
 from ._executor import check_executor
 from ._hostfunction import HostFunction, host_callback
 
@@ -255,6 +255,7 @@ def _overlap(d: _Region, s: _Region) -> bool:
     return bool((starts[1:] < np.maximum.accumulate(ends)[:-1]).any())
 
 
+@keeps_nothing_on_refusal
 def host_copy(stream: Any, dst: Any, src: Any, *, executor: Any = None) -> Any:
     """Copy ``src`` into ``dst`` on the host, in stream order and without the GIL.
 
@@ -299,18 +300,6 @@ def host_copy(stream: Any, dst: Any, src: Any, *, executor: Any = None) -> Any:
         neither C-contiguous nor evenly spaced contiguous rows, the two share a byte,
         or a cuda.core ``Buffer`` is device memory.  Nothing was enqueued.
     """
-    try:
-        return _host_copy(stream, dst, src, executor)
-    except BaseException as error:
-        # Its own arguments too: a memoryview (or numpy view) made in the call holds
-        # an export of its buffer, and this frame runs on, uncleared.
-        stream = dst = src = executor = None  # noqa: F841
-        forget_locals(error)  # the buffers' exports, pinned: a refusal keeps none
-        raise
-
-
-def _host_copy(stream: Any, dst: Any, src: Any, executor: Any) -> Any:
-    """host_copy's work; its locals are dropped if it raises."""
     if executor is not None:
         check_executor(executor)
     if (
@@ -360,6 +349,7 @@ def _host_copy(stream: Any, dst: Any, src: Any, executor: Any) -> Any:
     return enqueue(stream, host_memcpy_2d(), data, keep, executor=executor, caller="host_copy")
 
 
+@keeps_nothing_on_refusal
 def release_after(stream: Any, *objs: Any, executor: Any = None) -> Any:
     """Keep ``objs`` alive until ``stream`` reaches this point, then release them.
 
@@ -387,21 +377,10 @@ def release_after(stream: Any, *objs: Any, executor: Any = None) -> Any:
         For an explicit graph, the new node (``stream`` itself if nothing was
         added); else None.
     """
-    try:
-        if executor is not None:
-            check_executor(executor)
-        if not objs:
-            return check_empty(stream, "release_after")
-        return enqueue(
-            stream,
-            _compiled("release_point"),
-            None,
-            objs,
-            executor=executor,
-            caller="release_after",
-        )
-    except BaseException:
-        # A refusal keeps nothing (invariant 3): this frame, in the error's
-        # traceback, would keep the objects (a memoryview: its buffer exported).
-        stream = objs = executor = None  # noqa: F841
-        raise
+    if executor is not None:
+        check_executor(executor)
+    if not objs:
+        return check_empty(stream, "release_after")
+    return enqueue(
+        stream, _compiled("release_point"), None, objs, executor=executor, caller="release_after"
+    )

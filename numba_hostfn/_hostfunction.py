@@ -31,7 +31,7 @@ import numpy as np
 
 from . import _core
 from ._compat import numba_hooks
-from ._errors import HostCallbackCompileError, forget_locals
+from ._errors import HostCallbackCompileError, keeps_nothing_on_refusal
 from ._userdata import resolve_user_data
 
 __all__ = ["CUhostFn", "HostFunction", "host_callback"]
@@ -408,6 +408,7 @@ class HostFunction(_core.CompiledBase):
         """Return the LLVM IR of the compiled function and its C wrapper."""
         return self._cfunc.inspect_llvm()
 
+    @keeps_nothing_on_refusal
     def __call__(self, user_data: Any = _MISSING) -> None:
         """Run the body now, on the calling thread (GIL released), and raise what it raises.
 
@@ -431,21 +432,12 @@ class HostFunction(_core.CompiledBase):
                 "a HostFunction with no machine code (made with HostFunction.__new__, never "
                 "compiled) cannot be called; make it with @numba_hostfn.host_callback"
             )
-        try:
-            address, owner = resolve_user_data(user_data, self.dtype, self, self.reads_user_data)
-        except BaseException as error:
-            user_data = None  # noqa: F841 - this frame runs on: a by_ref(...) made inline
-            forget_locals(error)  # its exports: a refusal keeps none (invariant 3)
-            raise
+        # owner keeps what address points to alive while the body runs; a refusal
+        # keeps nothing, nor does a body's error (keeps_nothing_on_refusal).
+        address, owner = resolve_user_data(user_data, self.dtype, self, self.reads_user_data)
         if self._direct is None:
             self._direct = _direct_caller(self._target, self._options)
-        try:
-            self._direct(address)
-        except BaseException:
-            user_data = None  # noqa: F841 - nor does a body's own error keep it
-            raise
-        finally:
-            del owner
+        self._direct(address)
 
     def __repr__(self) -> str:
         if not self.address:

@@ -19,7 +19,7 @@ from . import _core
 from ._classify import classify_function
 from ._compat import POINTER_PROTOTYPE
 from ._enqueue import check_target, enqueue, raise_refused, user_data_with_callable
-from ._errors import forget_locals
+from ._errors import keeps_nothing_on_refusal
 from ._hostfunction import CUhostFn
 from ._notify import launch_nonblocking
 from ._process import on_backend
@@ -28,6 +28,7 @@ from ._userdata import ByRef
 __all__ = ["host_launch", "host_launch_python", "launch_counts", "python_path"]
 
 
+@keeps_nothing_on_refusal
 def host_launch_python(
     stream: Any, fn: Any, *, user_data: Any = None, executor: Any = None, blocking: bool = True
 ) -> Any:
@@ -120,33 +121,24 @@ def host_launch_python(
     BackendUnavailableError
         If there is no CUDA driver and the simulator is not selected.
     """
-    try:
-        if blocking is not True:
-            # In argument order, as enqueue checks: the stream, fn, user_data, then the
-            # keywords (a Python callable takes no user_data, whatever blocking is).
-            check_target(stream)
-            kind, _, callable_ = classify_function(fn)
-            if kind == "python" and user_data is not None:
-                raise user_data_with_callable(fn)
-            if blocking is not False:
-                raise TypeError(
-                    f"host_launch(blocking=...) expected True or False, got {blocking!r}"
-                )
-            if kind != "python":
-                raise ValueError(
-                    "host_launch(blocking=False) is for Python callables; "
-                    f"{getattr(fn, '__qualname__', type(fn).__name__)!r} is compiled code, which "
-                    "never takes the GIL and needs no such option: leave blocking=True"
-                )
-            launch_nonblocking(stream, callable_, executor)
-            return None
-        return enqueue(stream, fn, user_data, None, executor=executor)
-    except BaseException as error:
-        # A refusal keeps nothing (invariant 3): this frame runs on when enqueue drops
-        # its own, and would keep its arguments (a by_ref(...) made in the call).
-        stream = fn = user_data = executor = None  # noqa: F841
-        forget_locals(error)
-        raise
+    if blocking is not True:
+        # In argument order, as enqueue checks: the stream, fn, user_data, then the
+        # keywords (a Python callable takes no user_data, whatever blocking is).
+        check_target(stream)
+        kind, _, callable_ = classify_function(fn)
+        if kind == "python" and user_data is not None:
+            raise user_data_with_callable(fn)
+        if blocking is not False:
+            raise TypeError(f"host_launch(blocking=...) expected True or False, got {blocking!r}")
+        if kind != "python":
+            raise ValueError(
+                "host_launch(blocking=False) is for Python callables; "
+                f"{getattr(fn, '__qualname__', type(fn).__name__)!r} is compiled code, which "
+                "never takes the GIL and needs no such option: leave blocking=True"
+            )
+        launch_nonblocking(stream, callable_, executor)
+        return None
+    return enqueue(stream, fn, user_data, None, executor=executor)
 
 
 def _configure_native(backend: Any) -> None:

@@ -13,11 +13,13 @@ from typing import Any
 from ._classify import refuse_coroutine_function
 from ._compat import CFuncPtr, numba_cfunc_type
 from ._enqueue import enqueue
+from ._errors import keeps_nothing_on_refusal
 from ._hostfunction import HostFunction
 
 __all__ = ["add_callback"]
 
 
+@keeps_nothing_on_refusal
 def add_callback(stream: Any, callback: Any, arg: Any = None) -> None:
     """numba-cuda's ``Stream.add_callback``, for any stream: ``callback(stream, 0, arg)``.
 
@@ -58,15 +60,20 @@ def add_callback(stream: Any, callback: Any, arg: Any = None) -> None:
         signature = inspect.signature(callback)
     except (TypeError, ValueError):  # none to read (some builtins): it fails when it runs
         signature = None
+    unbound = None
     if signature is not None:
         try:
             signature.bind(stream, 0, arg)
         except TypeError as exc:
-            raise TypeError(
-                f"add_callback() got {getattr(callback, '__qualname__', callback)!r}, which "
-                f"cannot be called as callback(stream, status, arg) ({exc}); give it those "
-                "three parameters, or use host_launch(stream, fn) for fn()"
-            ) from None
+            # Raised below, outside this block: as this one's context, inspect's
+            # error would keep its frames, and arg in them (invariant 3).
+            unbound = str(exc)
+    if unbound is not None:
+        raise TypeError(
+            f"add_callback() got {getattr(callback, '__qualname__', callback)!r}, which "
+            f"cannot be called as callback(stream, status, arg) ({unbound}); give it those "
+            "three parameters, or use host_launch(stream, fn) for fn()"
+        )
     call = functools.partial(_numba_cuda_call, callback, stream, arg)
     enqueue(stream, call, None, None, caller="add_callback")
 

@@ -27,7 +27,7 @@ from . import _core
 from ._backend import in_host_function_error
 from ._classify import classify_function
 from ._enqueue import enqueue
-from ._errors import SimulatorUnsupportedError
+from ._errors import SimulatorUnsupportedError, keeps_nothing_on_refusal
 from ._process import SIMULATOR_ENV, forked, get_backend
 from ._simbackend import SimulatorBackend
 
@@ -175,6 +175,7 @@ class Stream(_core.SimStreamBase):
         if status:
             self._backend.raise_refusal(status, stream=handle)
 
+    @keeps_nothing_on_refusal
     def launch(self, fn: Any, *, user_data: Any = None) -> None:
         """Enqueue a compiled host function as simulated device work (a "kernel").
 

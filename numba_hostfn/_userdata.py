@@ -30,7 +30,7 @@ import numpy as np
 
 from . import _core
 from ._compat import CFuncPtr, PointerBase
-from ._errors import forget_locals
+from ._errors import keeps_nothing_on_refusal
 
 __all__ = ["ByRef", "Record", "by_ref", "record", "resolve_user_data"]
 
@@ -143,6 +143,7 @@ class Record:
         return f"record({self.data[0]!r}, keeps {len(self.keep)} buffer(s))"
 
 
+@keeps_nothing_on_refusal
 def record(dtype: Any, **fields: Any) -> Record:
     """A record of ``dtype`` whose address fields point at buffers the launch keeps alive.
 
@@ -198,18 +199,6 @@ def record(dtype: Any, **fields: Any) -> Record:
     >>> total(nh.record(SUM, values=np.arange(4.0), n=4, out=out)); out
     array([6.])
     """
-    try:
-        return _record(dtype, fields)
-    except BaseException as error:
-        # A refusal keeps nothing (invariant 3): the pins of the fields made before
-        # the one refused, in _record's frame, and the buffers given in this one's.
-        fields = None  # noqa: F841
-        forget_locals(error)
-        raise
-
-
-def _record(dtype: Any, fields: dict[str, Any]) -> Record:
-    """record()'s work; its locals are dropped if it raises."""
     layout = np.dtype(dtype)
     if layout.names is None:
         raise TypeError(f"record() needs a structured dtype, got {layout}")

@@ -88,9 +88,10 @@ CALLBACKS_SCRIPT = (
 
     ran = {}
     outcome = {}
+    # host_launch_python: the keeps_nothing_on_refusal wrapper, and the body it wraps.
     targets = [_notify._Channel.launch, _notify.launch_nonblocking, _launch.host_launch_python,
-               _notify._Callbacks.run, _notify.run_callbacks, _notify._pending_call,
-               _notify._Callbacks.launch]
+               _launch.host_launch_python.__wrapped__, _notify._Callbacks.run,
+               _notify.run_callbacks, _notify._pending_call, _notify._Callbacks.launch]
     k = 0
     for fn in targets:
         for line in lines_of(fn):

@@ -855,6 +855,12 @@ def test_a_refused_record_keeps_no_buffer_exported_while_its_error_lives():
         error = caught
     assert "'out'" in str(error)
     values.append(0)  # BufferError while the error kept the pin
+    try:
+        nh.record(SUM, values=memoryview(values), out=-1)  # a view made for the call
+    except ValueError as caught:
+        error = caught
+    assert "'out'" in str(error)
+    assert resizable(values)
 
 
 @pytest.mark.parametrize("why", ["executor", "closed"])
@@ -877,6 +883,23 @@ def test_a_refused_launch_keeps_no_view_of_user_data_while_its_error_lives(why, 
         error = caught
     assert "closed" in str(error)
     buf.append(0)  # BufferError while the error kept the memoryview
+    s.close()
+
+
+def test_a_refused_add_callback_keeps_no_view_of_its_arg_while_its_error_lives():
+    """Invariant 3 for add_callback: its frame (and the partial it made of the
+    callback and arg) stayed in a caught error's traceback, uncleared, so a
+    memoryview given as arg kept its bytearray exported, whether enqueue refused the
+    stream or add_callback the callback."""
+    buf = bytearray(16)
+    s = nh.create_stream()
+    with pytest.raises(TypeError, match=r"^add_callback\(\) ") as info:
+        nh.add_callback(12345, lambda stream, status, arg: None, memoryview(buf))
+    assert resizable(buf), info.value  # False while its traceback kept the memoryview
+    with pytest.raises(TypeError, match="callback.stream, status, arg.") as info:
+        nh.add_callback(s, lambda: None, memoryview(buf))
+    assert resizable(buf), info.value  # nor its context's (inspect's bind, its arguments)
+    assert nh.pending() == 0
     s.close()
 
 

@@ -9,7 +9,13 @@ import time
 
 import numpy as np
 import pytest
-from _device import assert_no_ignored_errors, child_env, rerun_on_simulator, run_child
+from _device import (
+    assert_no_ignored_errors,
+    child_env,
+    rerun_on_simulator,
+    resizable,
+    run_child,
+)
 from numba import carray
 
 import numba_hostfn as nh
@@ -280,6 +286,25 @@ def test_sleep_and_launch_validate(request, stream):
         stream.sleep(-1)
     with pytest.raises(TypeError, match="compiled"):
         stream.launch(lambda: None)
+
+
+def test_a_refused_device_launch_keeps_no_view_of_user_data_while_its_error_lives(request):
+    """Invariant 3 for simulator.Stream.launch: its frame stayed in a caught error's
+    traceback, uncleared (enqueue cleared only its own), so a memoryview given as
+    user_data kept its bytearray exported."""
+    if rerun_on_simulator(request):
+        return
+
+    @nh.host_callback(dtype=np.int64)
+    def bump(n):
+        n[0] += 1
+
+    buf = bytearray(4)  # bump declares 8 bytes
+    with nh.simulator.Stream() as s:
+        with pytest.raises(ValueError, match="holds 4 bytes") as info:
+            s.launch(bump, user_data=memoryview(buf))
+        assert resizable(buf), info.value  # False while its traceback kept the memoryview
+    assert nh.pending() == 0
 
 
 def test_foreign_stream_objects_are_refused(request):
