@@ -56,32 +56,41 @@ class ByRef(_core.BufferRef):
     __slots__ = ()
 
     def __init__(self, obj: Any, view: memoryview | None = None, what: str = "by_ref()") -> None:
+        error: Exception | None = None
         if view is None:
             try:
                 view = memoryview(obj)
             except TypeError:
-                raise TypeError(
+                error = TypeError(
                     "by_ref() expected an object with the buffer protocol (a numpy "
                     f"array, bytearray, ...), got {type(obj).__name__}"
-                ) from None
-        if view.readonly:
-            raise ValueError(
+                )
+        if error is not None or view is None:
+            pass
+        elif view.readonly:
+            error = ValueError(
                 "by_ref() needs a writable buffer, because the host function may write "
                 "it; pass the data as user_data to copy it instead, or make it writable"
             )
-        if not view.c_contiguous:
-            raise ValueError(
+        elif not view.c_contiguous:
+            error = ValueError(
                 f"{what} needs a C-contiguous buffer to share with the host function (a "
                 "writable buffer is shared, never copied); pass np.ascontiguousarray(a) "
                 "and read the result from that array, or bytes(a) for a copy"
             )
-        if view.nbytes == 0:
-            raise ValueError(f"{what} needs a buffer of at least one byte")
-        if isinstance(obj, np.ndarray) and obj.dtype.hasobject:
-            raise TypeError(
+        elif view.nbytes == 0:
+            error = ValueError(f"{what} needs a buffer of at least one byte")
+        elif isinstance(obj, np.ndarray) and obj.dtype.hasobject:
+            error = TypeError(
                 f"{what} got an array of Python objects (dtype {obj.dtype}); a host "
                 "function cannot use object pointers without the GIL: pass numeric data"
             )
+        if error is not None:
+            # A refusal keeps nothing (invariant 3): this frame stays in the error's
+            # traceback, so it drops the buffer and its view itself (raised outside the
+            # except above, the error has no context to keep them either).
+            del obj, view
+            raise error
         super().__init__(obj, obj.dtype if isinstance(obj, np.ndarray) else None)
 
     def __repr__(self) -> str:
@@ -114,7 +123,13 @@ def by_ref(obj: Any) -> ByRef:
     ValueError
         If the buffer is read-only, not C-contiguous or empty.
     """
-    return ByRef(obj)
+    try:
+        return ByRef(obj)
+    except BaseException:
+        # Inline, not keeps_nothing_on_refusal: by_ref is called for a launch, and
+        # a wrapper's frame would cost it more than the check (invariant 3).
+        del obj
+        raise
 
 
 class Record:

@@ -615,6 +615,24 @@ def test_by_ref_rejects_unsuitable_buffers():
         nh.by_ref(np.zeros(3, object))
 
 
+def test_a_refused_by_ref_keeps_no_view_it_was_given_while_its_error_lives():
+    """Invariant 3 for by_ref: its frame and ByRef.__init__'s (the view it took) stayed
+    in a caught error's traceback, so a memoryview made for the call (every other
+    byte, or read-only) kept its bytearray exported."""
+    buf = bytearray(16)
+    for view, match in (
+        (lambda: memoryview(buf)[::2], "C-contiguous"),
+        (lambda: memoryview(buf).toreadonly(), "writable"),
+    ):
+        try:
+            nh.by_ref(view())
+        except ValueError as caught:
+            error = caught
+        assert match in str(error)
+        buf.append(0)  # BufferError while the error kept the memoryview
+        del buf[-1]
+
+
 def test_by_ref_pins_bytearray_size():
     buf = bytearray(16)
     ref = nh.by_ref(buf)
