@@ -96,19 +96,6 @@ class CudaBackend(Backend):
         self.executor_route = _core.ROUTE_CUDA_LANE
         self._executor_checked = False
 
-    def stream_handle(self, stream: Any, handle: int) -> int:
-        """Refuse a cuda.core Stream whose handle is 0: ``Stream.close()`` resets the
-        handle to 0, which the driver reads as the legacy default stream, so work
-        launched there would run on another stream than the program named."""
-        if handle == 0 and isinstance(stream, self.stream_type):
-            raise RuntimeError(
-                f"the {type(stream).__name__} given has the handle 0: it was closed "
-                "(Stream.close() resets its handle, and the driver would read 0 as the "
-                "legacy default stream); create a new stream, or pass "
-                "cuda.core.LEGACY_DEFAULT_STREAM for the legacy default stream"
-            )
-        return handle
-
     def _proc(self, name: str) -> int:
         d = self._driver
         # The version whose signatures native/driver.h declares, or the driver's own

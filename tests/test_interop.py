@@ -48,10 +48,10 @@ def test_cuda_core_legacy_and_per_thread_default_streams(device):
 
 
 @pytest.mark.gpu
-def test_a_closed_cuda_core_stream_is_refused_not_read_as_the_legacy_default_stream(device):
-    """cuda.core's ``Stream.close()`` resets the handle: cuda.core 1.2.0's
-    ``__cuda_stream__`` then gives ``(0, 0)``, which the driver reads as the legacy
-    default stream (newer ones raise).  Every call on it is refused, enqueuing nothing."""
+def test_a_closed_cuda_core_stream_is_refused_by_every_call(device):
+    """A closed cuda.core Stream's ``__cuda_stream__`` raises (cuda-core 1.2.0 on:
+    "Stream has been closed"; its handle would be 0, which the driver reads as the
+    legacy default stream): every call lets that error through, enqueuing nothing."""
     from numba_hostfn import _core
 
     stream = device.create_stream()

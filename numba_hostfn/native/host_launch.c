@@ -8,7 +8,7 @@
  *
  *   stream    a simulated Stream whose __cuda_stream__() gives its own native
  *             stream, or a cuda.core Stream whose __cuda_stream__() gives
- *             (0, handle), handle not 0 (closed) (the types the backend registered);
+ *             (0, handle) (the types the backend registered);
  *   fn        a CompiledBase of kind compiled (a HostFunction: compiled.c),
  *             a ctypes CUhostFn
  *             (exactly CFUNCTYPE(None, c_void_p), as the instance declares it
@@ -235,8 +235,6 @@ static bool stream_handle(PyObject *stream, void **handle) {
     Py_DECREF(value);
     if (!ok || (own != NULL && (void *)(uintptr_t)h != own))
         return false; /* not its own handle: Python's registry refuses it */
-    if (h == 0)
-        return false; /* a closed cuda.core Stream's: the CUDA backend refuses it */
     *handle = (void *)(uintptr_t)h;
     return true;
 }
