@@ -14,7 +14,7 @@ from . import _core
 from ._backend import Backend, Launch, StaleLane
 from ._classify import KINDS, classify_function, compiled_layout
 from ._executor import check_executor, copy_context_of, default_lane_of, lane_of, renew_lane
-from ._graphs import add_captured_node, add_graph_node
+from ._graphs import add_captured_node, add_graph_node, explicit_graph
 from ._process import get_backend
 from ._streams import stream_handle, target_kind
 from ._userdata import resolve_user_data
@@ -112,6 +112,9 @@ def check_empty(target: Any, caller: str) -> Any:
     launch would refuse is refused whether or not there was anything to enqueue."""
     kind, handle = check_target(target, caller)
     if kind == "node":
+        # The simulator's refusal of explicit graphs (SimulatorUnsupportedError), as
+        # a call that adds a node meets it; on CUDA, the graph the node would join.
+        explicit_graph(get_backend(), target)
         return target
     get_backend().check_open(handle, kind == "builder", caller)
     return None

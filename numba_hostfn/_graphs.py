@@ -37,7 +37,7 @@ from ._errors import SimulatorUnsupportedError
 from ._executor import graph_slot_of
 from ._hostfunction import CUhostFn
 
-__all__ = ["add_captured_node", "add_graph_node"]
+__all__ = ["add_captured_node", "add_graph_node", "explicit_graph"]
 
 
 def _graph_record(backend: Backend, graph: Any, launch: Launch) -> tuple[int, int, int]:
@@ -82,7 +82,7 @@ def add_captured_node(
     return True
 
 
-def _explicit_graph(backend: Backend, after: Any) -> tuple[type, int]:
+def explicit_graph(backend: Backend, after: Any) -> tuple[type, int]:
     """cuda.core's class whose builder methods to call on ``after``, and its CUgraph."""
     if backend.name != "cuda":
         raise SimulatorUnsupportedError(
@@ -99,7 +99,7 @@ def _explicit_graph(backend: Backend, after: Any) -> tuple[type, int]:
 def add_graph_node(backend: Backend, after: Any, launch: Launch) -> Any:
     """Add ``launch`` to an explicit cuda.core graph after ``after``; return the new node
     (on its executor: a child graph of a graph slot's three operations)."""
-    base, graph = _explicit_graph(backend, after)
+    base, graph = explicit_graph(backend, after)
     if launch.executor is not None:
         slot = _slot_record(backend, graph, launch)
         return base.embed(after, backend.slot_graph(slot))

@@ -356,6 +356,7 @@ class HostFunction(_core.CompiledBase):
         self.__wrapped__ = py_func
         label = f"host function {py_func.__module__}.{py_func.__qualname__}"
         options = _numba_options(fastmath, boundscheck, debug, error_model, cache)
+        cache = bool(cache)
         numba = _numba()
         target = py_func
         try:
@@ -459,6 +460,9 @@ _REFUSED_OPTIONS = {
 }
 
 
+#: What a bool option takes: a bool, or numpy's (np.True_, as numba.cfunc takes it).
+_BOOLS = (bool, np.bool_)
+
 #: The flags numba's ``fastmath=`` takes in a set (or as a dict's keys): LLVM's
 #: fast-math flags, and ``'fast'`` for all of them (numba.core.cpu_options).
 FASTMATH_FLAGS = frozenset({"fast", "nnan", "ninf", "nsz", "arcp", "contract", "afn", "reassoc"})
@@ -467,8 +471,8 @@ FASTMATH_FLAGS = frozenset({"fast", "nnan", "ninf", "nsz", "arcp", "contract", "
 def _fastmath(fastmath: Any) -> bool | set | dict:
     """``fastmath=`` as numba takes it, checked here, without numba: numba refuses a
     wrong one only while compiling (a HostCallbackCompileError blaming the body)."""
-    if isinstance(fastmath, bool):
-        return fastmath
+    if isinstance(fastmath, _BOOLS):
+        return bool(fastmath)  # numba reads only True itself as "fast" (not np.True_)
     if isinstance(fastmath, (set, frozenset, dict)):
         flags = fastmath.keys() if isinstance(fastmath, dict) else fastmath
         unknown = [f for f in flags if not isinstance(f, str) or f not in FASTMATH_FLAGS]
@@ -478,8 +482,16 @@ def _fastmath(fastmath: Any) -> bool | set | dict:
                 f"{', '.join(map(repr, unknown))}; expected flags from "
                 f"{sorted(FASTMATH_FLAGS)}"
             )
-        # numba takes a set, not a frozenset; a dict's true values say which flags.
-        return dict(fastmath) if isinstance(fastmath, dict) else set(fastmath)
+        if isinstance(fastmath, dict):
+            # numba enables a flag whose value is truthy: a "no" would turn it on.
+            wrong = {f: v for f, v in fastmath.items() if not isinstance(v, _BOOLS)}
+            if wrong:
+                raise TypeError(
+                    "host_callback(fastmath={flag: ...}) expected True or False for each "
+                    f"flag, got {wrong!r}"
+                )
+            return {f: bool(v) for f, v in fastmath.items()}
+        return set(fastmath)  # numba takes a set, not a frozenset
     raise TypeError(
         f"host_callback(fastmath=...) expected True, False, or a set of fast-math flags "
         f"from {sorted(FASTMATH_FLAGS)} (e.g. {{'nnan', 'ninf'}}), got {fastmath!r}"
@@ -495,16 +507,16 @@ def _numba_options(
         raise ValueError(
             f"host_callback(error_model=...) expected 'numpy' or 'python', got {error_model!r}"
         )
-    if boundscheck is not None and not isinstance(boundscheck, bool):
+    if boundscheck is not None and not isinstance(boundscheck, _BOOLS):
         raise TypeError(
             f"host_callback(boundscheck=...) expected True, False or None, got {boundscheck!r}"
         )
     for name, value in (("debug", debug), ("cache", cache)):
-        if not isinstance(value, bool):  # a truthy "no" turned it on
+        if not isinstance(value, _BOOLS):  # a truthy "no" turned it on
             raise TypeError(f"host_callback({name}=...) expected True or False, got {value!r}")
-    options = {"error_model": error_model, "fastmath": _fastmath(fastmath), "debug": debug}
+    options = {"error_model": error_model, "fastmath": _fastmath(fastmath), "debug": bool(debug)}
     if boundscheck is not None:  # None: numba's default (NUMBA_BOUNDSCHECK)
-        options["boundscheck"] = boundscheck
+        options["boundscheck"] = bool(boundscheck)
     return options
 
 

@@ -91,7 +91,11 @@ class ByRef(_core.BufferRef):
             # except above, the error has no context to keep them either).
             del obj, view
             raise error
-        super().__init__(obj, obj.dtype if isinstance(obj, np.ndarray) else None)
+        try:  # the native checks (a buffer of objects that is no ndarray: its format)
+            super().__init__(obj, obj.dtype if isinstance(obj, np.ndarray) else None)
+        except BaseException:
+            del obj, view  # as above: nothing is kept while its error lives
+            raise
 
     def __repr__(self) -> str:
         return f"by_ref({self.obj!r})"

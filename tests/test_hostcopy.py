@@ -269,6 +269,19 @@ def test_a_call_with_nothing_to_enqueue_refuses_a_closed_simulated_stream(reques
     )
 
 
+@pytest.mark.parametrize("name", sorted(_FULL_AND_EMPTY))
+def test_a_call_with_nothing_to_enqueue_refuses_an_explicit_graph_on_the_simulator(request, name):
+    """The simulator does not model explicit graphs: a call with something to enqueue
+    on one raises SimulatorUnsupportedError, and the same call with nothing returned
+    the graph as if it had been added to.  (A stand-in: a cuda.core GraphDefinition
+    needs a driver to make; the target is recognized by its class's name and module.)"""
+    if rerun_on_simulator(request):
+        return
+    definition = type("GraphDefinition", (), {"__module__": "cuda.core.graph"})()
+    error, message = _refused_alike(definition, name)
+    assert error is nh.SimulatorUnsupportedError, message
+
+
 def test_a_call_with_nothing_to_enqueue_is_a_no_op_where_it_would_enqueue(stream, device):
     """On a good stream and in a capture the zero-sized calls add nothing, cheaply."""
     held = nh._core.held()

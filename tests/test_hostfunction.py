@@ -216,6 +216,30 @@ def test_fastmath_takes_a_bool_a_set_of_flags_or_numbas_dict(fastmath):
     assert data[0] == 6.0
 
 
+def test_numpy_bools_are_taken_for_the_bool_options():
+    """np.True_ (a flag read from an array or a config parsed by numpy) was taken by
+    cache= and debug= (and by numba.cfunc) until their values were checked as bools:
+    then refused with "expected True or False, got True"; fastmath=np.True_ failed
+    inside numba's compile (it reads only True itself as "fast")."""
+
+    @nh.host_callback(cache=np.False_, debug=np.False_, boundscheck=np.True_, fastmath=np.True_)
+    def scale(p):
+        a = carray(p, (2,), np.float64)
+        a[0] = a[0] * a[1]
+
+    data = np.array([3.0, 2.0])
+    scale(nh.by_ref(data))
+    assert data[0] == 6.0
+
+
+@pytest.mark.parametrize("value", ["no", 0, None])
+def test_a_fastmath_dict_value_that_is_not_a_bool_is_refused(value):
+    """numba's dict form enables each flag whose value is truthy: {"nnan": "no"}
+    turned nnan on, the truthy "no" that cache= and debug= refuse."""
+    with pytest.raises(TypeError, match=r"fastmath=\{flag: \.\.\.\}\) expected True or False"):
+        nh.host_callback(_noop, fastmath={"nnan": value})
+
+
 def test_wrong_options_are_refused_before_numba_is_imported():
     """The checks need no numba: a refused decorator leaves it unimported."""
     from _device import run_child

@@ -75,6 +75,16 @@ def test_a_closed_cuda_core_stream_is_refused_by_every_call(device):
 
 
 @pytest.mark.gpu
+def test_cuda_core_stream_from_handle_0(device):
+    """The NULL stream wrapped by cuda.core (PyTorch's and CuPy's default stream
+    handle is 0), open, runs launches: a handle of 0 is not taken for a closed stream."""
+    from cuda.core import Stream
+
+    null = Stream.from_handle(0)
+    _exercise(null, null.sync)
+
+
+@pytest.mark.gpu
 def test_cupy_stream(device):
     import cupy
 

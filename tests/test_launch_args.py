@@ -633,6 +633,22 @@ def test_a_refused_by_ref_keeps_no_view_it_was_given_while_its_error_lives():
         del buf[-1]
 
 
+def test_a_by_ref_the_native_check_refuses_keeps_no_view_while_its_error_lives():
+    """The checks only the native BufferRef makes (a buffer of Python objects that is not
+    an ndarray: a memoryview of one) raised from ByRef.__init__'s super().__init__,
+    past the refusal tail that drops obj and view: its frame, returned, stayed in the
+    error's traceback with both, keeping the array referenced (and exported)."""
+    a = np.empty(2, object)
+    refs = sys.getrefcount(a)
+    try:
+        nh.by_ref(memoryview(a))
+    except TypeError as caught:
+        error = caught
+    assert "Python objects" in str(error)
+    assert sys.getrefcount(a) == refs  # one more while the error kept the view
+    a.resize(3)  # ValueError ("referenced by another object") while it did
+
+
 def test_by_ref_pins_bytearray_size():
     buf = bytearray(16)
     ref = nh.by_ref(buf)
