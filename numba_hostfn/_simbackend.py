@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import Any
 
@@ -35,6 +36,11 @@ class SimulatorBackend(Backend):
         self.streams: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         #: handle -> the simulator's capture object, while that stream captures.
         self.captures: dict[int, Any] = {}
+        #: Held while a capture is begun or ended (its check, record and native flag):
+        #: two threads that begin at once cannot both pass the check, as CUDA refuses
+        #: the second cuStreamBeginCapture.  Nothing under it waits or calls out;
+        #: reentrant, for a finalizer that the collector runs under it.
+        self.capture_lock = threading.RLock()
 
     @classmethod
     def register_stream_type(cls, stream_type: type) -> None:

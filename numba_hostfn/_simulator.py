@@ -197,18 +197,30 @@ class Stream(_core.SimStreamBase):
 
     def begin_capture(self) -> None:
         """Start capturing: work enqueued from now on is recorded, not run (CuPy's shape)."""
+        self._begin_capture()
+
+    def _begin_capture(self) -> Any:
+        """Start capturing; the capture this call began (a SimGraph), the stream's."""
         handle = self._live()
         _refuse_in_host_function("begin_capture")
-        if self.is_capturing:
+        capture = _core.SimGraph()
+        # The check and the record in one step: a begin on another thread in between
+        # passed the same check, and both began (the later record replaced the other).
+        with self._backend.capture_lock:
+            busy = handle in self._backend.captures
+            if not busy:
+                self._backend.captures[handle] = capture
+                _core.sim_set_capturing(handle, True)
+        if busy:
+            capture.release()
             raise RuntimeError("the simulated stream is already capturing")
-        self._backend.captures[handle] = _core.SimGraph()
-        _core.sim_set_capturing(handle, True)
         if self._closed:  # closed by another thread since _live(): the close took none
-            capture = self._backend.captures.pop(handle, None)
-            if capture is not None:
+            taken = self._backend.captures.pop(handle, None)
+            if taken is not None:
                 _core.sim_set_capturing(handle, False)
-                capture.release()
+                taken.release()
             self._live()  # its error
+        return capture
 
     def end_capture(self) -> Graph:
         """Stop capturing; return the captured work as an executable :class:`Graph`."""
@@ -218,11 +230,13 @@ class Stream(_core.SimStreamBase):
     def _end_capture(self) -> Any:
         """Stop capturing; the capture's reference to its graph, now the caller's."""
         _refuse_in_host_function("end_capture")
-        capture = self._backend.captures.get(self._handle)
+        with self._backend.capture_lock:  # one end takes it; no begin in between
+            capture = self._backend.captures.get(self._handle)
+            if capture is not None:
+                _core.sim_set_capturing(self._handle, False)
+                del self._backend.captures[self._handle]
         if capture is None:
             raise RuntimeError("end_capture() on a simulated stream that is not capturing")
-        _core.sim_set_capturing(self._handle, False)
-        del self._backend.captures[self._handle]
         return capture
 
     def create_graph_builder(self) -> GraphBuilder:
@@ -387,8 +401,7 @@ class GraphBuilder:
         """Start capturing on the builder's stream (``mode`` is accepted and not modelled)."""
         if self._closed or self._definition is not None:
             raise RuntimeError("this GraphBuilder has already built its graph or is closed")
-        self._stream.begin_capture()
-        self._capture = self._stream._backend.captures[self._stream._handle]
+        self._capture = self._stream._begin_capture()  # its own: read in the same step
         return self
 
     def end_building(self) -> GraphBuilder:

@@ -579,13 +579,49 @@ def test_a_capture_begun_as_another_thread_closes_the_stream_is_not_left_behind(
     backend = s._backend
     with pytest.raises(RuntimeError, match="closed"):
         _run_at_line(
-            nh.simulator.Stream.begin_capture,
-            "self._backend.captures[handle] = _core.SimGraph()",
+            nh.simulator.Stream._begin_capture,
+            "with self._backend.capture_lock:",
             s.begin_capture,
             s.close,
         )
     assert s.handle not in backend.captures
     assert not s.is_capturing
+
+
+def test_two_threads_beginning_a_capture_on_one_stream_do_not_both_succeed(request, monkeypatch):
+    """begin_capture() checked "already capturing", then made its graph and recorded
+    it: a second thread's begin in between passed the same check, and both returned
+    (CUDA refuses the second cuStreamBeginCapture); the later record replaced the
+    other's capture, whose builder then was not building and lost what it captured.
+    Now one begins and the other gets "already capturing"."""
+    if rerun_on_simulator(request):
+        return
+    made = _core.SimGraph
+    others = []
+
+    def another_thread_begins_first():  # as this thread makes its graph
+        if not others:
+            others.append(second)
+            second.begin_building()
+        return made()
+
+    counter = np.zeros(1, np.int64)
+    with nh.simulator.Stream() as s:
+        first, second = s.create_graph_builder(), s.create_graph_builder()
+        monkeypatch.setattr(_core, "SimGraph", another_thread_begins_first)
+        with pytest.raises(RuntimeError, match="already capturing"):
+            first.begin_building()
+        monkeypatch.undo()
+        assert others and second.is_building and not first.is_building
+        nh.host_launch(second, increment, user_data=nh.by_ref(counter))
+        graph = second.end_building().complete()
+        assert not s.is_capturing
+        graph.launch(s)
+        s.sync()
+        graph.close()
+        first.close()
+        second.close()
+    assert counter[0] == 1
 
 
 def test_closing_an_unused_graph_builder_leaves_another_capture_alone(request):
