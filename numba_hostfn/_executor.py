@@ -92,6 +92,11 @@ class HostExecutor(_core.ExecutorBase):
     ...     stream.sync()
     """
 
+    #: True once close() has returned.  A class default, not only set by __init__: one
+    #: stopped after its pool started (an interrupt between two of its lines) still
+    #: leaves an executor that __del__ closes, its threads joined.
+    _closed = False
+
     def __init__(self, threads: int = 4, *, spin_us: float = 100.0, poll_us: float = 100.0) -> None:
         if self._pool:  # started: its lanes, words and state are its threads' for its life
             raise RuntimeError(
@@ -106,6 +111,10 @@ class HostExecutor(_core.ExecutorBase):
         poll = _positive_number("poll_us", poll_us, 1, 1_000_000)
         backend = get_backend()
         backend.check_executor()
+        # Started before anything is written: the native start lets one pool in (under
+        # the GIL), so of two __init__ calls of this object that both passed the check
+        # above (two threads), the second is refused there having changed nothing.
+        self._start(int(threads), int(spin * 1000), int(poll * 1000))
         self._backend = backend
         self.threads = int(threads)
         self.spin_us = spin
@@ -119,7 +128,6 @@ class HostExecutor(_core.ExecutorBase):
         # may launch with this executor (LIFETIME.md, invariant 11).
         self._lock = threading.RLock()
         self._closed = False
-        self._start(self.threads, int(spin * 1000), int(poll * 1000))
         # Take the first block of pinned words now, outside the program's
         # captures where it can (with no context current yet, the first launch
         # takes it instead, in relaxed capture mode as every block: _reserve).
@@ -283,7 +291,7 @@ class HostExecutor(_core.ExecutorBase):
     def __del__(self) -> None:
         # Launch records own their executor: it is collected only when no task
         # of it is outstanding, so this never waits for a stream.
-        if not getattr(self, "_closed", True):
+        if self._pool and not self._closed:  # a pool started, not closed
             self.close()
 
     def __repr__(self) -> str:
@@ -306,7 +314,9 @@ def check_executor(executor: Any) -> HostExecutor:
             "HostExecutor.__init__ never ran (a subclass's __init__ must call "
             "super().__init__())"
         )
-    if executor._closed:
+    # _stopping: a close() began, and an interrupted one left the executor stopped but
+    # not closed; a call with nothing to enqueue is refused as its launch would be.
+    if executor._closed or executor._stopping:
         raise RuntimeError("the HostExecutor is closed; create a new one")
     if executor._backend is not get_backend():  # pragma: no cover - one backend per process
         raise RuntimeError(

@@ -793,6 +793,108 @@ def test_a_second_init_is_refused_and_changes_nothing(executor, stream):
     assert executor.closed
 
 
+def test_a_concurrent_second_init_is_refused_and_changes_nothing(stream, monkeypatch):
+    """Two threads in HostExecutor.__init__ of one object at once, both past its
+    started check before either started the pool: the native start lets one pool in
+    (no thread is left running), but the other reset the executor's threads, lanes,
+    words and closed flag before its start was refused, so an executor that had
+    launched and closed meanwhile said it was open, with another count of threads."""
+    from numba_hostfn import _executor
+
+    executor = nh.HostExecutor.__new__(nh.HostExecutor)
+    nh.host_launch(stream, increment, user_data=nh.by_ref(np.zeros(1, np.int64)))
+    stream.sync()  # the backend's own threads are started: only the pool's come and go
+    threads = threads_but_watchdog()
+    both_checked = threading.Barrier(2, timeout=30)
+    first_done = threading.Event()
+    waited = set()
+    real = _executor.get_backend
+
+    def get_backend():
+        # __init__ asks for the backend after its started check: both are past it here.
+        me = threading.current_thread().name
+        if me in ("first", "second") and me not in waited:
+            waited.add(me)
+            both_checked.wait()
+            if me == "second":  # until the first has started, launched and closed
+                first_done.wait(30)
+        return real()
+
+    monkeypatch.setattr(_executor, "get_backend", get_backend)
+    counter = np.zeros(1, np.int64)
+    errors = {}
+
+    def first():
+        try:
+            nh.HostExecutor.__init__(executor, threads=2)
+            nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=executor)
+            stream.sync()
+            executor.close()
+        finally:
+            first_done.set()
+
+    def second():
+        try:
+            nh.HostExecutor.__init__(executor, threads=3)
+        except RuntimeError as exc:
+            errors["second"] = exc
+
+    runners = [threading.Thread(target=f, name=f.__name__) for f in (first, second)]
+    for runner in runners:
+        runner.start()
+    for runner in runners:
+        runner.join(60)
+    assert "started already" in str(errors.get("second")), errors
+    assert counter[0] == 1
+    assert executor.closed and executor.threads == 2, (executor.closed, executor.threads)
+    assert repr(executor) == "<numba_hostfn.HostExecutor threads=2 closed>"
+    with pytest.raises(RuntimeError, match="closed"):
+        nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=executor)
+    for _ in range(1000):  # the two threads above end, and close() joined the pool's
+        if threads_but_watchdog() <= threads:
+            break
+        time.sleep(0.01)
+    assert threads_but_watchdog() <= threads
+
+
+def test_an_init_interrupted_at_any_line_leaves_no_thread_running():
+    """A Ctrl-C at any line of HostExecutor.__init__ (a trace function raises it there):
+    an executor whose pool had started is closed when collected, its threads joined,
+    whatever it had set by then (the pool starts before anything is written, so that a
+    concurrent second __init__ is refused having changed nothing)."""
+    from numba_hostfn import _executor
+
+    nh.HostExecutor(threads=1).close()  # the backend's own threads are started
+    threads = threads_but_watchdog()
+    code = _executor.HostExecutor.__init__.__code__
+    left = {}
+    for line in sorted({line for _, _, line in code.co_lines() if line is not None}):
+        fired = []
+
+        def local(frame, event, arg, line=line, fired=fired):
+            if event == "line" and frame.f_lineno == line and not fired:
+                fired.append(line)
+                raise KeyboardInterrupt
+            return local
+
+        sys.settrace(lambda frame, event, arg: local if frame.f_code is code else None)
+        try:
+            nh.HostExecutor(threads=3).close()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        gc.collect()
+        for _ in range(1000):
+            if threads_but_watchdog() <= threads:
+                break
+            time.sleep(0.01)
+        if threads_but_watchdog() > threads:
+            left[line] = threads_but_watchdog() - threads
+            threads = threads_but_watchdog()
+    assert left == {}, left
+
+
 def test_reuse_lane_refuses_a_stale_lane_that_is_not_the_executors(executor, stream, device):
     """``_reuse_lane`` marks the stale lane it is given: an address that is no lane of
     this executor (another executor's, or none) is refused, never written to."""
@@ -1535,6 +1637,10 @@ def test_closed_executor_answers_its_graphs_until_they_are_gone(stream, device):
     graph.close()
     assert released_eventually(alive, device)
     for _ in range(200):  # the detached threads quit once the last slot is disarmed
+        if threads_but_watchdog() <= threads:
+            break
+        time.sleep(0.01)
+    for _ in range(1000):  # the two threads above end, and close() joined the pool's
         if threads_but_watchdog() <= threads:
             break
         time.sleep(0.01)

@@ -844,3 +844,63 @@ def test_an_interrupt_at_any_line_of_add_slot_nodes_leaves_the_node_whole_or_abs
         "(line in add_slot_nodes, hit, (runs at sync, runs when the graph released its "
         f"owners, runs at the end)): {bad}"
     )
+
+
+EMPTY_AFTER_CTRL_C_CLOSE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import signal, sys, threading, time
+    from numba_hostfn import _core
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's, whatever we inherited
+    main = threading.main_thread().ident
+    held = _core.held()
+    gate = threading.Event()
+
+    def interrupt_the_close():
+        # Once the main thread is inside close() (its native wait), Ctrl-C.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            frame = sys._current_frames().get(main)
+            if frame is not None and frame.f_code.co_name == "close":
+                break
+            time.sleep(0.01)
+        time.sleep(0.2)  # well inside the native wait
+        signal.pthread_kill(main, signal.SIGINT)
+
+    def answer(call):
+        try:
+            return repr(call())
+        except RuntimeError as exc:
+            return "refused" if "closed" in str(exc) else repr(exc)
+
+    executor = nh.HostExecutor(threads=1)
+    nh.host_launch(stream, lambda: gate.wait(120), executor=executor)  # until gate is set
+    threading.Thread(target=interrupt_the_close, daemon=True).start()
+    try:
+        executor.close()
+    except KeyboardInterrupt:
+        pass
+    empty, one = np.zeros(0, np.uint8), np.zeros(1, np.uint8)
+    calls = [
+        lambda: nh.host_copy(stream, empty, empty.copy(), executor=executor),
+        lambda: nh.host_copy(stream, one, one.copy(), executor=executor),
+        lambda: nh.release_after(stream, executor=executor),
+        lambda: nh.release_after(stream, one, executor=executor),
+    ]
+    stopped = [answer(call) for call in calls]
+    gate.set()
+    executor.close()
+    closed = [answer(call) for call in calls]
+    stream.sync()
+    nh.drain()
+    print(stopped, closed, executor.closed, _core.held() - held, nh.pending())
+""")
+
+
+def test_an_empty_call_on_an_executor_whose_close_was_interrupted_is_refused():
+    """After a close() interrupted by Ctrl-C (the executor stopped, not yet closed), a
+    host_copy of zero bytes and a release_after of nothing are refused as the same calls
+    with something to enqueue are, and as all four are once close() has finished (before:
+    the empty ones returned None from a stopped executor, and raised once it was closed)."""
+    out = run_child(EMPTY_AFTER_CTRL_C_CLOSE_SCRIPT, timeout=120)
+    refused = "['refused', 'refused', 'refused', 'refused']"
+    assert out.split("\n")[-2] == f"{refused} {refused} True 0 0", out

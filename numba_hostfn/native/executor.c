@@ -24,7 +24,8 @@ static PyObject *executor_start(PyObject *self_, PyObject *const *args, Py_ssize
     }
     long threads = values[0], spin_ns = values[1], poll_ns = values[2];
     if (self->pool != NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "the HostExecutor is started already");
+        PyErr_SetString(PyExc_RuntimeError,
+                        "the HostExecutor is started already; make another HostExecutor");
         return NULL;
     }
     /* With the GIL, so two _start calls cannot both see no pool: starting threads
@@ -191,6 +192,14 @@ static PyObject *executor_pool(PyObject *self_, void *closure) {
     return PyLong_FromVoidPtr(((nhf_executor_object *)self_)->pool);
 }
 
+/* Whether the pool refuses launches: a close() began (one interrupted, or refused
+ * after a launch raced it, leaves it stopped with the executor not closed). */
+static PyObject *executor_stopping(PyObject *self_, void *closure) {
+    (void)closure;
+    nhf_pool *pool = ((nhf_executor_object *)self_)->pool;
+    return PyBool_FromLong(pool != NULL && atomic_load(&pool->stopping));
+}
+
 static void executor_dealloc(PyObject *self) {
     /* The pool is never freed: a stream may still wait on its words.  A pool
      * still running (close() not called) finishes its tasks and parks. */
@@ -266,6 +275,8 @@ static PyMethodDef executor_methods[] = {
 
 static PyGetSetDef executor_getset[] = {
     {"_pool", executor_pool, NULL, "The native pool's address (0 before _start).", NULL},
+    {"_stopping", executor_stopping, NULL,
+     "Whether the pool refuses launches: a close() began (False before _start).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
