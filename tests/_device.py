@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import sys
 import textwrap
 
 from numba_hostfn._demodevice import Device
@@ -24,6 +25,7 @@ __all__ = [
     "run_child",
     "Device",
     "child_env",
+    "ctrl_c_inside",
     "released_eventually",
     "rerun_on_simulator",
     "thread_state_count",
@@ -47,6 +49,27 @@ CHILD_PREAMBLE = textwrap.dedent("""
     device = Device()
     stream = device.create_stream()
 """)
+
+
+def ctrl_c_inside(name: str) -> None:
+    """For a child script's helper thread: once the main thread runs a function called
+    ``name`` (a wait in native code: ``close``, ``sync``), send it SIGINT (Ctrl-C).
+
+    Waits for it 60 s at most, then 0.2 s more, well inside the native wait; the
+    SIGINT goes out either way, so a test whose wait never began still ends."""
+    import signal
+    import threading
+    import time
+
+    main = threading.main_thread().ident
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        frame = sys._current_frames().get(main)
+        if frame is not None and frame.f_code.co_name == name:
+            break
+        time.sleep(0.01)
+    time.sleep(0.2)
+    signal.pthread_kill(main, signal.SIGINT)
 
 
 #: The folder above tests/: a checkout, or a copy of one without the package.

@@ -206,7 +206,13 @@ def test_wrong_option_values_are_refused_at_decoration_naming_the_option(options
     "fastmath", [True, False, {"nnan", "ninf"}, frozenset({"contract", "afn"}), {"fast": True}]
 )
 def test_fastmath_takes_a_bool_a_set_of_flags_or_numbas_dict(fastmath):
-    @nh.host_callback(fastmath=fastmath)
+    _assert_scale_compiles_and_runs(fastmath=fastmath)
+
+
+def _assert_scale_compiles_and_runs(**options):
+    """A host function made with ``options`` compiles, and multiplies when called."""
+
+    @nh.host_callback(**options)
     def scale(p):
         a = carray(p, (2,), np.float64)
         a[0] = a[0] * a[1]
@@ -221,15 +227,9 @@ def test_numpy_bools_are_taken_for_the_bool_options():
     cache= and debug= (and by numba.cfunc) until their values were checked as bools:
     then refused with "expected True or False, got True"; fastmath=np.True_ failed
     inside numba's compile (it reads only True itself as "fast")."""
-
-    @nh.host_callback(cache=np.False_, debug=np.False_, boundscheck=np.True_, fastmath=np.True_)
-    def scale(p):
-        a = carray(p, (2,), np.float64)
-        a[0] = a[0] * a[1]
-
-    data = np.array([3.0, 2.0])
-    scale(nh.by_ref(data))
-    assert data[0] == 6.0
+    _assert_scale_compiles_and_runs(
+        cache=np.False_, debug=np.False_, boundscheck=np.True_, fastmath=np.True_
+    )
 
 
 @pytest.mark.parametrize("value", ["no", 0, None])

@@ -224,26 +224,18 @@ def test_a_close_interrupted_at_any_line_can_be_called_again_and_finishes():
 
 
 CTRL_C_CLOSE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
-    import signal, sys, threading, time
+    import signal, threading
     from numba_hostfn import _core
-    from _device import threads_but_watchdog as native_threads
+    from _device import ctrl_c_inside, threads_but_watchdog as native_threads
 
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's, whatever we inherited
-    main = threading.main_thread().ident
     threads, held = native_threads(), _core.held()
     gate, order, interrupted = threading.Event(), [], threading.Event()
 
     def interrupt_the_close():
-        # Once the main thread is inside close() (its native wait), Ctrl-C; if close()
-        # does not give way, let the task end after all (a hang guard, not a timing).
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            frame = sys._current_frames().get(main)
-            if frame is not None and frame.f_code.co_name == "close":
-                break
-            time.sleep(0.01)
-        time.sleep(0.2)  # well inside the native wait
-        signal.pthread_kill(main, signal.SIGINT)
+        # Ctrl-C inside close()'s native wait; if close() does not give way, let the
+        # task end after all (a hang guard, not a timing).
+        ctrl_c_inside("close")
         if not interrupted.wait(30):
             order.append("task released")
             gate.set()
@@ -847,24 +839,13 @@ def test_an_interrupt_at_any_line_of_add_slot_nodes_leaves_the_node_whole_or_abs
 
 
 EMPTY_AFTER_CTRL_C_CLOSE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
-    import signal, sys, threading, time
+    import signal, threading
     from numba_hostfn import _core
+    from _device import ctrl_c_inside
 
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's, whatever we inherited
-    main = threading.main_thread().ident
     held = _core.held()
     gate = threading.Event()
-
-    def interrupt_the_close():
-        # Once the main thread is inside close() (its native wait), Ctrl-C.
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            frame = sys._current_frames().get(main)
-            if frame is not None and frame.f_code.co_name == "close":
-                break
-            time.sleep(0.01)
-        time.sleep(0.2)  # well inside the native wait
-        signal.pthread_kill(main, signal.SIGINT)
 
     def answer(call):
         try:
@@ -874,7 +855,7 @@ EMPTY_AFTER_CTRL_C_CLOSE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
 
     executor = nh.HostExecutor(threads=1)
     nh.host_launch(stream, lambda: gate.wait(120), executor=executor)  # until gate is set
-    threading.Thread(target=interrupt_the_close, daemon=True).start()
+    threading.Thread(target=ctrl_c_inside, args=("close",), daemon=True).start()
     try:
         executor.close()
     except KeyboardInterrupt:

@@ -222,25 +222,18 @@ def test_a_module_level_stream_exits_quietly(request, tmp_path):
 
 
 _INTERRUPTED_SYNC = """
-import signal, sys, threading, time
+import signal, threading
 import numba_hostfn as nh
+from _device import ctrl_c_inside
 
 signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's, whatever we inherited
 gate, order = threading.Event(), []
-main = threading.main_thread().ident
 
 
 def interrupt_the_sync():
-    # Once the main thread is inside Stream.sync, Ctrl-C; if the sync does not give
-    # way, let the work end after all (a hang guard, not a timing).
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        frame = sys._current_frames().get(main)
-        if frame is not None and frame.f_code.co_name == "sync":
-            break
-        time.sleep(0.01)
-    time.sleep(0.2)  # well inside the native wait
-    signal.pthread_kill(main, signal.SIGINT)
+    # Ctrl-C inside Stream.sync's native wait; if the sync does not give way, let the
+    # work end after all (a hang guard, not a timing).
+    ctrl_c_inside("sync")
     if not interrupted.wait(30):
         order.append("work released")
         gate.set()
