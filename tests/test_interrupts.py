@@ -244,13 +244,15 @@ CTRL_C_CLOSE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     executor = nh.HostExecutor(threads=2)
     nh.host_launch(stream, lambda: gate.wait(120), executor=executor)  # until gate is set
     nh.host_launch(stream, lambda: order.append("after"), executor=executor)
-    threading.Thread(target=interrupt_the_close, daemon=True).start()
+    interrupter = threading.Thread(target=interrupt_the_close, daemon=True)
+    interrupter.start()
     try:
         executor.close()
         order.append("close returned")
     except KeyboardInterrupt:
         order.append("interrupted")
     interrupted.set()
+    interrupter.join()  # ended before the threads are counted
     # Stopped: a launch is refused, with nothing enqueued; its tasks are still outstanding.
     try:
         nh.host_launch(stream, increment, user_data=nh.by_ref(cell), executor=executor)
