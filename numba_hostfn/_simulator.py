@@ -253,19 +253,24 @@ class Stream(_core.SimStreamBase):
         An interrupted close can be called again: it finishes the job.  A close
         on another thread while this one runs waits until the same point.
         """
-        if self._closed:
-            return
-        if forked():  # a forked child has none of the stream's threads
+        if not self._closed:
+            if forked():  # a forked child has none of the stream's threads
+                self._closed = True
+                return
+            # First: a close a host function makes is refused here, before anything
+            # changed (the capture below was abandoned by a close that then raised).
+            _core.sim_close(self._handle, True)  # idempotent; joins without the GIL
+            # Closed before the capture is taken: a begin_capture() on another thread
+            # that records its capture after the take below then sees the stream
+            # closed and gives its capture back (_begin_capture); one that recorded
+            # it before is taken here.  (Marked closed after the take, a begin in
+            # between returned a capture of the closed stream that nothing could end.)
             self._closed = True
-            return
-        # First: a close a host function makes is refused here, before anything
-        # changed (the capture below was abandoned by a close that then raised).
-        _core.sim_close(self._handle, True)  # idempotent; joins without the GIL
+        # Also for a stream already closed: a close interrupted here finishes the job.
         capture = self._backend.captures.pop(self._handle, None)  # one close takes it
         if capture is not None:
             _core.sim_set_capturing(self._handle, False)
             capture.release()
-        self._closed = True
 
     def __enter__(self) -> Stream:
         return self

@@ -581,6 +581,40 @@ def test_a_capture_begun_as_another_thread_closes_the_stream_is_not_left_behind(
     assert not s.is_capturing
 
 
+def test_a_capture_begun_as_another_thread_finishes_closing_the_stream_is_not_left_behind(
+    request,
+):
+    """close() took the stream's capture, then marked the stream closed: a
+    begin_building() (or begin_capture()) on another thread in between passed every
+    check and returned, leaving a capture of the closed stream.  Its builder took
+    launches on the closed stream, and a begin_capture()'s capture could never be
+    ended (end_capture() on a closed stream raises).  The begin now raises the closed
+    stream's error and keeps nothing."""
+    if rerun_on_simulator(request):
+        return
+    s = nh.simulator.Stream()
+    builder = s.create_graph_builder()
+    backend = s._backend
+    held = _core.held()
+
+    def begin():  # on this thread, inside close(): where another thread could run it
+        try:
+            builder.begin_building()
+        except RuntimeError as exc:
+            return exc
+        return None
+
+    _, began = _run_at_line(nh.simulator.Stream.close, "if capture is not None:", s.close, begin)
+    assert isinstance(began, RuntimeError) and "closed" in str(began)
+    assert s.handle not in backend.captures
+    assert not s.is_capturing and not builder.is_building
+    with pytest.raises(RuntimeError, match="not building"):
+        nh.host_launch(builder, increment, user_data=nh.by_ref(np.zeros(1, np.int64)))
+    builder.close()
+    nh.drain()
+    assert _core.held() == held
+
+
 def test_two_threads_beginning_a_capture_on_one_stream_do_not_both_succeed(request, monkeypatch):
     """begin_capture() checked "already capturing", then made its graph and recorded
     it: a second thread's begin in between passed the same check, and both returned
