@@ -299,7 +299,12 @@ class HostExecutor(_core.ExecutorBase):
         # default handle's stream in each thread or context, has a lane of its own.
         lanes = self._lane_count()
         state = "closed" if self._closed else f"{lanes} lane{'' if lanes == 1 else 's'}"
-        return f"<numba_hostfn.HostExecutor threads={self.threads} {state}>"
+        if not self._pool:  # __init__ never ran (a subclass's skipped it): no threads
+            state = "not started"
+        # Not self.threads: __init__ sets it after the pool starts, so an interrupted
+        # one, or a subclass's that skipped it, has none (repr raised AttributeError).
+        threads = getattr(self, "threads", "?")
+        return f"<numba_hostfn.HostExecutor threads={threads} {state}>"
 
 
 def check_executor(executor: Any) -> HostExecutor:

@@ -774,6 +774,22 @@ def test_repr_counts_lanes_and_says_closed(device):
     assert repr(ex) == "<numba_hostfn.HostExecutor threads=2 closed>"
 
 
+def test_repr_of_an_executor_whose_init_never_ran_says_so():
+    """repr() of a HostExecutor whose __init__ never ran (a subclass's that skips
+    super().__init__(), as test_an_executor_whose_init_never_ran_is_refused_clearly_...
+    makes) says it was not started.  Before: AttributeError ('threads'), from repr itself,
+    so a debugger, a log line or pytest's own report of the object failed."""
+
+    class Forgetful(nh.HostExecutor):
+        def __init__(self) -> None:  # no super().__init__(): no pool, no threads
+            self.name = "mine"
+
+    executor = Forgetful()
+    assert repr(executor) == "<numba_hostfn.HostExecutor threads=? not started>"
+    executor.close()  # nothing to stop
+    assert repr(executor) == "<numba_hostfn.HostExecutor threads=? not started>"
+
+
 def test_a_second_init_is_refused_and_changes_nothing(executor, stream):
     """HostExecutor.__init__ again reset its lanes, words and closed flag before the
     native start refused: a closed executor then said it was open."""
