@@ -45,6 +45,33 @@ _POINTER_TYPES = (
 )
 
 
+# Formats of plain bytes, whatever the byte order: what bytes, bytearray, mmap and
+# memoryview.cast("B") export.  A buffer of them has no dtype of its own.
+_BYTE_FORMATS = frozenset(order + code for order in ("", "@", "=", "<", ">", "!") for code in "Bbc")
+
+
+def buffer_dtype(obj: Any, view: memoryview) -> np.dtype | None:
+    """The dtype of ``obj``'s buffer ``view``, to compare with a declared layout.
+
+    An array's (or a numpy scalar's) own; for any other buffer, the numpy dtype its
+    format names (``array.array("d")``, ``memoryview(a)``, a ctypes number: float64).
+    None where there is none to compare: plain bytes (``B``, ``b``, ``c``), a format
+    numpy cannot read, and a ctypes structure's, which ctypes writes without its
+    padding (numpy can only guess its fields): their size alone is checked.
+    """
+    if isinstance(obj, (np.ndarray, np.generic)):
+        return obj.dtype
+    fmt = view.format
+    if fmt in _BYTE_FORMATS or ("{" in fmt and not isinstance(view.obj, np.ndarray)):
+        return None
+    if _core.format_holds_objects(fmt):
+        return None  # refused as objects, with its own error
+    try:
+        return np.asarray(view).dtype
+    except (ValueError, TypeError, NotImplementedError, BufferError, Warning):
+        return None
+
+
 class ByRef(_core.BufferRef):
     """A writable buffer passed to a host function by reference (see :func:`by_ref`).
 
@@ -92,7 +119,7 @@ class ByRef(_core.BufferRef):
             del obj, view
             raise error
         try:  # the native checks (a buffer of objects that is no ndarray: its format)
-            super().__init__(obj, obj.dtype if isinstance(obj, np.ndarray) else None)
+            super().__init__(obj, buffer_dtype(obj, view))
         except BaseException:
             del obj, view  # as above: nothing is kept while its error lives
             raise
@@ -432,6 +459,8 @@ def resolve_user_data(
             "user_data is empty (0 bytes): pass None for a NULL pointer, or data of at "
             "least one byte"
         )
+    if layout is not None and dtype is None:  # a typed buffer that is no array
+        dtype = buffer_dtype(user_data, view)
     _check_layout(view.nbytes, dtype, layout, "user_data", fn)
     if not view.readonly:
         # Never copied: the host function's writes would go to the copy, and be lost.

@@ -1,5 +1,6 @@
 """Every bad argument raises the documented error, with nothing enqueued or kept."""
 
+import array
 import asyncio
 import ctypes
 import dataclasses
@@ -596,6 +597,48 @@ def test_layout_mismatch_rejected_with_nothing_enqueued(stream):
     nh.host_launch(stream, typed, user_data=nh.by_ref(good))
     stream.sync()
     assert good[0]["a"] == 1
+
+
+@nh.host_callback(dtype=np.int64)
+def count_int64(d):
+    d[0] += 1
+
+
+def test_a_typed_buffer_that_is_no_array_is_checked_against_the_dtype(stream):
+    """A buffer of another number type than the declared dtype, given as no numpy
+    array (a memoryview of one, array.array, a ctypes number), had only its size
+    checked: the body wrote int64 bits into float64 memory (5e-324).  Its format's
+    dtype is compared, as an array's is; plain bytes and a ctypes structure (whose
+    format ctypes writes without its padding) still have their size checked alone."""
+    floats = np.zeros(1, np.float64)
+    for shared in (memoryview(floats), array.array("d", [0.0]), ctypes.c_double(0.0)):
+        _rejects(stream, ValueError, "has dtype float64", count_int64, user_data=shared)
+        by_ref = nh.by_ref(shared)
+        _rejects(stream, ValueError, "has dtype float64", count_int64, user_data=by_ref)
+    _rejects(stream, ValueError, "has dtype float64", count_int64, user_data=array.array("d", [0]))
+    with pytest.raises(ValueError, match="has dtype float64"):
+        count_int64(memoryview(floats))  # a direct call checks the same
+    assert floats[0] == 0.0
+    # The same bytes as the declared type, or as bytes, are taken.
+    ints = np.zeros(1, np.int64)
+    nh.host_launch(stream, count_int64, user_data=memoryview(ints))
+    nh.host_launch(stream, count_int64, user_data=nh.by_ref(array.array("q", [0])))
+    nh.host_launch(stream, count_int64, user_data=nh.by_ref(memoryview(ints).cast("B")))
+    counter = ctypes.c_int64(0)
+    nh.host_launch(stream, count_int64, user_data=nh.by_ref(counter))
+    raw = bytearray(8)
+    nh.host_launch(stream, count_int64, user_data=raw)
+
+    class Pair(ctypes.Structure):  # format "T{<q:a:<d:b:}": its size alone is checked
+        _fields_ = (("a", ctypes.c_int64), ("b", ctypes.c_double))
+
+    pair = Pair(0, 0.0)
+    nh.host_launch(stream, typed, user_data=nh.by_ref(pair))
+    nh.host_launch(stream, typed, user_data=memoryview(np.zeros(1, REC)))  # numpy's format
+    stream.sync()
+    nh.drain()
+    assert ints[0] == 2 and counter.value == 1 and raw == (1).to_bytes(8, sys.byteorder)
+    assert pair.a == 1
 
 
 def test_by_ref_rejects_unsuitable_buffers():

@@ -153,7 +153,8 @@ static PyGetSetDef byref_getset[] = {
     {"obj", byref_obj, NULL, "The buffer's object.", NULL},
     {"address", byref_address, NULL, "The buffer's address.", NULL},
     {"nbytes", byref_nbytes, NULL, "The buffer's size in bytes.", NULL},
-    {"dtype", byref_dtype, NULL, "The numpy array's dtype, or None.", NULL},
+    {"dtype", byref_dtype, NULL, "The dtype given (by_ref's: _userdata.buffer_dtype), or None.",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
