@@ -25,6 +25,7 @@ from ._enqueue import check_empty, enqueue
 from ._errors import keeps_nothing_on_refusal
 from ._executor import check_executor
 from ._hostfunction import HostFunction, host_callback
+from ._userdata import base_pins
 
 __all__ = [
     "MEMCPY_2D_LAYOUT",
@@ -183,7 +184,9 @@ def _region(obj: Any, role: str) -> _Region:
         )
     # The export the address is read from, pinned: a second export of ``obj`` need
     # not be the same memory (a ``__buffer__`` that makes a buffer per call).
-    owner = _core.BufferRef(view, pin_only=True) if arr.nbytes else obj
+    # And the memory of an ndarray's base, which numpy may hold no export of
+    # (np.ndarray(buffer=bytearray)): its bytearray could be resized under the copy.
+    owner = (_core.BufferRef(view, pin_only=True), *base_pins(view)) if arr.nbytes else obj
     address = arr.__array_interface__["data"][0]
     writable = not view.readonly
     if arr.flags.c_contiguous:

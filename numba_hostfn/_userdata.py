@@ -23,7 +23,9 @@ import array
 import ctypes
 import functools
 import mmap
+import numbers
 import os
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -35,6 +37,38 @@ from ._errors import keeps_nothing_on_refusal
 __all__ = ["ByRef", "Record", "by_ref", "record", "resolve_user_data"]
 
 _MAX_ADDRESS = 2**64
+_ARRAY_BASE = np.ndarray.base.__get__
+
+
+def base_pins(obj: Any) -> tuple:
+    """Exports of the object a numpy array's memory belongs to, where numpy holds none.
+
+    ``np.ndarray(shape, dtype, buffer=b)`` (and ``np.memmap``, on its ``mmap``) keeps
+    ``b`` as its ``base`` without a buffer export of it: an export of the array alone
+    leaves a ``bytearray`` resizable, an ``array.array`` too, a ``memoryview``
+    releasable and an ``mmap`` closable, which frees the memory under a launch that
+    uses its address.  So the last base of ``obj`` (or of the array a memoryview
+    ``obj`` views) that is no ndarray is pinned too, where it can be exported; an
+    array that owns its memory has none.
+    """
+    if isinstance(obj, memoryview):
+        try:
+            obj = obj.obj
+        except ValueError:  # released: the caller's own export of it fails first
+            return ()
+    if not isinstance(obj, np.ndarray):
+        return ()
+    base = _ARRAY_BASE(obj)  # ndarray's own, past a subclass's property
+    while isinstance(base, np.ndarray):
+        base = _ARRAY_BASE(base)
+    if base is None:
+        return ()
+    try:
+        return (_core.BufferRef(base, pin_only=True),)
+    except (BufferError, TypeError, ValueError):  # no buffer (an __array_interface__)
+        return ()
+
+
 # ctypes objects whose bytes are an address: copying them is never what was meant.
 _POINTER_TYPES = (
     PointerBase,
@@ -80,7 +114,8 @@ class ByRef(_core.BufferRef):
     ``bytearray`` unresizable (``native/buffer_ref.c``).
     """
 
-    __slots__ = ()
+    # The exports of the memory a numpy array's base holds (base_pins).
+    __slots__ = ("_base_pins",)
 
     def __init__(self, obj: Any, view: memoryview | None = None, what: str = "by_ref()") -> None:
         error: Exception | None = None
@@ -123,6 +158,7 @@ class ByRef(_core.BufferRef):
         except BaseException:
             del obj, view  # as above: nothing is kept while its error lives
             raise
+        self._base_pins = base_pins(obj)
 
     def __repr__(self) -> str:
         return f"by_ref({self.obj!r})"
@@ -254,7 +290,9 @@ def record(dtype: Any, **fields: Any) -> Record:
     data = np.zeros(1, layout)  # a field not given stays zero, as in numpy.zeros
     keep = []
     for name, value in fields.items():
-        if isinstance(value, _FIELD_BUFFERS):
+        if isinstance(value, _FIELD_BUFFERS) and not (
+            isinstance(value, np.ndarray) and layout.fields[name][0].shape
+        ):  # an array for a subarray field is its value
             field = layout.fields[name][0]
             if field.kind not in "iu" or field.itemsize != 8:
                 raise TypeError(
@@ -271,29 +309,23 @@ def record(dtype: Any, **fields: Any) -> Record:
                 )
             data[name] = ref.address
             keep.append(ref)
+            keep.extend(base_pins(value) if not isinstance(value, ByRef) else ())
         else:
             field, given = layout.fields[name][0], value
-            if field.kind in "iu" and isinstance(value, (float, np.floating)):
-                # numpy truncates 1.5 to 1 silently: only a whole number fits.
-                if not float(value).is_integer():
-                    raise ValueError(
-                        f"record() field {name!r} is {field} and cannot hold {value!r} "
-                        "(not a whole number)"
-                    )
-                value = int(value)
-            if (
-                field.kind in "iu"
-                and isinstance(value, (int, np.integer))
-                and not isinstance(value, bool)
-            ):
-                # Checked here: numpy 1 wraps an out-of-range int (with a warning), and
-                # every numpy casts a numpy integer (np.int64(-1) into uint64) silently.
-                bounds = np.iinfo(field)
-                if not bounds.min <= int(value) <= bounds.max:
-                    raise ValueError(
-                        f"record() field {name!r} is {field} and cannot hold {given!r} "
-                        f"(it holds {bounds.min} to {bounds.max})"
-                    )
+            if field.kind in "iu":
+                value = _whole_number(name, field, field, value)
+            elif field.subdtype is not None and field.base.kind in "iu":
+                # Each item as a scalar field's: numpy truncates [1.5] and wraps
+                # [np.int64(-1)] into an unsigned subarray as silently.
+                try:
+                    items = np.asarray(value, dtype=object)
+                except ValueError:  # ragged: numpy's own error, below
+                    items = None
+                if items is not None:
+                    value = np.array(
+                        [_whole_number(name, field, field.base, v) for v in items.flat],
+                        dtype=object,
+                    ).reshape(items.shape)
             try:
                 # A number too large for a floating field would be stored as inf.
                 with np.errstate(over="raise"):
@@ -301,9 +333,36 @@ def record(dtype: Any, **fields: Any) -> Record:
             except (TypeError, ValueError, OverflowError, FloatingPointError) as exc:
                 kind = TypeError if isinstance(exc, TypeError) else ValueError
                 raise kind(
-                    f"record() field {name!r} is {field} and cannot hold {value!r} ({exc})"
+                    f"record() field {name!r} is {field} and cannot hold {given!r} ({exc})"
                 ) from None
     return Record(data, tuple(keep))
+
+
+def _whole_number(name: str, field: np.dtype, kind: np.dtype, value: Any) -> Any:
+    """``value`` for an integer field (of dtype ``kind``; ``field`` for the message):
+    a number that is whole and within the field's bounds, as a Python int, else a
+    ValueError.  numpy truncates any real number (1.5, ``Fraction(3, 2)``,
+    ``Decimal("1.5")``) silently; numpy 1 wraps an out-of-range int (with a
+    warning), and every numpy casts a numpy integer (np.int64(-1) into uint64)
+    silently.  Anything else (text, a bool) is numpy's to convert or refuse."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real, Decimal)):
+        return value
+    if not isinstance(value, numbers.Integral):
+        try:
+            whole = int(value)
+        except (ValueError, OverflowError):  # nan, inf
+            whole = None
+        if whole is None or whole != value:
+            raise ValueError(
+                f"record() field {name!r} is {field} and cannot hold {value!r} (not a whole number)"
+            )
+    bounds = np.iinfo(kind)
+    if not bounds.min <= int(value) <= bounds.max:
+        raise ValueError(
+            f"record() field {name!r} is {field} and cannot hold {value!r} "
+            f"(it holds {bounds.min} to {bounds.max})"
+        )
+    return int(value)
 
 
 # What record() takes as a buffer whose address a field holds (any other value is

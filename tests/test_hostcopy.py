@@ -386,6 +386,32 @@ def test_a_memoryview_given_to_a_queued_copy_cannot_be_released(stream):
     assert memory == b"x" * 4096 and resizable(memory)
 
 
+@pytest.mark.parametrize("role", ["dst", "src"])
+@pytest.mark.parametrize("as_view", [False, True], ids=["ndarray", "memoryview"])
+def test_a_queued_copy_pins_the_buffer_under_an_ndarray_made_on_it(stream, role, as_view):
+    """np.ndarray(shape, dtype, buffer=b) keeps b as its base but holds no buffer
+    export of it: pinning the array alone left a bytearray resizable while a copy
+    of it was queued, and resized, the copy wrote freed heap memory (glibc aborted:
+    "free(): corrupted unsorted chunks").  Its base is pinned too, until the copy ran."""
+    n = 1 << 16
+    memory = bytearray(b"x") * n
+    on_memory = np.ndarray((n,), np.uint8, buffer=memory)
+    given = memoryview(on_memory) if as_view else on_memory
+    other = bytearray(n)
+    dst, src = (given, other) if role == "dst" else (other, given)
+    with Hold(stream):
+        nh.host_copy(stream, dst, src)
+        del dst, src, given
+        assert not resizable(memory)
+        with pytest.raises(BufferError):
+            _moved(memory)
+    stream.sync()
+    nh.drain()
+    assert memory == other
+    _moved(memory)  # released with the launch (the ndarray holds no export of it)
+    assert nh.pending() == 0
+
+
 def test_a_captured_copy_pins_its_buffers_for_the_graphs_life(device, stream):
     """In a graph the copy runs at every replay: the exports live as long as the graph."""
     src = bytearray(b"a") * 4096

@@ -9,6 +9,8 @@ import sys
 import threading
 import time
 import weakref
+from decimal import Decimal
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -661,6 +663,40 @@ def test_a_record_pins_the_memory_its_fields_point_to(stream, given):
         nh.record(SUM, values=nh.ByRef.__new__(nh.ByRef), n=2, out=out)
 
 
+@pytest.mark.parametrize("given", ["by_ref", "writable", "record"])
+def test_a_launch_pins_the_buffer_under_an_ndarray_made_on_it(stream, launch_path, given):
+    """np.ndarray(shape, dtype, buffer=b) keeps b as its base but holds no buffer
+    export of it: a launch that pinned only the array (shared user data, by_ref, a
+    record's field) left a bytearray resizable, and so movable under the host
+    function, while the launch was queued.  The base is pinned as well."""
+    ptr = np.dtype([("p", np.uint64)])
+
+    @nh.host_callback
+    def bump(p):
+        carray(p, (1,), np.int64)[0] += 1
+
+    @nh.host_callback(dtype=ptr)
+    def bump_at(d):
+        carray(nh.as_voidptr(d.p), (1,), np.int64)[0] += 1
+
+    memory = bytearray(8)
+    on_memory = np.ndarray((1,), np.int64, buffer=memory)
+    with Hold(stream):
+        if given == "record":
+            nh.host_launch(stream, bump_at, user_data=nh.record(ptr, p=on_memory))
+        else:
+            data = nh.by_ref(on_memory) if given == "by_ref" else on_memory
+            nh.host_launch(stream, bump, user_data=data)
+            del data
+        gc.collect()
+        assert not resizable(memory)
+    stream.sync()
+    nh.drain()
+    gc.collect()
+    assert on_memory[0] == 1
+    assert resizable(memory)
+
+
 def test_a_record_field_not_given_is_zero(stream):
     """nh.record() fills the fields it is not given with zeros, as numpy.zeros does, so
     an output field the host function writes need not be given (it was a ValueError)."""
@@ -934,6 +970,32 @@ def test_record_refuses_a_number_its_field_would_change(field, value):
         nh.record(layout, **{field: value})
     rec = nh.record(layout, n=2.0, x=float("inf"))  # a whole number; inf is a float32
     assert rec.data["n"][0] == 2 and np.isinf(rec.data["x"][0])
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("n", Fraction(3, 2)),
+        ("n", Decimal("1.5")),
+        ("n", Decimal("NaN")),
+        ("pair", [1.5, 2]),
+        ("pair", np.array([0.5, 2.0])),
+        ("upair", [np.int64(-1), 2]),
+        ("upair", [1, 1 << 64]),
+    ],
+    ids=["fraction", "decimal", "decimal-nan", "list", "array", "wrapped", "too-large"],
+)
+def test_record_refuses_a_number_its_field_would_change_of_any_kind(field, value):
+    """The documented ValueError for a value that does not fit its field ("1.5 in an
+    integer one") held for floats only: numpy truncated Fraction(3, 2) and
+    Decimal("1.5") into an integer field, and any item of a subarray field ([1.5, 2]
+    stored as [1, 2], np.int64(-1) in an unsigned one as 2**64 - 1), silently."""
+    layout = np.dtype([("n", np.int64), ("pair", np.int64, (2,)), ("upair", np.uint64, (2,))])
+    with pytest.raises(ValueError, match=f"record\\(\\) field '{field}' is"):
+        nh.record(layout, **{field: value})
+    rec = nh.record(layout, n=Fraction(4, 2), pair=np.array([3.0, 4.0]), upair=[5, 2**64 - 1])
+    assert rec.data["n"][0] == 2 and rec.data["pair"][0].tolist() == [3, 4]
+    assert rec.data["upair"][0].tolist() == [5, 2**64 - 1] and rec.keep == ()
 
 
 def test_a_cycle_through_a_by_ref_is_collected_and_unpins_its_buffer():
