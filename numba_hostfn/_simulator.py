@@ -363,6 +363,10 @@ def _refuse_in_host_function(call: str) -> None:
         )
 
 
+# cuda.core's GraphBuilder.begin_building modes (CUstreamCaptureMode's three).
+_BUILD_MODES = ("global", "thread_local", "relaxed")
+
+
 class GraphBuilder:
     """Builds a simulated graph by capturing a stream, with cuda.core's ``GraphBuilder`` surface.
 
@@ -403,7 +407,16 @@ class GraphBuilder:
         return self._stream.__cuda_stream__()
 
     def begin_building(self, mode: str = "relaxed") -> GraphBuilder:
-        """Start capturing on the builder's stream (``mode`` is accepted and not modelled)."""
+        """Start capturing on the builder's stream.
+
+        ``mode`` is one of cuda.core's ("global", "thread_local", "relaxed"), checked
+        as cuda.core checks it, and not modelled.
+        """
+        if not isinstance(mode, str) or mode not in _BUILD_MODES:
+            raise ValueError(
+                f"Unsupported build mode: {mode!r}; begin_building() takes one of "
+                f"{', '.join(map(repr, _BUILD_MODES))}, as cuda.core's GraphBuilder does"
+            )
         if self._closed or self._definition is not None:
             raise RuntimeError("this GraphBuilder has already built its graph or is closed")
         self._capture = self._stream._begin_capture()  # its own: read in the same step

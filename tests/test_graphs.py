@@ -239,6 +239,31 @@ def test_not_building_builder_is_refused(device, stream):
     builder.close()
 
 
+def test_begin_building_takes_cuda_cores_modes_and_refuses_others(device, stream):
+    """The simulator's begin_building() took any mode (mode="bogus", mode=3), where
+    cuda.core's raises ValueError("Unsupported build mode"): code that ran on the
+    simulator failed on a GPU.  Both refuse it now, and the builder stays unbegun."""
+    for mode in ("bogus", 3, None):
+        builder = stream.create_graph_builder()
+        with pytest.raises(ValueError, match="Unsupported build mode"):
+            builder.begin_building(mode)
+        assert not builder.is_building
+        builder.close()
+    counter = np.zeros(1, np.int64)
+    for mode in ("global", "thread_local", "relaxed"):
+        builder = stream.create_graph_builder().begin_building(mode)
+        assert builder.is_building
+        nh.host_launch(builder, increment, user_data=nh.by_ref(counter))
+        graph = builder.end_building().complete()
+        graph.launch(stream)
+        stream.sync()
+        graph.close()
+        builder.close()
+    assert counter[0] == 3
+    nh.drain()
+    assert nh.pending() == 0
+
+
 def test_simulated_host_functions_of_all_streams_share_one_thread(request):
     """As on the driver: one host-function thread, so a stalled one delays other streams'."""
     if rerun_on_simulator(request):
