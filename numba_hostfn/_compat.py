@@ -183,7 +183,17 @@ def register_first_atexit(fn: Callable[[], None]) -> bool:
     atexit.register(fn)
     try:
         threading._register_atexit(functools.partial(_to_front_of_atexit, fn))
-    except (AttributeError, RuntimeError):  # no such hook, or exit has begun already
+    except AttributeError:  # no such hook: an ordinary atexit handler
+        return False
+    except RuntimeError:  # exit has begun already
+        # On the main thread that means the atexit handlers are running (the
+        # non-daemon threads have ended): atexit never calls a handler registered
+        # while they run, so ``fn`` would never run at all.  Run it now, where it
+        # would have run, before the rest of this handler and every later one.  (A
+        # non-daemon thread still running after the main thread returned registers
+        # before the atexit handlers run, and ``fn`` then runs as an ordinary one.)
+        if threading.current_thread() is threading.main_thread():
+            fn()
         return False
     return True
 

@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 import pytest
-from _device import CHILD_PREAMBLE, rerun_on_simulator, run_child, watchdog_polled
+from _device import CHILD_PREAMBLE, child_env, rerun_on_simulator, run_child, watchdog_polled
 from numba import carray
 
 import numba_hostfn as nh
@@ -708,3 +708,45 @@ def test_the_error_names_the_stream_of_its_own_contexts_fault(request):
 
     failed, refused, a, b = asyncio.run(main())
     assert (hex(failed), hex(refused)) == (hex(a), hex(a)), f"the other stream is {b:#x}"
+
+
+MANY_CONTEXTS_SCRIPT = textwrap.dedent("""
+    import asyncio, time
+    import numba_hostfn as nh
+
+    for _ in range(70):  # more faulted contexts than the watchdog once noted (64)
+        nh.simulator.new_context()
+        with nh.simulator.Stream() as s:
+            s.fault()
+            try:
+                s.sync()
+            except nh.DeviceFaultError:
+                pass
+    nh.simulator.new_context()
+    a = nh.simulator.Stream()
+
+    async def main():
+        a.sleep(0.1)
+        a.fault()
+        try:
+            await asyncio.wait_for(nh.async_done(a), 60)
+        except nh.DeviceFaultError as e:
+            print("wait names", "its own" if e.stream == a.handle else hex(e.stream))
+        try:
+            nh.host_launch(a, lambda: None)
+        except nh.DeviceFaultError as e:
+            print("refusal names", "its own" if e.stream == a.handle else hex(e.stream))
+
+    asyncio.run(main())
+    a.close()
+""")
+
+
+def test_the_error_names_its_own_contexts_stream_after_many_faulted_contexts():
+    """The watchdog noted at most 64 faulted contexts: from the 65th on, a wait's
+    error and a refusal named the stream of the latest fault of the same code, another
+    context's (and the context was no longer refused by the package itself).  Every
+    faulted context is noted now.  On the simulator, in a child: a fault is noted
+    for good."""
+    out = run_child(MANY_CONTEXTS_SCRIPT, env=child_env(NUMBA_HOSTFN_SIMULATOR="1"), timeout=240)
+    assert out.splitlines() == ["wait names its own", "refusal names its own"], out

@@ -156,3 +156,40 @@ def test_a_legacy_sub_interpreter_is_refused_at_import_not_aborted_at_its_end():
     out = run_child(SUB_INTERPRETER_SCRIPT.format(code=code), timeout=60).splitlines()
     assert out[0].startswith("sub-interpreter: refused: numba_hostfn runs in the main"), out
     assert out[-1] == "main: survived", out
+
+
+FIRST_USE_AT_EXIT_SCRIPT = CHILD_PREAMBLE.replace(
+    "device = Device()\nstream = device.create_stream()\n", ""
+) + textwrap.dedent("""
+    import atexit
+
+    streams = []
+
+    def another_librarys_handler():  # registered first: runs after first_use_at_exit
+        nh.host_launch(streams[0], lambda: print("later handler's callable ran", flush=True))
+        streams[0].sync()
+        print("later handler synced", flush=True)
+
+    def first_use_at_exit():  # the process's first use of numba_hostfn, once exit began
+        device = Device()
+        streams.append(device.create_stream())
+        nh.host_launch(streams[0], lambda: None)
+        streams[0].sync()
+        print("first use synced", flush=True)
+
+    atexit.register(another_librarys_handler)
+    atexit.register(first_use_at_exit)
+    print("main returns", flush=True)
+""")
+
+
+def test_a_first_use_inside_an_atexit_handler_still_closes_the_guard():
+    """Invariant 6 when the package is first used inside an atexit handler: its exit
+    hook, registered then, was never called (atexit does not call a handler registered
+    while the handlers run), so the guard stayed open through every later handler and
+    the interpreter's finalization: a later handler's Python callable ran, and a
+    trampoline could wait for the GIL behind a handler that holds it."""
+    out = run_child(FIRST_USE_AT_EXIT_SCRIPT, timeout=90).splitlines()
+    assert out[:2] == ["main returns", "first use synced"], out
+    assert out[-1] == "later handler synced", out
+    assert "later handler's callable ran" not in out, "the guard was never closed"

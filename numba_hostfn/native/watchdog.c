@@ -72,15 +72,28 @@ static bool not_a_fault(int rc) {
 
 /* ---- the faulted contexts ------------------------------------------------------ */
 
-#define MAX_FAULTS 64 /* contexts noted; later ones are failed, not refused, by us */
+/* The contexts noted faulted, in the order their faults were found: chunks of
+ * FAULTS_PER_CHUNK entries, allocated as needed and never freed, so that a reader
+ * walks the published entries without a lock (a fixed table of 64 stopped noting
+ * at the 65th faulted context: its enqueues were no longer refused by us, and its
+ * errors named the stream of another context's fault of the same code). */
+#define FAULTS_PER_CHUNK 64
+#define FAULT_CHUNKS 1024
 
-static struct {
+typedef struct {
     void *ctx;
     unsigned code;
     void *stream; /* the stream the fault was found on */
-} faults[MAX_FAULTS];
+} fault_entry;
+
+static fault_entry *fault_chunks[FAULT_CHUNKS]; /* written under fault_lock, before nfaults */
 static atomic_int nfaults; /* entries published (written under fault_lock) */
 static pthread_mutex_t fault_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Entry i < nfaults (as loaded): its chunk was published before nfaults. */
+static fault_entry *fault_at(int i) {
+    return &fault_chunks[i / FAULTS_PER_CHUNK][i % FAULTS_PER_CHUNK];
+}
 
 static struct {
     pthread_mutex_t mutex;
@@ -107,11 +120,12 @@ bool nhf_fault_note(void *ctx, unsigned code, void *stream) {
     int n = atomic_load(&nfaults);
     bool known = false;
     for (int i = 0; i < n && !known; i++)
-        known = faults[i].ctx == ctx;
-    if (!known && n < MAX_FAULTS) {
-        faults[n].ctx = ctx;
-        faults[n].code = code;
-        faults[n].stream = stream;
+        known = fault_at(i)->ctx == ctx;
+    int chunk = n / FAULTS_PER_CHUNK;
+    if (!known && chunk < FAULT_CHUNKS && fault_chunks[chunk] == NULL)
+        fault_chunks[chunk] = calloc(FAULTS_PER_CHUNK, sizeof(fault_entry));
+    if (!known && chunk < FAULT_CHUNKS && fault_chunks[chunk] != NULL) {
+        *fault_at(n) = (fault_entry){ctx, code, stream};
         atomic_store(&nfaults, n + 1);
         added = true;
     }
@@ -122,8 +136,8 @@ bool nhf_fault_note(void *ctx, unsigned code, void *stream) {
 static unsigned fault_of_context(void *ctx) {
     int n = atomic_load(&nfaults);
     for (int i = 0; i < n; i++)
-        if (faults[i].ctx == ctx)
-            return faults[i].code;
+        if (fault_at(i)->ctx == ctx)
+            return fault_at(i)->code;
     return 0;
 }
 
@@ -566,8 +580,9 @@ static PyObject *py_fault_info(PyObject *self, PyObject *unused) {
     pthread_mutex_lock(&fault_lock);
     int n = atomic_load(&nfaults);
     for (int i = 0; i < n; i++) {
-        PyObject *item = Py_BuildValue("(NIN)", PyLong_FromVoidPtr(faults[i].ctx), faults[i].code,
-                                       PyLong_FromVoidPtr(faults[i].stream));
+        fault_entry *f = fault_at(i);
+        PyObject *item = Py_BuildValue("(NIN)", PyLong_FromVoidPtr(f->ctx), f->code,
+                                       PyLong_FromVoidPtr(f->stream));
         if (item == NULL || PyList_Append(list, item) < 0) {
             Py_XDECREF(item);
             pthread_mutex_unlock(&fault_lock);
@@ -618,8 +633,8 @@ static PyObject *py_stream_fault_found(PyObject *self, PyObject *arg) {
     if (atomic_load(&nfaults) != 0 && context_of != NULL && context_of(stream, &ctx) == 0) {
         pthread_mutex_lock(&fault_lock);
         for (int i = 0; i < atomic_load(&nfaults) && found == NULL; i++)
-            if (faults[i].ctx == ctx)
-                found = faults[i].stream;
+            if (fault_at(i)->ctx == ctx)
+                found = fault_at(i)->stream;
         pthread_mutex_unlock(&fault_lock);
     }
     Py_END_ALLOW_THREADS
