@@ -25,7 +25,7 @@ from ._enqueue import check_empty, enqueue
 from ._errors import keeps_nothing_on_refusal
 from ._executor import check_executor
 from ._hostfunction import HostFunction, host_callback
-from ._userdata import base_pins
+from ._userdata import base_pins, buffer_dtype
 
 __all__ = [
     "MEMCPY_2D_LAYOUT",
@@ -143,6 +143,9 @@ class _Region:
     row_bytes: int
     pitch: int
     writable: bool
+    #: The number type the buffer holds (``_userdata.buffer_dtype``: an array's, or the
+    #: one a typed buffer's format names), None for plain bytes and a cuda.core Buffer.
+    dtype: Any = None
 
     @property
     def nbytes(self) -> int:
@@ -189,12 +192,13 @@ def _region(obj: Any, role: str) -> _Region:
     owner = (_core.BufferRef(view, pin_only=True), *base_pins(view)) if arr.nbytes else obj
     address = arr.__array_interface__["data"][0]
     writable = not view.readonly
+    dtype = buffer_dtype(obj, view)
     if arr.flags.c_contiguous:
-        return _Region(owner, address, 1, arr.nbytes, arr.nbytes, writable)
+        return _Region(owner, address, 1, arr.nbytes, arr.nbytes, writable, dtype)
     if arr.ndim >= 2 and arr.shape[0] > 0 and arr.strides[0] > 0 and arr[0].flags.c_contiguous:
         row_bytes = arr[0].nbytes
         if arr.strides[0] >= row_bytes:
-            return _Region(owner, address, arr.shape[0], row_bytes, arr.strides[0], writable)
+            return _Region(owner, address, arr.shape[0], row_bytes, arr.strides[0], writable, dtype)
     raise ValueError(
         f"host_copy() {role} has a layout it cannot copy (shape {arr.shape}, strides "
         f"{arr.strides}): it needs C-contiguous memory, or rows that are each contiguous "
@@ -258,6 +262,16 @@ def _overlap(d: _Region, s: _Region) -> bool:
     return bool((starts[1:] < np.maximum.accumulate(ends)[:-1]).any())
 
 
+def _check_same_dtype(dst: np.dtype, src: np.dtype) -> None:
+    if dst != src and dst.itemsize > 0 and src.itemsize > 0:
+        raise ValueError(
+            f"host_copy() dst has dtype {dst} and src {src}: host_copy copies "
+            "bytes and would not convert (np.copyto would); convert first, or copy the raw "
+            "bytes with host_copy(stream, dst.view(np.uint8), src.view(np.uint8)) (of a "
+            "buffer that is no numpy array: memoryview(x).cast('B'))"
+        )
+
+
 @keeps_nothing_on_refusal
 def host_copy(stream: Any, dst: Any, src: Any, *, executor: Any = None) -> Any:
     """Copy ``src`` into ``dst`` on the host, in stream order and without the GIL.
@@ -297,27 +311,24 @@ def host_copy(stream: Any, dst: Any, src: Any, *, executor: Any = None) -> Any:
         If a buffer is not host memory with the buffer protocol, or holds
         Python objects.
     ValueError
-        If two numpy arrays have different dtypes (``host_copy`` copies bytes;
-        pass ``.view(np.uint8)`` of both to copy them raw), ``dst`` is
+        If two typed buffers have different dtypes (numpy arrays, or the number
+        types a buffer's format names: ``array.array("q")``, ``memoryview(a)``, a
+        ctypes number; ``host_copy`` copies bytes, so pass ``.view(np.uint8)`` of
+        both to copy them raw; plain bytes, ``bytearray``, go with any dtype), ``dst`` is
         read-only, the sizes or row shapes differ, a layout is
         neither C-contiguous nor evenly spaced contiguous rows, the two share a byte,
         or a cuda.core ``Buffer`` is device memory.  Nothing was enqueued.
     """
     if executor is not None:
         check_executor(executor)
-    if (
-        isinstance(dst, np.ndarray)
-        and isinstance(src, np.ndarray)
-        and dst.dtype != src.dtype
-        and (dst.dtype.itemsize > 0 and src.dtype.itemsize > 0)
-    ):
-        raise ValueError(
-            f"host_copy() dst has dtype {dst.dtype} and src {src.dtype}: host_copy copies "
-            "bytes and would not convert (np.copyto would); convert first, or copy the raw "
-            "bytes with host_copy(stream, dst.view(np.uint8), src.view(np.uint8))"
-        )
+    if isinstance(dst, np.ndarray) and isinstance(src, np.ndarray):
+        _check_same_dtype(dst.dtype, src.dtype)
     d = _region(dst, "dst")
     s = _region(src, "src")
+    # Any typed buffer too (array.array("q"), memoryview(a), a ctypes number), as
+    # user_data is checked against a dtype: plain bytes alone have none to compare.
+    if d.dtype is not None and s.dtype is not None:
+        _check_same_dtype(d.dtype, s.dtype)
     if not d.writable:
         raise ValueError("host_copy() dst is read-only; pass a writable buffer")
     if d.nbytes != s.nbytes:

@@ -16,14 +16,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from . import _core
-from ._classify import classify_function
+from ._classify import classify_function, compiled_layout
 from ._compat import POINTER_PROTOTYPE
 from ._enqueue import check_target, enqueue, raise_refused, user_data_with_callable
 from ._errors import keeps_nothing_on_refusal
 from ._hostfunction import CUhostFn
 from ._notify import launch_nonblocking
 from ._process import on_backend
-from ._userdata import ByRef
+from ._userdata import ByRef, resolve_user_data
 
 __all__ = ["host_launch", "host_launch_python", "launch_counts", "python_path"]
 
@@ -128,6 +128,12 @@ def host_launch_python(
         kind, _, callable_ = classify_function(fn)
         if kind == "python" and user_data is not None:
             raise user_data_with_callable(fn)
+        if kind != "python" and user_data is not None:
+            # Compiled code's user_data, checked as a launch checks it (and dropped): a
+            # wrong one given is reported before a wrong blocking=, as errors.md
+            # promises.  None, given or not, leaves the error to blocking=, the mistake.
+            layout, reads = compiled_layout(fn) if kind == "compiled" else (None, False)
+            resolve_user_data(user_data, layout, fn, reads)
         if blocking is not False:
             raise TypeError(f"host_launch(blocking=...) expected True or False, got {blocking!r}")
         if kind != "python":

@@ -34,7 +34,7 @@ from . import _core
 from ._compat import CFuncPtr, PointerBase
 from ._errors import keeps_nothing_on_refusal
 
-__all__ = ["ByRef", "Record", "by_ref", "record", "resolve_user_data"]
+__all__ = ["ByRef", "Record", "buffer_dtype", "by_ref", "record", "resolve_user_data"]
 
 _MAX_ADDRESS = 2**64
 _ARRAY_BASE = np.ndarray.base.__get__

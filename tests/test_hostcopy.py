@@ -115,6 +115,36 @@ def test_bad_input_rejected_with_nothing_enqueued(stream, dst, src, exc, match):
     assert nh.pending() == 0
 
 
+@pytest.mark.parametrize(
+    "make_dst, make_src",
+    [
+        (lambda: np.zeros(2), lambda: array.array("q", [1, 2])),
+        (lambda: array.array("d", [0, 0]), lambda: array.array("q", [1, 2])),
+        (lambda: np.zeros(2), lambda: memoryview(np.array([1, 2]))),
+        (lambda: (ctypes.c_double * 2)(), lambda: np.array([1, 2], np.int64)),
+    ],
+    ids=["array-from-array.array", "array.arrays", "array-from-memoryview", "ctypes-from-array"],
+)
+def test_typed_buffers_of_other_number_types_are_refused_as_numpy_arrays_are(
+    stream, make_dst, make_src
+):
+    """host_copy refuses two numpy arrays of different dtypes (it copies bytes, where
+    np.copyto would convert), but copied an int64 array.array, memoryview or ctypes
+    array into float64 memory without a word: 1 became 5e-324.  Plain bytes
+    (bytearray, bytes) still go with any dtype."""
+    dst, src = make_dst(), make_src()
+    with pytest.raises(ValueError, match="dtype float64 and src int64"):
+        nh.host_copy(stream, dst, src)
+    assert nh.pending() == 0
+    assert list(memoryview(dst).cast("B")) == [0] * 16  # nothing was copied
+    raw = bytearray(16)
+    nh.host_copy(stream, raw, src)  # bytes take any dtype, either way round
+    back = make_dst()
+    nh.host_copy(stream, back, raw)
+    stream.sync()
+    assert bytes(raw) == bytes(memoryview(src).cast("B"))
+
+
 def test_overlapping_buffers_rejected(stream):
     a = np.zeros(100, np.uint8)
     with pytest.raises(ValueError, match="overlap"):
@@ -353,6 +383,8 @@ def test_a_queued_copy_pins_its_buffers_memory(stream, kind, layout, executor):
                 pinned = (dst, src)
             else:  # a pitched copy: rows of a strided array from the buffer
                 rows = np.zeros((1024, 2048), np.uint8)[:, :1024]
+                if kind == "array":  # float64 rows: uint8 ones are refused against "d"
+                    rows = rows.view(np.float64)
                 nh.host_copy(stream, rows, src, executor=pool)
                 nh.host_copy(stream, dst, rows, executor=pool)
                 pinned = (src,)

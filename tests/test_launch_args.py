@@ -889,6 +889,24 @@ def test_then_fn_then_user_data_then_the_keywords(stream):
         _rejects(stream, error, match, fn, **kwargs)
 
 
+def test_a_compiled_functions_user_data_is_checked_before_blocking(stream):
+    """docs/errors.md: stream, fn, user_data, then the keywords, "so the error names
+    the first wrong one".  With a compiled function, a wrong blocking= (not a bool,
+    or False) was reported instead of the wrong user_data before it."""
+    for fn, kwargs, error, match in (
+        (touch, {"user_data": "text", "blocking": "yes"}, TypeError, "not str"),
+        (touch, {"user_data": 1.5, "blocking": None}, TypeError, "got float"),
+        (touch, {"user_data": -1, "blocking": False}, ValueError, r"\[0, 2\*\*64\)"),
+        (typed, {"user_data": b"short", "blocking": False}, ValueError, "declares user_data"),
+        (touch.ctypes, {"user_data": "text", "blocking": False}, TypeError, "not str"),
+    ):
+        _rejects(stream, error, match, fn, **kwargs)
+    # Right user_data, or none given: blocking= is what is wrong, and says so.
+    _rejects(stream, TypeError, "blocking", touch, user_data=b"ok", blocking="yes")
+    _rejects(stream, TypeError, "blocking", typed, blocking=1)
+    _rejects(stream, ValueError, "blocking=False", typed, user_data=bytes(16), blocking=False)
+
+
 def test_user_data_passed_positionally_says_it_is_keyword_only(stream):
     """host_launch(stream, fn, buf) names host_launch and says to pass user_data=
     (main: "host_launch_python() takes 2 positional arguments but 3 were given",
