@@ -185,6 +185,11 @@ class Stream(_core.SimStreamBase):
         :func:`~numba_hostfn.host_launch` (a graph owns it when captured).
         """
         self._live()
+        if not callable(fn):  # classify_function would name host_launch()
+            raise TypeError(
+                "simulator.Stream.launch() expected a HostFunction or a CUhostFn ctypes "
+                f"pointer, got {type(fn).__name__}"
+            )
         kind = classify_function(fn)[0]
         if kind == "python":
             raise TypeError(

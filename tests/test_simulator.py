@@ -279,6 +279,11 @@ def test_sleep_and_launch_validate(request, stream):
         stream.sleep(-1)
     with pytest.raises(TypeError, match="compiled"):
         stream.launch(lambda: None)
+    # Its own name, not host_launch()'s (it said "host_launch() expected ..."), and
+    # what device work takes (no Python callable).
+    for fn in (None, 3):
+        with pytest.raises(TypeError, match=r"^simulator.Stream.launch\(\) expected a Host"):
+            stream.launch(fn)
 
 
 def test_a_refused_device_launch_keeps_no_view_of_user_data_while_its_error_lives(request):
