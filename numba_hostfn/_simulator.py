@@ -258,10 +258,10 @@ class Stream(_core.SimStreamBase):
         An interrupted close can be called again: it finishes the job.  A close
         on another thread while this one runs waits until the same point.
         """
+        if forked():  # a forked child has none of the stream's threads: touch nothing
+            self._closed = True
+            return
         if not self._closed:
-            if forked():  # a forked child has none of the stream's threads
-                self._closed = True
-                return
             # First: a close a host function makes is refused here, before anything
             # changed (the capture below was abandoned by a close that then raised).
             _core.sim_close(self._handle, True)  # idempotent; joins without the GIL
