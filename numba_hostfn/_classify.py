@@ -172,7 +172,7 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
             "the driver cannot call: decorate the Python function with "
             "@numba_hostfn.host_callback instead (or pass host_callback(fn.py_func))"
         )
-    if fn is None or not callable(fn):
+    if fn is None or not callable(fn) or _call_is_none(fn):
         if inspect.isawaitable(fn):
             _refuse_awaitable(fn)
         raise TypeError(
@@ -230,6 +230,14 @@ def _function_like(obj: Any) -> bool:
     """``obj``'s type gives it a code object, as a function's type does (Cython's
     functions): not an object that merely forwards attributes to a function."""
     return _attribute(type(obj), "__code__") is not None and _code_of(obj) is not None
+
+
+def _call_is_none(fn: Any) -> bool:
+    """An instance whose class sets ``__call__ = None`` (as ``__hash__ = None`` says
+    "not hashable"): ``callable()`` says yes, but calling it raises TypeError."""
+    if issubclass(type(fn), type):
+        return False
+    return next((vars(c)["__call__"] for c in type(fn).__mro__ if "__call__" in vars(c)), 0) is None
 
 
 def _call_method(fn: Any) -> Any:
@@ -360,6 +368,7 @@ def _partial_required(fn: functools.partial) -> tuple[Any, int]:
     target = fn.func
     function, bound = _function_of(target)
     if function is not None:
+        _refuse_surplus_positional(function, bound + len(fn.args))
         return function, _code_required(function, bound + len(fn.args), fn.keywords)
     needs = None
     if type(target) in _BUILTINS:
@@ -388,6 +397,19 @@ def _class_required(cls: type) -> int | None:
     return required
 
 
+def _refuse_surplus_positional(function: Any, given: int) -> None:
+    """A function with code that is given more positional arguments than it takes (a
+    method defined without ``self``, a partial with too many): no call can succeed."""
+    code = function.__code__
+    if given > code.co_argcount and not code.co_flags & inspect.CO_VARARGS:
+        name = getattr(function, "__qualname__", function)
+        raise TypeError(
+            f"host_launch() got {name!r} with {given} positional argument(s) bound (a "
+            f"method's self, a partial's arguments), but it takes {code.co_argcount}: "
+            "calling it would fail. A method needs self: def method(self): ..."
+        )
+
+
 def _refuse_required_arguments(fn: Any, found: Any) -> None:
     """A plain function, bound method, partial, class, cached function, builtin or
     callable object that cannot be called with no arguments (positional or
@@ -403,6 +425,7 @@ def _refuse_required_arguments(fn: Any, found: Any) -> None:
         function, bound = found
         if function is None:
             return
+        _refuse_surplus_positional(function, bound)
         required = _code_required(function, bound)
     if required > 0:
         name = getattr(function, "__qualname__", function)

@@ -86,9 +86,12 @@ def stream_handle(stream: Any) -> int:
             f"{type(stream).__name__}.__cuda_stream__ returned {value!r}; expected "
             "(0, handle) as in version 0 of the protocol"
         )
-    if not 0 <= value[1] < 1 << 64:
+    # Its value, as the enqueue reads it: an int subclass's own comparisons and hash
+    # decide neither the range check nor which registered stream it names.
+    handle = int.__index__(value[1])
+    if not 0 <= handle < 1 << 64:
         raise ValueError(
-            f"{type(stream).__name__}.__cuda_stream__ returned the handle {value[1]}; a "
+            f"{type(stream).__name__}.__cuda_stream__ returned the handle {handle}; a "
             "stream handle is an address, 0 to 2**64 - 1"
         )
-    return value[1]
+    return handle

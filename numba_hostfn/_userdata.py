@@ -468,6 +468,9 @@ def resolve_user_data(
             "user_data must be None, an int address, bytes-like or by_ref(...); got a bool"
         )
     if isinstance(user_data, int):
+        # Its value, as the enqueue reads it: an int subclass's own comparisons (an
+        # __eq__ that calls 0 nonzero, a __ge__ that calls -1 in range) decide nothing.
+        user_data = int.__index__(user_data)
         if not 0 <= user_data < _MAX_ADDRESS:
             raise ValueError(f"user_data address must be in [0, 2**64), got {user_data}")
         if user_data == 0 and layout is None and reads:

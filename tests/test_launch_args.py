@@ -7,11 +7,13 @@ import dataclasses
 import functools
 import gc
 import sys
+import textwrap
 import weakref
 
 import numba
 import numpy as np
 import pytest
+from _device import CHILD_PREAMBLE, child_env, run_child
 from numba import cfunc
 
 import numba_hostfn as nh
@@ -973,3 +975,126 @@ def test_field_names_with_an_o_are_still_no_object_codes():
     assert not _core.format_holds_objects("T{<d:Open:<d:Other:}")
     assert not _core.format_holds_objects("T{d:Open:}")
     assert _core.format_holds_objects("T{<d:Open:<O:obj:}")
+
+
+class _ZeroThatDenies(int):
+    """An int whose __eq__ says it is never 0 (so, before, never NULL)."""
+
+    def __eq__(self, other):
+        return False
+
+    __hash__ = int.__hash__
+
+
+class _AlwaysInRange(int):
+    """An int whose comparisons all say yes (so, before, -1 passed the range check)."""
+
+    def __ge__(self, other):
+        return True
+
+    __gt__ = __le__ = __lt__ = __ge__
+
+
+@nh.host_callback(dtype=REC)
+def _ignores_record(d):
+    pass  # reads nothing: a NULL it is given (the bug) does not crash the test
+
+
+@pytest.mark.parametrize(
+    "fn, user_data, exc, match",
+    [
+        (_ignores_record, _ZeroThatDenies(0), ValueError, "NULL pointer"),
+        (touch, _AlwaysInRange(-1), ValueError, r"2\*\*64"),
+        (touch, _AlwaysInRange(2**64), ValueError, r"2\*\*64"),
+    ],
+    ids=["eq-denies-zero", "negative", "too-big"],
+)
+def test_an_int_subclass_user_data_is_checked_by_its_value(stream, fn, user_data, exc, match):
+    """The enqueue passes an int subclass's value: the checks read that value too, not
+    the subclass's own comparisons (a 0 whose __eq__ denied it reached a body that
+    declares a dtype as NULL; -1 passed the range check and failed as OverflowError)."""
+    _rejects(stream, exc, match, fn, user_data=user_data)
+
+
+def test_a_stream_handle_that_is_an_int_subclass_is_checked_by_its_value(stream):
+    """__cuda_stream__'s handle is checked by the value the enqueue reads: a -1 whose
+    comparisons all say "in range" raised OverflowError from the enqueue, not the
+    protocol's ValueError."""
+
+    class Lenient:
+        def __cuda_stream__(self):
+            return (0, _AlwaysInRange(-1))
+
+    before = nh.pending()
+    with pytest.raises(ValueError, match=r"handle -1; a stream handle is an address"):
+        nh.host_launch(Lenient(), touch)
+    assert nh.pending() == before
+
+
+ALIAS_STREAM_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    from numba_hostfn import _launch
+
+    real = stream.__cuda_stream__()[1]
+
+    class Alias(int):  # another address that hashes and compares as the real handle
+        def __eq__(self, other):
+            return True
+
+        def __hash__(self):
+            return hash(real)
+
+    class Aliasing:
+        def __cuda_stream__(self):
+            return (0, Alias(0x1000))
+
+    for python in (False, True):
+        with _launch.python_path() if python else contextlib.nullcontext():
+            try:
+                nh.host_launch(Aliasing(), increment, user_data=nh.by_ref(np.zeros(1, np.int64)))
+            except TypeError as error:
+                assert "only on numba_hostfn.simulator.Stream" in str(error), error
+                print("refused")
+    stream.sync()
+    assert nh.pending() == 0
+""")
+
+
+def test_a_stream_handle_int_subclass_names_no_other_simulated_stream():
+    """The simulator's registry is looked up with the handle's value: an int subclass
+    that hashes and compares as a live stream's handle, with another value, passed
+    it and the enqueue used its value as a native queue (SIGSEGV)."""
+    out = run_child(
+        "import contextlib\n" + ALIAS_STREAM_SCRIPT, env=child_env(NUMBA_HOSTFN_SIMULATOR="1")
+    )
+    assert out.split() == ["refused", "refused"]
+
+
+class _DisabledCall:
+    __call__ = None  # as __hash__ = None: callable() says yes, calling raises TypeError
+
+
+class _NoSelf:
+    def method():  # noqa: N805 - the mistake under test
+        pass
+
+    def __call__():  # noqa: N805
+        pass
+
+
+@pytest.mark.parametrize(
+    "fn, match",
+    [
+        (_DisabledCall(), "expected a HostFunction"),
+        (_NoSelf().method, "A method needs self"),
+        (_NoSelf(), "A method needs self"),
+        (functools.partial(_NoSelf.method, 1), "partial's arguments"),
+    ],
+    ids=["call-is-none", "method-without-self", "call-without-self", "partial-surplus"],
+)
+def test_a_callable_that_cannot_be_called_is_refused_at_launch(stream, fn, match, unraisables):
+    """A class that sets __call__ = None, a method defined without self and a
+    partial given more arguments than its function takes cannot be called with no
+    arguments: refused at launch (both paths accepted them, and the call failed on
+    the stream, reported to sys.unraisablehook)."""
+    _rejects(stream, TypeError, match, fn)
+    assert unraisables == []

@@ -71,6 +71,8 @@ static enum nhf_kind plain_function(PyObject *function, Py_ssize_t bound) {
         return UNKNOWN;
     if (code->co_kwonlyargcount != 0) /* keyword-only defaults: Python checks those */
         return UNKNOWN;
+    if (bound > code->co_argcount && !(code->co_flags & CO_VARARGS))
+        return UNKNOWN; /* a method without self: no call succeeds; Python refuses it */
     PyObject *defaults = PyFunction_GET_DEFAULTS(function);
     Py_ssize_t given = defaults == NULL ? 0 : PyTuple_GET_SIZE(defaults);
     return code->co_argcount - bound - given > 0 ? UNKNOWN : NHF_KIND_PYTHON;
