@@ -503,7 +503,14 @@ class _LoopWaits:
         self.channel = _Channel(
             wake_main=wake, nonblocking=True, resolve=True, on_fault=_fail_loop_wait
         )
-        loop.add_reader(self.channel.fd, self._ready)
+        try:
+            loop.add_reader(self.channel.fd, self._ready)
+        except NotImplementedError:  # a loop that watches no descriptor (proactor-style)
+            raise RuntimeError(
+                f"async_done() needs an event loop that supports add_reader; "
+                f"{type(loop).__name__} does not. Await "
+                "asyncio.wrap_future(numba_hostfn.done_future(stream)) instead"
+            ) from None
 
     def _ready(self) -> None:
         # One native step: read the descriptor first (a signal after the take writes
@@ -559,8 +566,9 @@ def async_done(stream: Any, *, executor: Any = None) -> asyncio.Future:
     Raises
     ------
     RuntimeError
-        If no event loop is running in this thread, ``stream`` is capturing or
-        is a graph, or the executor is closed.
+        If no event loop is running in this thread, or it cannot watch a
+        descriptor (``add_reader``), ``stream`` is capturing or is a graph, or
+        the executor is closed.
     TypeError
         If ``stream`` is not a stream, or ``executor`` is not a HostExecutor.
 

@@ -1648,3 +1648,29 @@ def test_a_cancelled_done_future_is_told_to_its_waiters(stream):
     stream.sync()
     assert told.result(60) == [future]
     waiting.shutdown()
+
+
+def test_async_done_on_a_loop_without_add_reader_is_a_clear_runtime_error(stream):
+    """A loop that watches no descriptor (``add_reader`` not implemented, as in
+    asyncio's proactor loop or the abstract loop) is refused with the RuntimeError
+    async_done documents, naming add_reader and the way around it, and leaves no
+    descriptor open and nothing pending (before: a bare NotImplementedError)."""
+
+    class NoReaderLoop(asyncio.SelectorEventLoop):
+        def add_reader(self, fd, callback, *args):
+            raise NotImplementedError
+
+    async def wait():
+        return nh.async_done(stream)
+
+    fds = _open_fds()
+    loop = NoReaderLoop()
+    try:
+        with pytest.raises(RuntimeError, match="add_reader.*done_future"):
+            loop.run_until_complete(wait())
+    finally:
+        loop.close()
+    del loop
+    gc.collect()
+    assert _open_fds() <= fds
+    assert nh.pending() == 0
