@@ -84,6 +84,10 @@ _POINTER_TYPES = (
 _BYTE_FORMATS = frozenset(order + code for order in ("", "@", "=", "<", ">", "!") for code in "Bbc")
 
 
+# ByRef's dtype when its caller has not read the buffer's (a sentinel: None is an answer).
+_UNKNOWN = object()
+
+
 def buffer_dtype(obj: Any, view: memoryview) -> np.dtype | None:
     """The dtype of ``obj``'s buffer ``view``, to compare with a declared layout.
 
@@ -117,7 +121,13 @@ class ByRef(_core.BufferRef):
     # The exports of the memory a numpy array's base holds (base_pins).
     __slots__ = ("_base_pins",)
 
-    def __init__(self, obj: Any, view: memoryview | None = None, what: str = "by_ref()") -> None:
+    def __init__(
+        self,
+        obj: Any,
+        view: memoryview | None = None,
+        what: str = "by_ref()",
+        dtype: np.dtype | None | object = _UNKNOWN,
+    ) -> None:
         error: Exception | None = None
         if view is None:
             try:
@@ -154,7 +164,8 @@ class ByRef(_core.BufferRef):
             del obj, view
             raise error
         try:  # the native checks (a buffer of objects that is no ndarray: its format)
-            super().__init__(obj, buffer_dtype(obj, view))
+            # dtype: what the caller read of this view already (resolve_user_data).
+            super().__init__(obj, buffer_dtype(obj, view) if dtype is _UNKNOWN else dtype)
         except BaseException:
             del obj, view  # as above: nothing is kept while its error lives
             raise
@@ -521,12 +532,14 @@ def resolve_user_data(
             "user_data is empty (0 bytes): pass None for a NULL pointer, or data of at "
             "least one byte"
         )
+    # The buffer's dtype where read (an array's, or buffer_dtype's answer): ByRef's.
+    known: np.dtype | None | object = dtype if dtype is not None else _UNKNOWN
     if layout is not None and dtype is None:  # a typed buffer that is no array
-        dtype = buffer_dtype(user_data, view)
+        dtype = known = buffer_dtype(user_data, view)
     _check_layout(view.nbytes, dtype, layout, "user_data", fn)
     if not view.readonly:
         # Never copied: the host function's writes would go to the copy, and be lost.
-        shared = ByRef(user_data, view, what="writable user_data")
+        shared = ByRef(user_data, view, what="writable user_data", dtype=known)
         if _REF_NBYTES(shared) != view.nbytes:  # a __buffer__ that makes one per call
             raise ValueError(
                 f"user_data gave a buffer of {view.nbytes} bytes, then one of "
