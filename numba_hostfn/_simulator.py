@@ -415,9 +415,14 @@ class GraphBuilder:
         """Start capturing on the builder's stream.
 
         ``mode`` is one of cuda.core's ("global", "thread_local", "relaxed"), checked
-        as cuda.core checks it, and not modelled.
+        as cuda.core checks it (a str, else TypeError; None or another str,
+        ValueError), and not modelled.
         """
-        if not isinstance(mode, str) or mode not in _BUILD_MODES:
+        if mode is not None and not isinstance(mode, str):
+            raise TypeError(
+                f"Argument 'mode' has incorrect type (expected str, got {type(mode).__name__})"
+            )
+        if mode not in _BUILD_MODES:
             raise ValueError(
                 f"Unsupported build mode: {mode!r}; begin_building() takes one of "
                 f"{', '.join(map(repr, _BUILD_MODES))}, as cuda.core's GraphBuilder does"

@@ -809,7 +809,7 @@ def test_a_second_init_is_refused_and_changes_nothing(executor, stream):
     assert executor.closed
 
 
-def test_a_concurrent_second_init_is_refused_and_changes_nothing(stream, monkeypatch):
+def test_a_concurrent_second_init_is_refused_and_changes_nothing(device, stream, monkeypatch):
     """Two threads in HostExecutor.__init__ of one object at once, both past its
     started check before either started the pool: the native start lets one pool in
     (no thread is left running), but the other reset the executor's threads, lanes,
@@ -842,6 +842,8 @@ def test_a_concurrent_second_init_is_refused_and_changes_nothing(stream, monkeyp
 
     def first():
         try:
+            if not device.simulator:  # a new thread has no current context: the words'
+                device.cuda.set_current()
             nh.HostExecutor.__init__(executor, threads=2)
             nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=executor)
             stream.sync()

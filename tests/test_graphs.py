@@ -241,11 +241,18 @@ def test_not_building_builder_is_refused(device, stream):
 
 def test_begin_building_takes_cuda_cores_modes_and_refuses_others(device, stream):
     """The simulator's begin_building() took any mode (mode="bogus", mode=3), where
-    cuda.core's raises ValueError("Unsupported build mode"): code that ran on the
-    simulator failed on a GPU.  Both refuse it now, and the builder stays unbegun."""
-    for mode in ("bogus", 3, None):
+    cuda.core's raises ValueError("Unsupported build mode") for a str or None it does
+    not know and TypeError for another type (its mode is typed str: 1.2.0, 1.2.2):
+    code that ran on the simulator failed on a GPU.  Both refuse it now, and the
+    builder stays unbegun."""
+    for mode, error, says in (
+        ("bogus", ValueError, "Unsupported build mode"),
+        (None, ValueError, "Unsupported build mode"),
+        (3, TypeError, "expected str, got int"),
+        (b"global", TypeError, "expected str, got bytes"),
+    ):
         builder = stream.create_graph_builder()
-        with pytest.raises(ValueError, match="Unsupported build mode"):
+        with pytest.raises(error, match=says):
             builder.begin_building(mode)
         assert not builder.is_building
         builder.close()
