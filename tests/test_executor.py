@@ -1617,6 +1617,53 @@ def test_an_executors_new_block_of_words_keeps_a_global_mode_capture(
     assert counter[0] == 2
 
 
+KEPT_GIL_IN_AN_EXECUTOR_NODE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import threading
+    from numba import types
+    from numba.extending import intrinsic
+    from _device import Capture
+
+    @intrinsic
+    def take_gil_and_keep_it(typingctx):
+        def codegen(context, builder, signature, args):
+            context.get_python_api(builder).gil_ensure()  # never released
+            return context.get_dummy_value()
+        return types.void(), codegen
+
+    @nh.host_callback
+    def keeps_gil(p):
+        take_gil_and_keep_it()
+        carray(p, (1,), np.int64)[0] += 1
+
+    kept = np.zeros(1, np.int64)
+    with nh.HostExecutor(threads=1) as ex:
+        capture = Capture(stream, "relaxed")
+        nh.host_launch(stream, keeps_gil, user_data=nh.by_ref(kept), executor=ex)
+        capture.end()
+        for _ in range(3):
+            capture.launch()
+        stream.sync()
+        ran = []
+        other = threading.Thread(target=ran.append, args=(1,))
+        other.start()
+        other.join()
+        capture.close()
+    nh.drain()
+    print("replays ran:", kept[0], ran, nh.pending())
+""")
+
+
+def test_an_executor_node_whose_body_keeps_the_gil_gives_it_back_at_every_replay():
+    """Invariant 13 on a graph's executor node: a compiled body that returns holding
+    the GIL (numba's print or objmode in a cfunc whose Environment is not registered
+    does) has it given back by the pool thread, after every replay, as after a lane's
+    task (``run``).  Before, the pool thread ran the node's code itself
+    (``nhf_slot_run``) and kept the GIL: the first replay stopped every Python thread,
+    ``stream.sync()`` included, for ever."""
+    out = run_child(KEPT_GIL_IN_AN_EXECUTOR_NODE_SCRIPT, timeout=60)
+    assert out.split("\n")[-2] == "replays ran: 3 [1] 0", out
+
+
 def test_executor_graph_nodes_follow_stream_order(executor, stream, device):
     """The node runs after the graph's earlier device work and before its later work."""
     cell = device.host_array(3)
