@@ -49,7 +49,9 @@ def signal_route(
     accepts as it would without the lane.  Else the fallback is None.  ``caller``
     names the public function in a wrong target's error.
     """
-    if target_kind(target, caller) != "stream":
+    # done_future and async_done take streams only: their errors name no graph
+    # (host_launch(blocking=False) shares host_launch's, which takes graphs).
+    if target_kind(target, caller, graphs=caller == "host_launch") != "stream":
         raise RuntimeError(refusal)
     if executor is not None:
         check_executor(executor)

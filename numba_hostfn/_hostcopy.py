@@ -160,7 +160,11 @@ class _Region:
         return self.address + (self.rows - 1) * self.pitch + self.row_bytes if self.rows else 0
 
 
-def _region(obj: Any, role: str) -> _Region:
+def _open(obj: Any, role: str) -> Any:
+    """``obj`` as host_copy reads it: a ``_Region`` for a cuda.core ``Buffer``, else a
+    memoryview of it (``obj`` itself if it is one, so that its own export pins it:
+    ``release()`` raises).  None for a numpy array whose dtype numpy exports no buffer
+    of (datetime64, timedelta64): ``_region`` refuses it, after the dtypes are compared."""
     kind = type(obj)
     if kind.__name__ == "Buffer" and (kind.__module__ or "").startswith("cuda.core"):
         if not obj.is_host_accessible:
@@ -170,14 +174,48 @@ def _region(obj: Any, role: str) -> _Region:
             )
         size = int(obj.size)
         return _Region(obj, int(obj.handle), 1, size, size, True)
-    try:  # a memoryview itself, so that its own export pins it (release() raises)
-        view = obj if isinstance(obj, memoryview) else memoryview(obj)
+    if isinstance(obj, memoryview):
+        try:
+            _ = obj.nbytes  # a ValueError once released
+        except ValueError:  # numpy took it for an object (an array of "Python objects")
+            raise ValueError(
+                f"host_copy() {role} is a released memoryview: it has no memory to copy"
+            ) from None
+        return obj
+    try:
+        return memoryview(obj)
     except TypeError:
         raise TypeError(
             f"host_copy() {role} must be host memory with the buffer protocol (a numpy "
             f"array, bytearray, memoryview) or a host-accessible cuda.core Buffer; got "
             f"{kind.__name__}. Device arrays (CuPy, torch CUDA tensors) are not host memory"
         ) from None
+    except ValueError:  # numpy's "cannot include dtype 'M' in a buffer"
+        if isinstance(obj, np.ndarray):
+            return None
+        raise
+
+
+def _dtype(obj: Any, opened: Any) -> Any:
+    """The number type of what ``_open`` made of ``obj`` (``_userdata.buffer_dtype``),
+    None for plain bytes and a cuda.core ``Buffer``."""
+    if isinstance(opened, _Region):
+        return None
+    if opened is None:  # an array numpy exports no buffer of: its own dtype
+        return obj.dtype
+    return buffer_dtype(obj, opened)
+
+
+def _region(obj: Any, view: memoryview | None, role: str, dtype: Any) -> _Region:
+    """``obj``'s memory as rows, from its ``view`` (``_open``'s)."""
+    if view is None:
+        size = obj.dtype.itemsize
+        same = f"np.int{8 * size}" if size in (1, 2, 4, 8) else "np.uint8"
+        raise TypeError(
+            f"host_copy() {role} has dtype {obj.dtype}, which numpy exports no buffer of: "
+            f"host_copy copies bytes, so pass .view({same}) of both arrays (the same "
+            "memory, as integers)"
+        )
     arr = _as_array(view, role)
     if arr.dtype.hasobject:
         raise TypeError(
@@ -192,7 +230,6 @@ def _region(obj: Any, role: str) -> _Region:
     owner = (_core.BufferRef(view, pin_only=True), *base_pins(view)) if arr.nbytes else obj
     address = arr.__array_interface__["data"][0]
     writable = not view.readonly
-    dtype = buffer_dtype(obj, view)
     if arr.flags.c_contiguous:
         return _Region(owner, address, 1, arr.nbytes, arr.nbytes, writable, dtype)
     if arr.ndim >= 2 and arr.shape[0] > 0 and arr.strides[0] > 0 and arr[0].flags.c_contiguous:
@@ -308,8 +345,9 @@ def host_copy(stream: Any, dst: Any, src: Any, *, executor: Any = None) -> Any:
     Raises
     ------
     TypeError
-        If a buffer is not host memory with the buffer protocol, or holds
-        Python objects.
+        If a buffer is not host memory with the buffer protocol, holds
+        Python objects, or is a numpy array of a dtype numpy exports no buffer
+        of (datetime64, timedelta64: pass ``.view(np.int64)`` of both).
     ValueError
         If two typed buffers have different dtypes (numpy arrays, or the number
         types a buffer's format names: ``array.array("q")``, ``memoryview(a)``, a
@@ -321,14 +359,15 @@ def host_copy(stream: Any, dst: Any, src: Any, *, executor: Any = None) -> Any:
     """
     if executor is not None:
         check_executor(executor)
-    if isinstance(dst, np.ndarray) and isinstance(src, np.ndarray):
-        _check_same_dtype(dst.dtype, src.dtype)
-    d = _region(dst, "dst")
-    s = _region(src, "src")
-    # Any typed buffer too (array.array("q"), memoryview(a), a ctypes number), as
-    # user_data is checked against a dtype: plain bytes alone have none to compare.
-    if d.dtype is not None and s.dtype is not None:
-        _check_same_dtype(d.dtype, s.dtype)
+    d_view, s_view = _open(dst, "dst"), _open(src, "src")
+    # One check of the number types, before either layout's: two numpy arrays, and
+    # any typed buffer (array.array("q"), memoryview(a), a ctypes number), as user_data
+    # is checked against a dtype; plain bytes alone have none to compare.
+    d_dtype, s_dtype = _dtype(dst, d_view), _dtype(src, s_view)
+    if d_dtype is not None and s_dtype is not None:
+        _check_same_dtype(d_dtype, s_dtype)
+    d = d_view if isinstance(d_view, _Region) else _region(dst, d_view, "dst", d_dtype)
+    s = s_view if isinstance(s_view, _Region) else _region(src, s_view, "src", s_dtype)
     if not d.writable:
         raise ValueError("host_copy() dst is read-only; pass a writable buffer")
     if d.nbytes != s.nbytes:

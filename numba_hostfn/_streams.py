@@ -28,17 +28,19 @@ def _is_graph_node(target: Any) -> bool:
     return False
 
 
-def target_kind(target: Any, caller: str = "host_launch") -> str:
+def target_kind(target: Any, caller: str = "host_launch", graphs: bool = True) -> str:
     """ "stream", "builder" (a GraphBuilder) or "node" (an explicit graph), cached per type.
 
-    ``caller`` is the public function the errors name (the one the program called)."""
+    ``caller`` is the public function the errors name (the one the program called);
+    ``graphs`` false: it takes streams only (a wait), so its errors name no graph."""
     kind = _TARGET_KINDS.get(type(target))
     if kind is not None:
         return kind
     if target is None:
+        also = " or GraphBuilder," if graphs else ""
         raise TypeError(
-            f"{caller}() needs a stream, got None; pass a cuda.core Stream or "
-            "GraphBuilder, or a stream object with __cuda_stream__ (CuPy, PyTorch, numba-cuda)"
+            f"{caller}() needs a stream, got None; pass a cuda.core Stream{also} or a "
+            "stream object with __cuda_stream__ (CuPy, PyTorch, numba-cuda)"
         )
     if isinstance(target, int):
         raise TypeError(
@@ -55,10 +57,14 @@ def target_kind(target: Any, caller: str = "host_launch") -> str:
     elif hasattr(target, "__cuda_stream__"):
         kind = "stream"
     else:
+        expected = (
+            "a cuda.core Stream, GraphBuilder, GraphDefinition or GraphNode,"
+            if graphs
+            else "a cuda.core Stream"
+        )
         raise TypeError(
-            f"{caller}() expected a cuda.core Stream, GraphBuilder, GraphDefinition or "
-            "GraphNode, or an object with the __cuda_stream__ protocol, got "
-            f"{type(target).__name__}"
+            f"{caller}() expected {expected} or an object with the __cuda_stream__ "
+            f"protocol, got {type(target).__name__}"
         )
     _TARGET_KINDS.remember(type(target), kind)
     return kind

@@ -145,6 +145,59 @@ def test_typed_buffers_of_other_number_types_are_refused_as_numpy_arrays_are(
     assert bytes(raw) == bytes(memoryview(src).cast("B"))
 
 
+@pytest.mark.parametrize(
+    "make_dst, make_src",
+    [
+        (lambda: np.zeros(16)[::2], lambda: memoryview(np.arange(8))),
+        (lambda: np.zeros(4), lambda: memoryview(np.arange(8))[::2]),
+        (lambda: array.array("d", [0] * 8), lambda: np.zeros(16, np.int64)[::2]),
+    ],
+    ids=[
+        "strided-array-from-memoryview",
+        "array-from-strided-memoryview",
+        "array.array-from-strided",
+    ],
+)
+def test_typed_buffers_dtypes_are_compared_before_their_layouts(stream, make_dst, make_src):
+    """Two numpy arrays of other dtypes are refused for their dtypes whatever their
+    layouts; a typed buffer that is no array (a memoryview, array.array) was checked
+    only after both layouts, so the same mismatch said "layout" instead (and a
+    np.ascontiguousarray(...) as it advised then hit the dtype error)."""
+    with pytest.raises(ValueError, match="dst has dtype float64 and src int64"):
+        nh.host_copy(stream, make_dst(), make_src())
+    assert nh.pending() == 0
+
+
+@pytest.mark.parametrize("dtype", ["M8[s]", "m8[ns]"])
+def test_arrays_numpy_exports_no_buffer_of_are_refused_by_host_copy(stream, dtype):
+    """A datetime64 or timedelta64 array raised numpy's own "cannot include dtype 'M'
+    in a buffer", naming neither host_copy nor the way out; its integer view copies."""
+    src = np.arange(4).astype(dtype)
+    dst = np.zeros(4, dtype)
+    with pytest.raises(TypeError, match=r"host_copy\(\) dst has dtype .*view\(np.int64\)"):
+        nh.host_copy(stream, dst, src)
+    with pytest.raises(TypeError, match=r"host_copy\(\) src has dtype"):
+        nh.host_copy(stream, bytearray(32), src)  # plain bytes: no dtype to compare
+    assert nh.pending() == 0
+    with pytest.raises(ValueError, match="dtype int64 and src"):  # dtypes first, as ever
+        nh.host_copy(stream, np.zeros(4, np.int64), src)
+    nh.host_copy(stream, dst.view(np.int64), src.view(np.int64))
+    stream.sync()
+    assert (dst == src).all()
+
+
+@pytest.mark.parametrize("role", ["dst", "src"])
+def test_a_released_memoryview_is_refused_as_released(stream, role):
+    """numpy takes a released memoryview for an object (a 0-d array of dtype object),
+    so host_copy said the buffer "holds Python objects": the wrong error, and type."""
+    released = memoryview(bytearray(8))
+    released.release()
+    buffers = {"dst": np.zeros(1), "src": np.zeros(1), role: released}
+    with pytest.raises(ValueError, match=rf"host_copy\(\) {role} is a released memoryview"):
+        nh.host_copy(stream, buffers["dst"], buffers["src"])
+    assert nh.pending() == 0
+
+
 def test_overlapping_buffers_rejected(stream):
     a = np.zeros(100, np.uint8)
     with pytest.raises(ValueError, match="overlap"):

@@ -879,6 +879,23 @@ def test_async_done_names_itself_for_a_wrong_stream():
         asyncio.run(_await_done(None))
 
 
+@pytest.mark.parametrize("bad_stream", [None, object()])
+@pytest.mark.parametrize("name", ["done_future", "async_done"])
+def test_a_wait_given_no_stream_is_told_to_pass_a_stream_not_a_graph(name, bad_stream):
+    """done_future and async_done take streams only (a GraphBuilder or an explicit graph
+    is refused: it would signal at every replay), but their wrong-target errors said
+    "pass a cuda.core Stream or GraphBuilder" (and GraphDefinition or GraphNode), as
+    host_launch's do: following that advice met the next error."""
+    if name == "done_future":
+        call = lambda: nh.done_future(bad_stream)  # noqa: E731
+    else:
+        call = lambda: asyncio.run(_await_done(bad_stream))  # noqa: E731
+    with pytest.raises(TypeError, match=rf"^{name}\(\) .*__cuda_stream__") as error:
+        call()
+    assert "Graph" not in str(error.value)
+    assert nh.pending() == 0
+
+
 def test_then_fn_then_user_data_then_the_keywords(stream):
     """After the stream, fn is checked, then user_data, then the executor."""
     for fn, kwargs, error, match in (
