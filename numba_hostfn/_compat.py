@@ -78,6 +78,8 @@ a function pointer's buffer            a ctypes function pointer's buffer is the
 ``__class__`` swap                     the host function in numba's exception reports
 ``numba.core.serialize.dumps``        key a dtype= wrapper's cache entry by ``py_func``'s
                                        closure, as numba keys ``py_func``'s own
+``Cache._index_key``, ``_cache`` of   key a host function's cache entry by its numba
+a ``CFunc`` and a ``Dispatcher``       options too (numba keys bytecode and closure only)
 ``codegen.set_env``, ``env_name``      register a cfunc's Environment under its
                                        ``fndesc.env_name`` (numba does it only for functions
                                        with a CPython wrapper)
@@ -271,6 +273,7 @@ def numba_hooks() -> SimpleNamespace:
     import numba
     from numba import carray, types
     from numba.core import cgutils, compiler, serialize
+    from numba.core.caching import FunctionCache
     from numba.core.ccallback import CFunc, _CFuncCompiler
     from numba.core.compiler_lock import global_compiler_lock
     from numba.core.cpu import CPUContext
@@ -336,6 +339,26 @@ def numba_hooks() -> SimpleNamespace:
         def _customize_flags(self, flags: compiler.Flags) -> compiler.Flags:
             return HostFunctionFlags(super()._customize_flags(flags))
 
+    class OptionsKeyedCache(FunctionCache):
+        """numba's on-disk cache of a function, keyed by its options too.
+
+        numba keys a cached function by its bytecode and closure only: two host
+        functions of one body with other options (``boundscheck``, ``error_model``,
+        ``fastmath``, ``debug``) would share one entry, and the second load the first's
+        machine code, in the same process too.  ``key`` (a string) tells them apart."""
+
+        def __init__(self, py_func: Callable, key: str) -> None:
+            super().__init__(py_func)
+            self._numba_hostfn_key = key
+
+        def _index_key(self, sig, codegen):
+            return (*super()._index_key(sig, codegen), self._numba_hostfn_key)
+
+    def cache_keyed(dispatcher: Any, py_func: Callable, key: str) -> None:
+        """Cache ``dispatcher`` (a jitted function or cfunc of ``py_func``) on disk
+        with ``OptionsKeyedCache``: what ``enable_caching`` sets, keyed by ``key``."""
+        dispatcher._cache = OptionsKeyedCache(py_func, key)
+
     class NamedCFunc(CFunc):
         """numba's cfunc, named after the host function, with its Environment registered.
 
@@ -379,6 +402,7 @@ def numba_hooks() -> SimpleNamespace:
         njit=numba.njit,
         signature=signature,
         cache_dumps=serialize.dumps,
+        cache_keyed=cache_keyed,
     )
 
 
@@ -390,7 +414,9 @@ def hooks() -> dict[str, bool]:
     import asyncio
 
     from numba.core import compiler
+    from numba.core.caching import Cache
     from numba.core.ccallback import CFunc, _CFuncCompiler
+    from numba.core.dispatcher import Dispatcher
     from numba.core.registry import cpu_target
 
     context = cpu_target.target_context
@@ -424,4 +450,6 @@ def hooks() -> dict[str, bool]:
         "numba compiler.Flags._values": hasattr(compiler.Flags(), "_values"),
         "numba BaseContext.subtarget": hasattr(context, "subtarget"),
         "numba codegen.set_env": hasattr(context.codegen(), "set_env"),
+        "numba Cache._index_key, Dispatcher._cache": hasattr(Cache, "_index_key")
+        and "_cache" in Dispatcher.enable_caching.__code__.co_names,
     }

@@ -76,6 +76,38 @@ def _array_view(p):
     return body(carray(p, (1,), layout))  # noqa: F821 - globals supplied by _view_wrapper
 
 
+def _stable(value: Any) -> str:
+    """``value`` (a code object's constant, an option's value) as a string that is the
+    same in every process: a set's order is not (it follows the string hash,
+    randomized per process), nor is a code object's repr (its address)."""
+    if isinstance(value, pytypes.CodeType):
+        return repr((value.co_code, _stable(value.co_consts), value.co_names, value.co_varnames))
+    if isinstance(value, (set, frozenset)):
+        return f"{type(value).__name__}({sorted(_stable(v) for v in value)})"
+    if isinstance(value, dict):
+        return repr(sorted((_stable(k), _stable(v)) for k, v in value.items()))
+    if isinstance(value, (tuple, list)):
+        return f"{type(value).__name__}({[_stable(v) for v in value]})"
+    return repr(value)
+
+
+def _cache_key(py_func: Callable, options: dict) -> str:
+    """What a cached host function's machine code depends on that numba's cache key
+    leaves out: numba keys an entry by its function's bytecode (``co_code`` alone) and
+    closure, so two host functions of one name and line (one factory, or lambdas on
+    one line) with other numba options, constants or global names would share one
+    entry, and the second load the first's machine code, in the same process too."""
+    code = py_func.__code__
+    parts = (_stable(options), _stable(code.co_consts), _stable(code.co_names))
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def _keyed_cache(dispatcher: Any, target: Callable, key: str) -> None:
+    """Cache ``dispatcher`` (a jitted function or cfunc of ``target``) on disk, its
+    entries keyed by ``key`` (:func:`_cache_key`) as well as numba's own key."""
+    numba_hooks().cache_keyed(dispatcher, target, key)
+
+
 def _view_key(py_func: Callable, layout: np.dtype) -> str:
     """What a cached wrapper's machine code depends on beyond its (template)
     bytecode: the layout and the contents of ``py_func``'s closure, as a short digest.
@@ -231,11 +263,20 @@ def _check_layout(dtype: Any) -> np.dtype | None:
         )
     _check_subarray_fields(layout, "")
     _check_number_types(layout, "")
+    try:  # what a launch or by_ref() of an array of it would do
+        memoryview(np.empty(0, layout))
+    except (ValueError, TypeError, NotImplementedError) as exc:
+        raise ValueError(
+            f"host_callback(dtype=...) cannot be {layout!r}: numpy cannot share an array "
+            f"of it as a buffer ({exc}), so none could be passed to the host function. "
+            "Declare the fields in the order of their offsets, none overlapping"
+        ) from None
     return layout
 
 
 def _check_number_types(layout: np.dtype, prefix: str) -> None:
-    """Refuse the numbers numba's CPU target cannot compile, in any field.
+    """Refuse the numbers numba's CPU target cannot compile, in any field, and the
+    datetimes numpy cannot share (no buffer export: no array of them can be passed).
 
     ``float16`` has a numba type but no CPU data model: the compile failed with
     numba's bare ``NotImplementedError: float16`` (0.60-0.68; only numba-cuda's
@@ -254,6 +295,13 @@ def _check_number_types(layout: np.dtype, prefix: str) -> None:
             "host function (its CPU target has no float16; only CUDA device code has). "
             "Use np.float32 (convert the data with .astype(np.float32)), or declare it "
             "np.uint16, pass the data's .view(np.uint16), and decode the bits in the body"
+        )
+    if base.kind in "mM":
+        raise ValueError(
+            f"host_callback(dtype=...){where} {base}, which no array can be passed as: "
+            "numpy cannot export datetime64 or timedelta64 through the buffer protocol, "
+            "so a launch or by_ref() of the array fails. Declare np.int64 in its place "
+            "and pass the data's .view(np.int64) (the same bytes: the count of units)"
         )
     if base.kind in "fc" and base.itemsize > (8 if base.kind == "f" else 16):
         instead = "np.float64" if base.kind == "f" else "np.complex128"
@@ -336,11 +384,15 @@ class HostFunction(_core.CompiledBase):
             )
         # One positional parameter and nothing else: numba compiles the function for
         # the one void* argument, and refuses a default, *args, keyword-only or
-        # **kwargs parameter beside it only with its own "Signature mismatch".
-        parameters = list(inspect.signature(py_func).parameters.values())
-        if len(parameters) != 1 or parameters[0].kind not in (
-            inspect.Parameter.POSITIONAL_ONLY,
-            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        # **kwargs parameter beside it only with its own "Signature mismatch".  Read
+        # off the code numba compiles, not inspect.signature, which follows a
+        # functools.wraps wrapper's __wrapped__ (and a __signature__) elsewhere.
+        code = py_func.__code__
+        if (
+            code.co_argcount != 1
+            or code.co_kwonlyargcount
+            or code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
+            or py_func.__defaults__
         ):
             raise TypeError(
                 f"host function {py_func.__qualname__!r} must take exactly one argument, "
@@ -361,11 +413,13 @@ class HostFunction(_core.CompiledBase):
         target = py_func
         try:
             if layout is not None:
-                body = numba.njit(py_func, cache=cache, **options)
+                body = numba.njit(py_func, **options)
+                if cache:
+                    _keyed_cache(body, py_func, _cache_key(py_func, options))
                 target = _view_wrapper(py_func, body, layout, cache)
             cfunc = numba.NamedCFunc(target, label, {"nopython": True, **options})
-            if cache:
-                cfunc.enable_caching()
+            if cache:  # the wrapper's key is py_func's: its own code is the template's
+                _keyed_cache(cfunc, target, _cache_key(py_func, options))
             cfunc.compile()
         except Exception as exc:  # numba raises more than NumbaError (TypeError, ...)
             refusal = _result_refusal(py_func, target, options)
@@ -599,8 +653,11 @@ def host_callback(
     ValueError
         If ``dtype`` is empty, a subarray dtype, not in the machine's byte
         order, or has a subarray field numba cannot compile, or is or holds a
-        ``float16`` or long double, which numba cannot compile on the CPU (the
-        message names the field and what to use instead), ``fastmath`` names a
+        ``float16`` or long double, which numba cannot compile on the CPU, or a
+        ``datetime64`` or ``timedelta64``, which numpy cannot share as a buffer (the
+        message names the field and what to use instead), has fields out of the
+        order of their offsets or overlapping (numpy cannot share those either),
+        ``fastmath`` names a
         flag numba does not know, or ``error_model`` is neither ``'numpy'``
         nor ``'python'``.
 

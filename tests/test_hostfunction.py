@@ -1,7 +1,9 @@
 import ctypes
+import functools
 import subprocess
 import sys
 import textwrap
+import types
 
 import numpy as np
 import pytest
@@ -371,6 +373,32 @@ def test_hostfunction_rejects_wrong_arity(function):
         nh.host_callback(function)
 
 
+def _wraps_one_parameter(wrapper):
+    """A copy of ``wrapper`` as ``functools.wraps`` makes it for a function of one
+    parameter (a copy: wraps sets the attributes of the function it is given)."""
+
+    def one(p):
+        carray(p, (1,), np.int64)[0] += 1
+
+    copy = types.FunctionType(
+        wrapper.__code__, wrapper.__globals__, wrapper.__name__, wrapper.__defaults__
+    )
+    copy.__kwdefaults__ = wrapper.__kwdefaults__
+    return functools.wraps(one)(copy)
+
+
+@pytest.mark.parametrize("function", [_with_default, _star, _keyword_only, _keywords])
+def test_hostfunction_rejects_wrong_arity_behind_functools_wraps(function):
+    """The arity is the code's, which numba compiles: the check read inspect.signature,
+    which follows ``__wrapped__``, so a wrapper made with functools.wraps passed as the
+    wrapped function's one parameter; ``def w(*args, **kwargs)`` compiled, and one with
+    a default failed in numba ("Variable 'q' is not defined"), blaming the wrapped
+    function."""
+    with pytest.raises(TypeError, match="exactly one argument") as info:
+        nh.host_callback(_wraps_one_parameter(function))
+    assert not isinstance(info.value, nh.HostCallbackCompileError), info.value
+
+
 @pytest.mark.parametrize("dtype", ["not a dtype", object, np.dtype([("o", object)])])
 def test_hostfunction_rejects_bad_dtype(dtype):
     with pytest.raises(TypeError):
@@ -522,6 +550,81 @@ def test_cached_host_functions_of_one_factory_keep_their_own_layout_and_closure(
         assert out.split()[:5] == ["[0,", "0,", "0]", "1", "5"], out
         hits.append(out.split()[5:])
     assert hits == [["0", "0"], ["1", "1"]]
+
+
+def test_cached_host_functions_of_one_body_keep_their_own_numba_options(tmp_path):
+    """Two cache=True host functions of one body (one factory) with other numba options
+    each run their own machine code: numba keys its cache by bytecode and closure, not
+    by options, so the second loaded the first's code, in the same process too, and
+    boundscheck=True or error_model='python' was silently dropped on the stream (the
+    direct call, compiled apart, still raised, so testing it that way hid it)."""
+    (tmp_path / "option_hostfns.py").write_text(
+        textwrap.dedent("""
+        import numpy as np
+        from numba import carray
+        import numba_hostfn as nh
+
+        PAIR = np.dtype([("a", np.int64), ("b", np.int64)])
+
+        def past_the_view(check):
+            @nh.host_callback(cache=True, boundscheck=check)
+            def fn(p):
+                carray(p, (4,), np.int64)[:2][3] = 7
+            return fn
+
+        def divide(model):
+            @nh.host_callback(dtype=PAIR, cache=True, error_model=model)
+            def fn(d):
+                d.a = d.a // d.b
+            return fn
+    """)
+    )
+    script = textwrap.dedent("""
+        import sys
+        import numpy as np, option_hostfns as m
+        seen = []
+        sys.unraisablehook = lambda report: seen.append(report.exc_type.__name__)
+        for fn in (m.past_the_view(False), m.past_the_view(True)):
+            fn.ctypes(np.zeros(4, np.int64).ctypes.data)  # the code a launch runs
+        for fn in (m.divide("numpy"), m.divide("python")):
+            fn.ctypes(np.array([(5, 0)], m.PAIR).ctypes.data)
+        print(*seen)
+    """)
+    for out in _twice_in_new_processes(script, tmp_path):  # compiled, then loaded
+        assert out.split() == ["IndexError", "ZeroDivisionError"], out
+
+
+def test_cached_host_functions_of_one_line_keep_their_own_constants_and_names(tmp_path):
+    """Two cache=True lambdas on one line differ only in a constant or a global's name,
+    which numba's cache key leaves out (it hashes the bytecode, co_code, alone): the
+    second loaded the first's machine code, and wrote its value or called its
+    function."""
+    (tmp_path / "line_hostfns.py").write_text(
+        textwrap.dedent("""
+        import numpy as np
+        from numba import carray, njit
+        import numba_hostfn as nh
+
+        @njit
+        def three(p):
+            carray(p, (1,), np.int64)[0] = 3
+
+        @njit
+        def four(p):
+            carray(p, (1,), np.int64)[0] = 4
+
+        FNS = [nh.host_callback(lambda p: carray(p, (1,), np.int64).fill(1), cache=True), nh.host_callback(lambda p: carray(p, (1,), np.int64).fill(2), cache=True), nh.host_callback(lambda p: three(p), cache=True), nh.host_callback(lambda p: four(p), cache=True)]
+    """)  # noqa: E501 - one line is the point
+    )
+    script = textwrap.dedent("""
+        import numpy as np, line_hostfns as m
+        out = np.zeros(len(m.FNS), np.int64)
+        for i, fn in enumerate(m.FNS):
+            fn.ctypes(out[i:].ctypes.data)  # the code a launch runs
+        print(*out)
+    """)
+    for out in _twice_in_new_processes(script, tmp_path):  # compiled, then loaded
+        assert out.split() == ["1", "2", "3", "4"], out
 
 
 def _generator(p):
@@ -676,3 +779,47 @@ def test_numba_still_cannot_compile_float16_on_the_cpu():
 
     with pytest.raises(Exception, match="float16"):
         double(np.ones(1, np.float16))
+
+
+@pytest.mark.parametrize(
+    "dtype, says",
+    [
+        (np.dtype("M8[s]"), "host_callback\\(dtype=...\\) is datetime64\\[s\\]"),
+        (np.dtype("m8"), "host_callback\\(dtype=...\\) is timedelta64"),
+        (np.dtype([("t", "M8[ns]"), ("n", "i8")]), "field 't' is datetime64\\[ns\\]"),
+        (np.dtype([("r", [("dt", "m8[us]")])]), "field 'r.dt' is timedelta64\\[us\\]"),
+    ],
+)
+def test_a_datetime_layout_no_array_can_be_passed_for_is_refused_at_decoration(dtype, says):
+    """numpy cannot export datetime64 or timedelta64 through the buffer protocol, so an
+    array of such a layout could not be given to the host function (nor by_ref'd): the
+    decorator took the dtype, and every launch or direct call of the array failed with
+    numpy's bare "cannot include dtype 'M' in a buffer"; only bytes or a raw address
+    got through.  Refused when decorating, saying what to declare instead."""
+    with pytest.raises(ValueError, match="cannot include dtype"):
+        memoryview(np.zeros(1, dtype))  # why: should numpy learn it, this fails
+    with pytest.raises(ValueError, match=says) as info:
+        nh.host_callback(dtype=dtype)
+    message = str(info.value)
+    assert "np.int64" in message and ".view(np.int64)" in message, message
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        np.dtype({"names": ["a", "b"], "formats": ["i8", "i8"], "offsets": [8, 0]}),
+        np.dtype({"names": ["a", "b"], "formats": ["i8", "i4"], "offsets": [0, 0]}),
+        np.dtype(
+            [("n", "i8"), ("r", {"names": ["x", "y"], "formats": ["i4", "i4"], "offsets": [4, 0]})]
+        ),
+    ],
+)
+def test_a_layout_numpy_cannot_share_as_a_buffer_is_refused_at_decoration(dtype):
+    """Fields out of the order of their offsets, or overlapping: numpy cannot export an
+    array of such a layout ("not representable as buffers"), so the decorator took a
+    dtype that every launch or direct call of the array then failed on."""
+    with pytest.raises(ValueError, match="not representable"):
+        memoryview(np.zeros(1, dtype))  # why: should numpy learn it, this fails
+    with pytest.raises(ValueError, match="cannot share an array of it") as info:
+        nh.host_callback(dtype=dtype)
+    assert "order of their offsets" in str(info.value)
