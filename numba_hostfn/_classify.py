@@ -3,8 +3,7 @@
 ``classify_function`` decides; the native ``host_launch`` (``native/host_launch.c``)
 decides only the common cases, the same way, and hands every other call here.
 ``KINDS`` is the native table of launch kinds (``native/kinds.c``), which both paths
-read: each kind's run and replay trampolines, whether its function can itself be a
-graph node, and what its launch owns.  A
+read: each kind's run and replay trampolines, and what its launch owns.  A
 Python callable is checked each time (what it needs is its own, and a class's
 ``__call__`` can be replaced); what it needs is read off its code or signature, and a
 coroutine function or a callable that needs arguments is refused, saying what was meant.
@@ -51,8 +50,7 @@ class LaunchKind(NamedTuple):
     number: int  # nhf.h's enum nhf_kind (a CompiledBase's ``_kind``)
     name: str  # what classify_function returns
     run: int  # the trampoline of a launch on a stream (its number, _core.RUN_*)
-    replay: int  # a graph node's call at each replay, given the record; 0: none
-    graph_node: bool  # fn(arg) can itself be a graph node
+    replay: int  # a graph node's call at each replay, given the record
     owns: str  # "fn": the callable, also the argument; "fn, user_data"
 
 

@@ -10,8 +10,10 @@ with ``cuGraphRetainUserObject``.  The driver destroys it once the graph and
 all its instances are gone, after their queued replays have run; the record is
 then released on the main thread like any other (LIFETIME.md, invariant 8).
 
-The node itself is ``fn(arg)`` for compiled code (the record only owns), and
-``nhf_replay_python(record)`` for a Python callable.  On a capturing stream the
+The node calls the kind's replay trampoline with the record:
+``nhf_replay_compiled(record)`` (``fn(arg)``, then a GIL the body returned holding
+given back: invariant 13) for compiled code, ``nhf_replay_python(record)`` for a
+Python callable.  On a capturing stream the
 node is added with ``cuLaunchHostFunc`` on that stream, so the capture's
 dependencies are the driver's own; to an explicit graph with cuda.core's
 ``callback`` after the given node.  The simulator provides the same three
@@ -20,7 +22,7 @@ steps for its own graphs.
 A node on a HostExecutor (``executor=``) is three stream memory operations on
 the words of a *graph slot*, replayed as they are: write reached := 1, wait
 until done >= 1, write done := 0.  The pool answers a reached slot with
-``fn(arg)`` and done := 1, so each replay re-arms the words itself.  The slot
+the replay trampoline's call and done := 1, so each replay re-arms the words itself.  The slot
 belongs to the node's record, which the graph owns as above: it stays armed
 (and the pool keeps polling for replays) until the graph is gone.  On a
 capturing stream the operations are captured; for an explicit graph they are
@@ -49,10 +51,9 @@ def _graph_record(backend: Backend, graph: Any, launch: Launch) -> tuple[int, in
     undoing after an add that had succeeded freed what the replays used).
     """
     record = backend.graph_record(graph, launch.fn, launch.arg, launch.owner)
-    launch_kind = KINDS[launch.kind]  # the native table: can fn(arg) itself be the node?
-    if not launch_kind.graph_node:
-        return launch_kind.replay, record, record
-    return launch.fn, launch.arg, record
+    # The native table's replay, never fn(arg) itself: it gives back a GIL the body
+    # returned holding (invariant 13).
+    return KINDS[launch.kind].replay, record, record
 
 
 def add_captured_node(

@@ -566,3 +566,59 @@ def test_replays_of_one_graph_on_two_streams_are_ordered_as_cuda_orders_them():
     with the real driver shows too."""
     out = run_child("import os\n" + TWO_STREAMS_SCRIPT, timeout=60)
     assert out.split() == ["synced", "True", "runs", "2", "2"], out
+
+
+KEPT_GIL_IN_A_GRAPH_NODE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import ctypes
+    import threading
+    import numba
+    from numba import types
+    from numba.extending import intrinsic
+    from _device import Capture
+
+    @intrinsic
+    def take_gil_and_keep_it(typingctx):
+        def codegen(context, builder, signature, args):
+            context.get_python_api(builder).gil_ensure()  # never released
+            return context.get_dummy_value()
+        return types.void(), codegen
+
+    def body(p):
+        take_gil_and_keep_it()
+        carray(p, (1,), np.int64)[0] += 1
+
+    compiled = nh.host_callback(body)
+    pointer = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(numba.cfunc("void(voidptr)")(body).address)
+    for fn in (compiled, pointer):
+        kept = np.zeros(1, np.int64)
+        capture = Capture(stream, "relaxed")
+        nh.host_launch(stream, fn, user_data=nh.by_ref(kept))
+        capture.end()
+        for _ in range(3):
+            capture.launch()
+        stream.sync()
+        ran = []
+        other = threading.Thread(target=ran.append, args=(1,))
+        other.start()
+        other.join()
+        capture.close()
+        stream.sync()
+        nh.drain()
+        print("replays ran:", kept[0], ran)
+    print("pending:", nh.pending())
+""")
+
+
+def test_a_graph_node_whose_body_keeps_the_gil_gives_it_back_at_every_replay():
+    """Invariant 13 on a graph's node: a compiled body (a HostFunction, or a ctypes
+    pointer to a numba cfunc) that returns holding the GIL has it given back after
+    every replay, as after a launch on a stream.  Before, the node was the function
+    itself, with no trampoline after it: the first replay left the GIL with the
+    host-function thread, and every Python thread, ``stream.sync()`` included,
+    stopped for ever."""
+    out = run_child(KEPT_GIL_IN_A_GRAPH_NODE_SCRIPT, timeout=60)
+    assert out.split("\n")[-4:-1] == [
+        "replays ran: 3 [1]",
+        "replays ran: 3 [1]",
+        "pending: 0",
+    ], out

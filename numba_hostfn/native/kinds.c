@@ -2,8 +2,8 @@
  *
  * A launch is one of these kinds (nhf.h's enum nhf_kind); for each, the table
  * says what the record's trampoline is on a stream (run), what a graph node of
- * it calls at every replay (replay, where the function cannot itself be the
- * node), and what the launch owns (owns).  _classify decides which kind a
+ * it calls at every replay (replay, given the record the graph owns), and what
+ * the launch owns (owns).  _classify decides which kind a
  * callable is; host_launch.c decides the common cases and indexes this table;
  * _enqueue and _graphs read it through launch_kinds() (_classify.KINDS).  A new
  * kind is a row here, an enum value in nhf.h, and its classification.
@@ -18,20 +18,17 @@ const nhf_kind_info nhf_kinds[NHF_NKINDS] = {
     /* A HostFunction (a CompiledBase of this kind): fn(user_data), compiled. */
     [NHF_KIND_COMPILED] = {.name = "compiled",
                            .run = nhf_run_compiled,
-                           .replay = NULL,
-                           .graph_node = true,
+                           .replay = nhf_replay_compiled,
                            .owns = NHF_OWNS_FN_AND_DATA},
     /* A ctypes CUhostFn or a numba cfunc: machine code at an address. */
     [NHF_KIND_POINTER] = {.name = "pointer",
                           .run = nhf_run_compiled,
-                          .replay = NULL,
-                          .graph_node = true,
+                          .replay = nhf_replay_compiled,
                           .owns = NHF_OWNS_FN_AND_DATA},
     /* A Python callable, called with no arguments, with the GIL. */
     [NHF_KIND_PYTHON] = {.name = "python",
                          .run = nhf_run_python,
                          .replay = nhf_replay_python,
-                         .graph_node = false,
                          .owns = NHF_OWNS_FN},
 };
 
@@ -58,18 +55,17 @@ static PyObject *py_launch_owner(PyObject *self, PyObject *const *args, Py_ssize
     return nhf_launch_owner(args[0], args[1], args[2], args[3]);
 }
 
-/* launch_kinds() -> ((number, name, run, replay, graph_node, owns), ...): run is
- * the trampoline's number (_core.RUN_COMPILED, ...), replay an address (a graph
- * node's function, or 0). */
+/* launch_kinds() -> ((number, name, run, replay, owns), ...): run is the
+ * trampoline's number (_core.RUN_COMPILED, ...), replay an address (a graph
+ * node's function, given the record). */
 static PyObject *py_launch_kinds(PyObject *self, PyObject *unused) {
     (void)self, (void)unused;
     PyObject *rows = PyTuple_New(NHF_NKINDS - 1);
     for (int kind = NHF_KIND_NONE + 1; rows != NULL && kind < NHF_NKINDS; kind++) {
         const nhf_kind_info *info = &nhf_kinds[kind];
-        PyObject *row = Py_BuildValue("(isiKOs)", kind, info->name,
+        PyObject *row = Py_BuildValue("(isiKs)", kind, info->name,
                                       nhf_trampoline_id_of(info->run),
                                       (unsigned long long)(uintptr_t)info->replay,
-                                      info->graph_node ? Py_True : Py_False,
                                       owns_names[info->owns]);
         if (row == NULL)
             Py_CLEAR(rows);
@@ -82,8 +78,7 @@ static PyObject *py_launch_kinds(PyObject *self, PyObject *unused) {
 static PyMethodDef methods[] = {
     {"launch_kinds", py_launch_kinds, METH_NOARGS,
      "launch_kinds($module, /)\n--\n\n"
-     "Returns the table of launch kinds: (number, name, run, replay, graph_node, owns) "
-     "each."},
+     "Returns the table of launch kinds: (number, name, run, replay, owns) each."},
     {"launch_owner", (PyCFunction)(void (*)(void))py_launch_owner, METH_FASTCALL,
      "launch_owner($module, fn, data, also, executor, /)\n--\n\n"
      "Returns what a launch keeps: fn alone, or (fn, data, also[, executor])."},

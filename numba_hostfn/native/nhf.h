@@ -335,6 +335,7 @@ void nhf_trampoline_add(int id, nhf_hostfn fn);
 
 void nhf_run_compiled(void *record);
 void nhf_run_python(void *record);
+void nhf_replay_compiled(void *record);
 void nhf_replay_python(void *record);
 void nhf_user_object_release(void *record);
 /* GIL held: call callable(), reporting an exception (a KeyboardInterrupt is
@@ -495,9 +496,7 @@ enum nhf_owns {
 typedef struct {
     const char *name;    /* as _classify names it: "compiled", "pointer", "python" */
     nhf_hostfn run;      /* the trampoline on a stream */
-    nhf_hostfn replay;   /* a graph node's call at each replay (arg: the record); NULL
-                          * where the function itself is the node (graph_node) */
-    bool graph_node;     /* fn(arg) can itself be a graph node */
+    nhf_hostfn replay;   /* a graph node's call at each replay (arg: the record) */
     enum nhf_owns owns;
 } nhf_kind_info;
 extern const nhf_kind_info nhf_kinds[NHF_NKINDS];

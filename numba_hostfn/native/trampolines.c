@@ -135,6 +135,16 @@ void nhf_run_python(void *record_) {
     nhf_record_complete(record);
 }
 
+/* Any thread: a compiled host function in a graph, at every replay: fn(arg), the
+ * record staying with the graph.  Never the function itself as the node: a body
+ * that returned holding the GIL has it given back here (invariant 13), where
+ * kept it stopped every Python thread at the first replay. */
+void nhf_replay_compiled(void *record_) {
+    nhf_record *record = record_;
+    record->fn(record->arg);
+    nhf_gil_give_back_leaked();
+}
+
 /* Any thread: a Python callable in a graph, at every replay: the record stays
  * with the graph, and the result is released by the next drain. */
 void nhf_replay_python(void *record_) {
