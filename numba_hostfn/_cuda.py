@@ -15,8 +15,8 @@ from . import _core
 from ._backend import Backend
 from ._errors import FAULT_NAMES, BackendUnavailableError, CudaDriverError
 
-#: Turns the device-fault watchdog on for the CUDA backend (off until an H200 run
-#: has validated it; docs/errors.md).
+#: Turns the device-fault watchdog off for the CUDA backend when 0, false or no (it
+#: is on by default: docs/errors.md).
 WATCHDOG_ENV = "NUMBA_HOSTFN_CUDA_WATCHDOG"
 
 __all__ = ["CudaBackend", "cuda_driver_usable"]

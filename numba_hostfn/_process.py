@@ -129,9 +129,13 @@ def simulator_unless_driver() -> bool:
     when it is requested or no CUDA driver is usable.  Returns True if it is in use.
 
     The library itself never falls back silently: without this call, no driver and
-    no simulator selected is a BackendUnavailableError.
+    no simulator selected is a BackendUnavailableError.  Once the backend is chosen,
+    the answer is whether it is the simulator, whatever the variable says now.
     """
-    if simulator_requested():
+    backend = _backend
+    if backend is not None and backend.name == "simulator":
+        return True
+    if backend is None and simulator_requested():
         return True
     if cuda_driver_usable():
         return False

@@ -8,6 +8,7 @@ explicit graph (``_graphs``).
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from ._classify import KindsByType
@@ -16,6 +17,9 @@ __all__ = ["stream_handle", "target_kind"]
 
 # id(type) -> "stream" | "builder" | "node", filled on first sight
 _TARGET_KINDS = KindsByType()
+#: A weakref.proxy's attributes are its referent's: what it is, is the referent's
+#: class's, never remembered for the proxy's type.
+_PROXY_TYPES = frozenset(weakref.ProxyTypes)
 
 
 def _is_graph_node(target: Any) -> bool:
@@ -23,6 +27,21 @@ def _is_graph_node(target: Any) -> bool:
     for cls in type(target).__mro__:
         if cls.__name__ in ("GraphDefinition", "GraphNode") and (cls.__module__ or "").startswith(
             "cuda.core"
+        ):
+            return True
+    return False
+
+
+def _is_graph_builder(target: Any) -> bool:
+    """A cuda.core ``GraphBuilder`` or the simulator's (subclasses too, and a
+    weakref.proxy of one: its capture is read through the protocol only)."""
+    of = type(target)
+    if of in _PROXY_TYPES:
+        of = target.__class__  # the referent's (ReferenceError once it is gone)
+    for cls in of.__mro__:
+        module = cls.__module__ or ""
+        if cls.__name__ == "GraphBuilder" and (
+            module.startswith("cuda.core") or module == "numba_hostfn._simulator"
         ):
             return True
     return False
@@ -47,10 +66,15 @@ def target_kind(target: Any, caller: str = "host_launch", graphs: bool = True) -
             f"{caller}() got a bare int ({target!r}) as stream; wrap a raw CUstream "
             "handle with cuda.core.Stream.from_handle(handle) (and keep the stream alive)"
         )
-    module = type(target).__module__ or ""
-    if type(target).__name__ == "GraphBuilder" and (
-        module.startswith("cuda.core") or module == "numba_hostfn._simulator"
-    ):
+    if isinstance(target, type):
+        # A class where a stream was meant (``Stream`` for ``Stream()``): its
+        # ``__cuda_stream__`` is an unbound function, and a verdict remembered for its
+        # type (``type``) would describe every class.
+        raise TypeError(
+            f"{caller}() got the class {target.__qualname__} as stream; pass a stream "
+            "object (an instance with the __cuda_stream__ protocol), not a class"
+        )
+    if _is_graph_builder(target):
         kind = "builder"
     elif _is_graph_node(target):
         kind = "node"
@@ -66,7 +90,8 @@ def target_kind(target: Any, caller: str = "host_launch", graphs: bool = True) -
             f"{caller}() expected {expected} or an object with the __cuda_stream__ "
             f"protocol, got {type(target).__name__}"
         )
-    _TARGET_KINDS.remember(type(target), kind)
+    if type(target) not in _PROXY_TYPES:
+        _TARGET_KINDS.remember(type(target), kind)
     return kind
 
 

@@ -132,3 +132,21 @@ def test_a_child_imports_the_package_this_suite_imported():
 
     out = run_child("import numba_hostfn; print(numba_hostfn.__file__)", env=child_env())
     assert os.path.samefile(out.split()[-1], numba_hostfn.__file__), out
+
+
+def test_simulate_without_gpu_names_the_backend_in_use_once_one_is_chosen(monkeypatch):
+    """Once the backend is chosen, simulate_without_gpu() says whether it is the
+    simulator, whatever NUMBA_HOSTFN_SIMULATOR says now: it answered from the variable
+    and the driver alone, so a process on the simulator whose variable was since unset
+    heard False on a machine with a driver (and went on with simulated streams), and
+    one on CUDA whose variable was since set heard True."""
+    from numba_hostfn import _process
+
+    simulated = numba_hostfn.backend_name() == "simulator"
+    if simulated:
+        monkeypatch.delenv("NUMBA_HOSTFN_SIMULATOR", raising=False)
+        monkeypatch.setattr(_process, "cuda_driver_usable", lambda: True)  # a GPU machine's
+    else:
+        monkeypatch.setenv("NUMBA_HOSTFN_SIMULATOR", "1")
+    assert numba_hostfn.simulate_without_gpu() is simulated
+    assert numba_hostfn.backend_name() == ("simulator" if simulated else "cuda")

@@ -239,6 +239,64 @@ def test_not_building_builder_is_refused(device, stream):
     builder.close()
 
 
+def test_a_subclass_of_a_graph_builder_is_a_graph_builder(request):
+    """A GraphBuilder subclass (a wrapper of a library's own) was told from a stream by
+    its class's exact name, not its bases (as an explicit graph's node is): it passed as
+    a stream, and a launch on one that was not building ran at once on its stream, in no
+    graph, where a GraphBuilder's is refused."""
+    if rerun_on_simulator(request):  # cuda.core's GraphBuilder has no public constructor
+        return
+
+    class Builder(nh.simulator.GraphBuilder):
+        pass
+
+    counter = np.zeros(1, np.int64)
+    with nh.simulator.Stream() as stream:
+        builder = Builder(stream)
+        with pytest.raises(RuntimeError, match="begin_building"):
+            nh.host_launch(builder, increment, user_data=nh.by_ref(counter))
+        stream.sync()
+        nh.drain()
+        assert counter[0] == 0 and nh.pending() == 0
+        builder.begin_building()
+        nh.host_launch(builder, increment, user_data=nh.by_ref(counter))
+        graph = builder.end_building().complete()
+        for _ in range(2):
+            graph.launch(stream)
+        stream.sync()
+        assert counter[0] == 2
+        graph.close()
+        builder.close()
+    nh.drain()
+    assert nh.pending() == 0
+
+
+def test_a_proxy_of_a_graph_builder_is_a_graph_builder(request):
+    """A weakref.proxy of a GraphBuilder passed as a stream (its type is the proxy's):
+    a launch on one that was not building ran at once on the builder's stream, in no
+    graph, where the builder itself is refused."""
+    if rerun_on_simulator(request):
+        return
+    counter = np.zeros(1, np.int64)
+    with nh.simulator.Stream() as stream:
+        builder = stream.create_graph_builder()
+        with pytest.raises(RuntimeError, match="begin_building"):
+            nh.host_launch(weakref.proxy(builder), increment, user_data=nh.by_ref(counter))
+        stream.sync()
+        nh.drain()
+        assert counter[0] == 0 and nh.pending() == 0
+        builder.begin_building()
+        nh.host_launch(weakref.proxy(builder), increment, user_data=nh.by_ref(counter))
+        graph = builder.end_building().complete()
+        graph.launch(stream)
+        stream.sync()
+        assert counter[0] == 1
+        graph.close()
+        builder.close()
+    nh.drain()
+    assert nh.pending() == 0
+
+
 def test_begin_building_takes_cuda_cores_modes_and_refuses_others(device, stream):
     """The simulator's begin_building() took any mode (mode="bogus", mode=3), where
     cuda.core's raises ValueError("Unsupported build mode") for a str or None it does

@@ -73,6 +73,48 @@ def test_object_without_stream_protocol_rejected():
         nh.host_launch(object(), touch)
 
 
+def test_a_stream_class_instead_of_a_stream_is_refused_and_remembered_for_no_class(stream):
+    """host_launch(Stream, fn), the class where a stream was meant (``Stream`` for
+    ``Stream()``): its unbound ``__cuda_stream__`` was called with no argument, a
+    TypeError about a missing ``self``, and the verdict "stream" was remembered for
+    the type of every class (``type``), so any class passed after it, one with no
+    ``__cuda_stream__`` at all, met an AttributeError instead of the TypeError."""
+    held, pending = _core.held(), nh.pending()
+    for cls in (type(stream), nh.simulator.Stream):
+        for call, args in (
+            (nh.host_launch, (touch,)),
+            (nh.host_copy, (bytearray(8), bytes(8))),
+            (nh.done_future, ()),
+        ):
+            with pytest.raises(TypeError, match=r"got the class \w*Stream as stream; .*not a"):
+                call(cls, *args)
+    for not_a_stream in (int, dict, Callable):
+        with pytest.raises(TypeError, match=r"got the class .*__cuda_stream__"):
+            nh.host_launch(not_a_stream, touch)
+    assert (_core.held(), nh.pending()) == (held, pending)
+
+
+def test_a_proxy_is_judged_by_what_it_proxies_not_by_its_type(stream):
+    """A weakref.proxy takes its attributes from its referent, so whether it is a stream
+    is not its type's: the verdict "stream" of a proxy of a stream was remembered for
+    every proxy, and a proxy of a plain object then met an AttributeError from the
+    protocol's read instead of the TypeError that names the protocol."""
+    ran = []
+    nh.host_launch(weakref.proxy(stream), lambda: ran.append(1))
+    stream.sync()
+    nh.drain()
+    assert ran == [1]
+
+    class NotAStream:
+        pass
+
+    held, pending = _core.held(), nh.pending()
+    keep = NotAStream()
+    with pytest.raises(TypeError, match="__cuda_stream__"):
+        nh.host_launch(weakref.proxy(keep), touch)
+    assert (_core.held(), nh.pending()) == (held, pending)
+
+
 def test_bad_cuda_stream_protocol_value_rejected():
     class Weird:
         def __cuda_stream__(self):
