@@ -5,6 +5,8 @@
 import ast
 import json
 import pathlib
+import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -60,6 +62,40 @@ def test_stand_in_driver_probe_smoke():
         "python": 400,
         "executor": 400,
     }, counts
+
+
+@pytest.mark.checkout  # the probes are put into the core's sources
+def test_enqueue_probes_still_fit_the_core(tmp_path):
+    """Each probe of probe_enqueue.py finds its place in the sources once: a change of
+    the launch path that moves one fails here, not on the GPU machine."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import probe_enqueue
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    native = tmp_path / "native"
+    shutil.copytree(pathlib.Path(SOURCES) / "numba_hostfn" / "native", native)
+    probe_enqueue.apply_probes(str(native))
+    code = {path.name: path.read_text() for path in native.iterdir()}
+    for segment in range(20):
+        assert sum(text.count(f"PROBE({segment});") for text in code.values()) == 1, segment
+    assert "py_probe_take" in code["host_launch.c"] and "#define PROBE" in code["nhf.h"]
+
+
+@pytest.mark.checkout
+@pytest.mark.skipif(
+    not (shutil.which("cc") or shutil.which("gcc")), reason="needs a C compiler (cc)"
+)
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="rdtsc: x86-64 only")
+def test_enqueue_probe_smoke():
+    """The probed copy builds and every segment of host_launch's own path is timed (the
+    driver's are not reached on the simulator)."""
+    run = _benchmark("probe_enqueue.py", "--n", 200, "--rounds", 1, timeout=600)
+    rows = [line for line in run.stdout.splitlines() if re.match(r"\| \d+: ", line)]
+    assert len(rows) == 20, run.stdout
+    unreached = [row.split(":")[0] for row in rows if "not reached" in row]
+    assert unreached == ["| 10", "| 11", "| 12"], run.stdout
+    assert "without probes:" in run.stdout
 
 
 def test_benchmark_suite_smoke(tmp_path):
