@@ -315,17 +315,26 @@ def _lane_cpu_time(nh, stream, gate) -> None:
     )
 
 
+def _threads() -> int:
+    """The process's threads, native ones included (the default lane's and a pool's
+    are native: threading.active_count() counts only Python's own)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:  # no /proc: Python's threads only
+        return threading.active_count()
+
+
 def _many_waits(nh, stream, gate, waits: int) -> None:
     result = {}
 
     async def many() -> None:
         await nh.async_done(stream)  # the loop's descriptor exists before counting
-        fds, threads = len(os.listdir("/proc/self/fd")), threading.active_count()
+        fds, threads = len(os.listdir("/proc/self/fd")), _threads()
         gate.close_on(stream)
         try:
             futures = [nh.async_done(stream) for _ in range(waits)]
             result["fds"] = len(os.listdir("/proc/self/fd")) - fds
-            result["threads"] = threading.active_count() - threads
+            result["threads"] = _threads() - threads
             t0 = gate.open()
             await asyncio.gather(*futures)
             result["us"] = (time.monotonic_ns() - t0) / 1e3 / waits
@@ -403,18 +412,25 @@ def _other_streams(nh, device, stream, gate, repeats: int) -> None:
 
     def sample(row: Row) -> float:
         stamps = np.zeros(3, np.int64)
+        t0 = None
         other_gate.close_on(other)
-        nh.host_launch(other, stamp, user_data=nh.by_ref(stamps))
-        gate.close_on(stream)
-        for _ in range(QUEUED):
-            nh.host_launch(stream, lambda: calls.append(1), blocking=False)
-        time.sleep(0.002)
-        gate.open()
-        t0 = other_gate.open()
-        hold_gil(100_000)  # the main thread holds the GIL for 100 ms
-        other.sync()
-        stream.sync()
-        nh.drain()
+        try:
+            nh.host_launch(other, stamp, user_data=nh.by_ref(stamps))
+            gate.close_on(stream)
+            try:
+                for _ in range(QUEUED):
+                    nh.host_launch(stream, lambda: calls.append(1), blocking=False)
+                time.sleep(0.002)
+            finally:  # a failing row must leave neither stream held
+                gate.open()
+            t0 = other_gate.open()
+            hold_gil(100_000)  # the main thread holds the GIL for 100 ms
+        finally:
+            if t0 is None:
+                other_gate.open()
+            other.sync()
+            stream.sync()
+            nh.drain()
         return (int(stamps[0]) - t0) / 1e3
 
     rows = [

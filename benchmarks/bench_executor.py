@@ -294,17 +294,19 @@ def _parallel(nh, device, tasks: int, repeats: int) -> None:
 def _cpu_time(nh, device, executor, stream) -> None:
     def cpu_over(seconds: float, outstanding: bool) -> float:
         gate = Gate(device) if outstanding else None
-        if gate is not None:
-            gate.close_on(stream)
-            nh.host_launch(stream, compiled_functions(nh)[0], executor=executor)
-        time.sleep(0.05)  # past the spin budget that the launch started
-        c0, w0 = time.process_time(), time.perf_counter()
-        time.sleep(seconds)
-        c1, w1 = time.process_time(), time.perf_counter()
-        if gate is not None:
-            gate.open()
-            stream.sync()
-            nh.drain()
+        try:
+            if gate is not None:
+                gate.close_on(stream)
+                nh.host_launch(stream, compiled_functions(nh)[0], executor=executor)
+            time.sleep(0.05)  # past the spin budget that the launch started
+            c0, w0 = time.process_time(), time.perf_counter()
+            time.sleep(seconds)
+            c1, w1 = time.process_time(), time.perf_counter()
+        finally:  # a failing row must not leave the stream held
+            if gate is not None:
+                gate.open()
+                stream.sync()
+                nh.drain()
         return (c1 - c0) / (w1 - w0)
 
     record(CPU, "idle (nothing outstanding): parked", "CPU s/s", lambda: cpu_over(1.0, False), 1)

@@ -74,14 +74,19 @@ def _measure(nh, stream, noop, executor, n: int, repeats: int):
 
     # Interleaved, repeat by repeat: a shared machine's bandwidth drifts, and
     # timing all of one method before the other turns that drift into a ratio.
+    # Each copy starts from a cleared destination and its data is checked (untimed):
+    # np.copyto's leaves dst equal to src, which no copy after it would change.
     base, ours, pool = [], [], []
     for _ in range(repeats):
         base += [n / t / 1e9 for t in _times(copyto, 1)]
+        dst[:] = 0
         ours += [n / t / 1e9 for t in _times(hostcopy, 1)]
+        if not np.array_equal(dst, src):
+            raise SystemExit(f"host_copy produced wrong data at {_label(n)}")
         dst[:] = 0
         pool += [n / t / 1e9 for t in _times(on_executor, 1)]
-    if not np.array_equal(dst, src):
-        raise SystemExit(f"host_copy produced wrong data at {_label(n)}")
+        if not np.array_equal(dst, src):
+            raise SystemExit(f"host_copy(executor=) produced wrong data at {_label(n)}")
     launch_us = f"{statistics.median(_times(empty, repeats)) * 1e6:.1f}" if n <= MiB else ""
     return base, ours, pool, launch_us
 

@@ -4,12 +4,14 @@
 
 import ast
 import json
+import os
 import pathlib
 import platform
 import re
 import shutil
 import subprocess
 import sys
+import textwrap
 
 import pytest
 from _device import SOURCES, child_env
@@ -173,3 +175,126 @@ def test_ab_runner_smoke(tmp_path):
         own = (keep / f"{side}-1" / "benchmarks.md").read_text()
         assert "### graph replay" in own and "### targets" in own
         assert json.loads((keep / f"{side}-1.json").read_text())["rows"]
+
+
+def _section_script(code, *, timeout=60):
+    """``code`` run in a child on the simulator with benchmarks/ importable (a
+    section's own functions, driven with a package that misbehaves on purpose);
+    its stdout.  A child that hangs fails the test (it is killed)."""
+    env = child_env(NUMBA_HOSTFN_SIMULATOR="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "benchmarks"), env["PYTHONPATH"]])
+    try:
+        run = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the section hung:\n{exc.stdout}{exc.stderr}")
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run.stdout
+
+
+# A package as an A/B's older side may be: host_launch without blocking= or executor=.
+_OLDER_PACKAGE = """
+    import types
+    import numba_hostfn as nh
+
+    def host_launch(stream, fn, *, user_data=None, **kwargs):
+        if kwargs:
+            raise TypeError(f"host_launch() got an unexpected keyword {next(iter(kwargs))!r}")
+        return nh.host_launch(stream, fn, user_data=user_data)
+
+    older = types.SimpleNamespace(**{k: getattr(nh, k) for k in dir(nh) if k[:2] != "__"})
+    older.host_launch = host_launch
+"""
+
+
+@pytest.mark.parametrize("section", ["asyncio", "executor"])
+def test_a_failing_row_leaves_no_stream_held(section):
+    """A row that fails between closing a gate and opening it (here: an older package
+    refusing host_launch's blocking= or executor=) is its note, and the section goes
+    on: its streams are not left held by the gate (which hung the next sync)."""
+    call = {
+        "asyncio": "bench_async._other_streams(older, device, stream, _bench.Gate(device), 2)",
+        "executor": "bench_executor._cpu_time(older, device, nh.HostExecutor(threads=1), stream)",
+    }[section]
+    out = _section_script(
+        _OLDER_PACKAGE
+        + f"""
+    import _bench, bench_async, bench_executor
+    from numba_hostfn._demodevice import Device
+
+    device = Device()
+    stream = device.create_stream()
+    {call}
+    stream.sync()  # the section's streams were released
+    print([row.note for row in _bench.ROWS if "TypeError" in row.note])
+    """
+    )
+    assert "unexpected keyword" in out, out
+
+
+def test_many_waits_counts_native_threads():
+    """The 10k-waits target ("threads added == 0") counts the process's threads: the
+    package's own (the default lane, a pool) are native, which threading's count
+    leaves out.  Here each wait also starts a 1-thread pool: the row must see them."""
+    out = _section_script(
+        """
+    import numba_hostfn as nh
+    import _bench, bench_async
+    from numba_hostfn._demodevice import Device
+
+    pools = []
+
+    class Spawning:
+        def __getattr__(self, name):
+            return getattr(nh, name)
+
+        def async_done(self, stream):
+            pools.append(nh.HostExecutor(threads=1))  # one native thread more
+            return nh.async_done(stream)
+
+    device = Device()
+    stream = device.create_stream()
+    bench_async._many_waits(Spawning(), stream, _bench.Gate(device), 3)
+    print(_bench.find("3 concurrent waits", "threads added").samples[0])
+    for pool in pools:
+        pool.close()
+    """
+    )
+    assert int(out.split()[-1]) >= 3, out
+
+
+def test_host_copy_benchmark_checks_both_copies():
+    """host_copy.py checks the data of each copy it times: a host_copy (the driver's
+    thread) that copied nothing must not pass because np.copyto filled dst before it."""
+    out = _section_script(
+        """
+    import numpy as np
+    import numba_hostfn as nh
+    import host_copy
+    from numba_hostfn._demodevice import Device
+
+    class NoCopy:
+        def __getattr__(self, name):
+            return getattr(nh, name)
+
+        def host_copy(self, stream, dst, src, *, executor=None):
+            if executor is not None:
+                return nh.host_copy(stream, dst, src, executor=executor)
+            return nh.host_launch(stream, lambda: None)  # enqueued, copies nothing
+
+    device = Device()
+    stream = device.create_stream()
+    with nh.HostExecutor(threads=2) as executor:
+        try:
+            host_copy._measure(NoCopy(), stream, lambda: None, executor, 4096, 2)
+        except SystemExit as exc:
+            print("caught:", exc)
+    stream.sync()
+    """
+    )
+    assert "caught: host_copy produced wrong data" in out, out
