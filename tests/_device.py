@@ -12,6 +12,7 @@ from numba_hostfn._demodevice import Device
 
 __all__ = [
     "CHILD_PREAMBLE",
+    "TAKE_GIL_AND_KEEP_IT",
     "Capture",
     "Hold",
     "armed_fault",
@@ -48,6 +49,22 @@ CHILD_PREAMBLE = textwrap.dedent("""
 
     device = Device()
     stream = device.create_stream()
+""")
+
+
+#: Child-script source of ``take_gil_and_keep_it()``: a numba intrinsic whose call
+#: takes the GIL (``PyGILState_Ensure``) and never gives it back, as a body that boxes
+#: a value without a registered Environment does (LIFETIME.md, invariant 13).
+TAKE_GIL_AND_KEEP_IT = textwrap.dedent("""
+    from numba import types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def take_gil_and_keep_it(typingctx):
+        def codegen(context, builder, signature, args):
+            context.get_python_api(builder).gil_ensure()  # never released
+            return context.get_dummy_value()
+        return types.void(), codegen
 """)
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from _device import (
     CHILD_PREAMBLE,
+    TAKE_GIL_AND_KEEP_IT,
     Capture,
     Hold,
     _wait_for_flag,
@@ -1617,18 +1618,12 @@ def test_an_executors_new_block_of_words_keeps_a_global_mode_capture(
     assert counter[0] == 2
 
 
-KEPT_GIL_IN_AN_EXECUTOR_NODE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+KEPT_GIL_IN_AN_EXECUTOR_NODE_SCRIPT = (
+    CHILD_PREAMBLE
+    + TAKE_GIL_AND_KEEP_IT
+    + textwrap.dedent("""
     import threading
-    from numba import types
-    from numba.extending import intrinsic
     from _device import Capture
-
-    @intrinsic
-    def take_gil_and_keep_it(typingctx):
-        def codegen(context, builder, signature, args):
-            context.get_python_api(builder).gil_ensure()  # never released
-            return context.get_dummy_value()
-        return types.void(), codegen
 
     @nh.host_callback
     def keeps_gil(p):
@@ -1651,6 +1646,7 @@ KEPT_GIL_IN_AN_EXECUTOR_NODE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     nh.drain()
     print("replays ran:", kept[0], ran, nh.pending())
 """)
+)
 
 
 def test_an_executor_node_whose_body_keeps_the_gil_gives_it_back_at_every_replay():

@@ -13,7 +13,13 @@ import weakref
 import numba
 import numpy as np
 import pytest
-from _device import CHILD_PREAMBLE, child_env, rerun_on_simulator, run_child
+from _device import (
+    CHILD_PREAMBLE,
+    TAKE_GIL_AND_KEEP_IT,
+    child_env,
+    rerun_on_simulator,
+    run_child,
+)
 from numba import carray
 
 import numba_hostfn as nh
@@ -26,22 +32,15 @@ FAULTS_SCRIPT = textwrap.dedent("""
 
     import numba
     import numpy as np
-    from numba import carray, types
-    from numba.extending import intrinsic
+    from numba import carray
 
     import numba_hostfn as nh
     from _device import Device
 
     reports = []
     sys.unraisablehook = lambda u: reports.append(f"{u.object}: {u.exc_value}")
-
-    @intrinsic
-    def take_gil_and_keep_it(typingctx):
-        def codegen(context, builder, signature, args):
-            context.get_python_api(builder).gil_ensure()  # never released
-            return context.get_dummy_value()
-        return types.void(), codegen
-
+""")
+FAULTS_SCRIPT += TAKE_GIL_AND_KEEP_IT + textwrap.dedent("""
     @nh.host_callback
     def show(p):
         print("value", carray(p, (1,), np.int64)[0], 2.5)

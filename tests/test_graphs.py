@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from _device import (
     CHILD_PREAMBLE,
+    TAKE_GIL_AND_KEEP_IT,
     Capture,
     Hold,
     released_eventually,
@@ -626,20 +627,14 @@ def test_replays_of_one_graph_on_two_streams_are_ordered_as_cuda_orders_them():
     assert out.split() == ["synced", "True", "runs", "2", "2"], out
 
 
-KEPT_GIL_IN_A_GRAPH_NODE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+KEPT_GIL_IN_A_GRAPH_NODE_SCRIPT = (
+    CHILD_PREAMBLE
+    + TAKE_GIL_AND_KEEP_IT
+    + textwrap.dedent("""
     import ctypes
     import threading
     import numba
-    from numba import types
-    from numba.extending import intrinsic
     from _device import Capture
-
-    @intrinsic
-    def take_gil_and_keep_it(typingctx):
-        def codegen(context, builder, signature, args):
-            context.get_python_api(builder).gil_ensure()  # never released
-            return context.get_dummy_value()
-        return types.void(), codegen
 
     def body(p):
         take_gil_and_keep_it()
@@ -665,6 +660,7 @@ KEPT_GIL_IN_A_GRAPH_NODE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
         print("replays ran:", kept[0], ran)
     print("pending:", nh.pending())
 """)
+)
 
 
 def test_a_graph_node_whose_body_keeps_the_gil_gives_it_back_at_every_replay():
