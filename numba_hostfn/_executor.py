@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numbers
 import threading
+import time
 from typing import Any
 
 from . import _core
@@ -407,6 +408,13 @@ _default: _DefaultLane | None = None
 #: True once the default lane cannot serve: this backend or a device has no stream
 #: memory operations (HostExecutor refuses), or the interpreter is exiting.
 _default_off = False
+#: After a lane that could not start (its thread or its memory: a limit met for a
+#: moment, which says nothing of the device), how long waits take the driver's
+#: thread before a wait tries to start it again: not at every wait, whose
+#: latency a failing thread start would add to.
+DEFAULT_LANE_RETRY_S = 1.0
+#: time.monotonic() before which no start is tried again (0: try).
+_default_retry_at = 0.0
 #: Reentrant, as HostExecutor._lock: making the lane runs Python, and a finalizer run
 #: meanwhile may wait on a stream itself.
 _default_lock = threading.RLock()
@@ -418,17 +426,26 @@ def default_lane() -> _DefaultLane | None:
     The caller has asked for the backend first (a forked child is refused there,
     before this: its lane, if the parent had one, has no thread).
     """
-    global _default, _default_off
+    global _default, _default_off, _default_retry_at
     lane = _default
     if lane is not None or _default_off:
         return None if _default_off else lane
+    if _default_retry_at and time.monotonic() < _default_retry_at:
+        return None  # it could not start a moment ago: the driver's path meanwhile
     with _default_lock:
         if _default is None and not _default_off:
             try:
-                lane = _DefaultLane()
-            except Exception:  # HostExecutor refuses here (no memory operations), or failed
+                get_backend().check_executor()
+            except CudaDriverError:  # a driver call failed (from a host function, say)
+                return _default_later()
+            except Exception:  # HostExecutor cannot work here (no memory operations): for good
                 _default_off = True
                 return None
+            try:
+                lane = _DefaultLane()
+            except Exception:  # could not start (a thread or memory limit met): try again
+                return _default_later()
+            _default_retry_at = 0.0
             if _default is None and not _default_off:
                 # LIFETIME.md, invariant 24: closed to new waits at exit, once the
                 # non-daemon threads have ended; its thread is never joined.
@@ -437,6 +454,13 @@ def default_lane() -> _DefaultLane | None:
             else:  # a finalizer run while it was made made the lane (or turned it off)
                 lane.close()  # nothing launched on it: joins its thread
     return None if _default_off else _default
+
+
+def _default_later() -> None:
+    """The lane could not start, for a reason that says nothing of the device: waits
+    take the driver's thread for ``DEFAULT_LANE_RETRY_S``, then one tries again."""
+    global _default_retry_at
+    _default_retry_at = time.monotonic() + DEFAULT_LANE_RETRY_S
 
 
 def default_lane_of(handle: int) -> tuple[_DefaultLane, int] | None:

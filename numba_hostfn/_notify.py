@@ -25,6 +25,7 @@ been drained.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import weakref
@@ -118,6 +119,10 @@ class _Channel:
 # ---- non-blocking callbacks and done_future: one channel for the process ----
 
 
+#: How long a helper thread whose batch raised waits before it runs the batch again.
+_RETRY_S = 0.01
+
+
 class _Callbacks:
     """The process's non-blocking callbacks: run by the main thread or a helper thread.
 
@@ -159,7 +164,24 @@ class _Callbacks:
         fd = self._channel.fd
         while True:
             os.read(fd, 8)  # blocks without the GIL until a signal writes
-            self.run()
+            while True:
+                try:
+                    self.run()
+                    break
+                except Exception:
+                    # A batch that raised (no memory for a key, or for the ring of due
+                    # keys): reported as the thread's own error, and run again, for
+                    # what it left due.  Ended here, the thread would leave every later
+                    # future (and callback) to a drain() that may never come.
+                    args = (*sys.exc_info(), threading.current_thread())
+                    threading.excepthook(threading.ExceptHookArgs(args))
+                    time.sleep(_RETRY_S)
+
+    def run_nested(self) -> int:
+        """From inside this thread's own batch (a wait there: in a done callback, or a
+        signal handler or finalizer run in one): act on the entries due now, within it.
+        Only this batch can act on them while this thread holds it."""
+        return self._batch.run(True, False, True)
 
     def outstanding(self) -> int:
         return self._batch.outstanding()
@@ -359,6 +381,9 @@ def done_future(stream: Any, *, executor: Any = None) -> concurrent.futures.Futu
 #: with the GIL released before it looks at the future again (a device fault, a
 #: cancel, a result set by the futures thread): 1 ms.
 WATCH_CHUNK_US = 1000
+#: How often a wait on the thread that holds the futures' batch looks for its
+#: signal (StreamFuture._run_here): 1 ms.
+NESTED_POLL_S = 0.001
 
 _stream_future: Any = None
 
@@ -417,6 +442,9 @@ def _stream_future_type() -> type[concurrent.futures.Future]:
                 """Until the future is done or ``timeout`` passes: watch the lane's
                 word, GIL released, and settle the future here once the stream has
                 reached the task.  Returns what is left of ``timeout``."""
+                batches = _futures
+                if batches is not None and batches.running_here():
+                    return self._run_here(batches, timeout)
                 lane, task = self._watch
                 if not task or forked():  # in a forked child no stream writes the words
                     return timeout
@@ -431,6 +459,25 @@ def _stream_future_type() -> type[concurrent.futures.Future]:
                     if reached or (left is not None and left * 1e6 <= budget):
                         break  # reached; a fault (-1: the futures thread fails it); or time
                     spin = False
+                return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+            def _run_here(self, batches: _Callbacks, timeout: float | None) -> float | None:
+                """A wait on the thread that runs the futures' batch (drain()'s caller,
+                or the futures thread, in a done callback or a signal handler or
+                finalizer run there): no other thread can set the result meanwhile, so
+                this one acts on the batch's due entries itself, nested in it, oldest
+                first, until the future is done or ``timeout`` passes (before: it
+                waited for itself, for ever).  Returns what is left of ``timeout``."""
+                deadline = None if timeout is None else time.monotonic() + timeout
+                lane, task = self._watch
+                while not self.done():
+                    batches.run_nested()
+                    if not self.done() and task and not forked():
+                        if _core.lane_reached(lane, task, 0, False) > 0:
+                            self._settle()
+                    if self.done() or (deadline is not None and time.monotonic() >= deadline):
+                        break
+                    time.sleep(NESTED_POLL_S)  # its signal has not run yet
                 return None if deadline is None else max(0.0, deadline - time.monotonic())
 
         _stream_future = StreamFuture

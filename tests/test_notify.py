@@ -539,6 +539,114 @@ BOTH_BATCHES_DRAIN_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
 """)
 
 
+BATCH_FAILS_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import concurrent.futures as cf
+    import threading
+    from numba_hostfn import _core, _notify
+
+    reported = []
+    threading.excepthook = lambda a: reported.append((a.thread.name, a.exc_type.__name__))
+    assert nh.done_future(stream).result(timeout=60) is stream  # the futures thread runs
+    for name, made in (("futures", lambda: _notify._futures),
+                       ("callbacks", _notify._the_callbacks)):
+        batches = made()
+        real = batches._batch
+
+        class FailsOnce:  # a batch that raises on the helper thread once, as its
+            failed = False  # native run does when its due ring cannot grow
+
+            def run(self, *args):
+                if not FailsOnce.failed and threading.current_thread() is batches._helper:
+                    FailsOnce.failed = True
+                    raise MemoryError
+                return real.run(*args)
+
+            def __getattr__(self, attribute):
+                return getattr(real, attribute)
+
+        batches._batch = FailsOnce()
+        if name == "futures":  # wait() watches no lane: the futures thread sets them
+            first, second = nh.done_future(stream), nh.done_future(stream)
+            done = cf.wait([first, second], timeout=20).done
+            print(name, FailsOnce.failed, len(done), batches._helper.is_alive(), flush=True)
+        else:
+            _core.set_notify_callable(lambda: None)  # no batch on the main thread: the helper's
+            ran = threading.Event()
+            nh.host_launch(stream, ran.set, blocking=False)
+            print(name, ran.wait(20) and FailsOnce.failed, batches._helper.is_alive(), flush=True)
+        batches._batch = real
+    print("reported", reported, flush=True)
+""")
+
+
+def test_the_helper_threads_outlive_a_batch_that_raises():
+    """numba_hostfn's futures thread and callbacks thread go on after a batch raised
+    there (a MemoryError in the native run: a key or its due ring that could not be
+    made): the error is reported, and the futures and callbacks due, and every later
+    one, are still set and run.  (Before: the thread ended, and every later
+    done_future whose waiter did not watch a lane, and every non-blocking callback
+    while the main thread ran no Python, waited for a drain() for ever.)"""
+    lines = run_child(BATCH_FAILS_SCRIPT, quiet=False).splitlines()
+    assert "futures True 2 True" in lines, lines
+    assert "callbacks True True" in lines, lines
+    reported = [line for line in lines if line.startswith("reported")]
+    assert reported == [
+        "reported [('numba_hostfn-futures', 'MemoryError'), "
+        "('numba_hostfn-callbacks', 'MemoryError')]"
+    ], lines
+
+
+HANDLER_INSIDE_DRAIN_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import signal, threading
+    from _device import Hold
+    from numba_hostfn import _executor, _notify
+
+    # On the driver's thread (as on a CUDA default stream, or past the default lane's
+    # depth): no lane to watch, only a batch of the futures can set the result.
+    _executor._default_off = True
+    seen = []
+
+    def handler(signum, frame):  # waits on a stream, as invariant 11 lets it
+        try:
+            seen.append(nh.done_future(stream).result(timeout=10) is stream)
+        except Exception as e:
+            seen.append(type(e).__name__)
+
+    signal.signal(signal.SIGUSR1, handler)
+    assert nh.done_future(stream).result(timeout=60) is stream  # the futures thread runs
+    batches = _notify._futures
+    real, go = batches._batch, threading.Event()
+
+    class HelperLate:  # drain() below runs the batch first, as it may
+        def run(self, *args):
+            if threading.current_thread() is batches._helper:
+                go.wait(60)
+            return real.run(*args)
+
+        def __getattr__(self, attribute):
+            return getattr(real, attribute)
+
+    batches._batch = HelperLate()
+    with Hold(stream):
+        future = nh.done_future(stream)
+        future.add_done_callback(lambda _: signal.raise_signal(signal.SIGUSR1))
+    stream.sync()
+    nh.drain()  # sets the future here: its done callback's signal handler runs inside
+    go.set()
+    batches._batch = real
+    print("handler", seen, future.done(), flush=True)
+""")
+
+
+def test_a_signal_handler_waiting_on_a_stream_inside_drain_does_not_deadlock():
+    """drain() sets the done_future results due on the calling thread, holding the
+    futures' batch; a signal handler (or finalizer) run there that waits on a stream
+    (invariant 11) has its future set there too.  (Before: only that batch could set
+    it, and the thread holding it waited for it: for ever, or until its timeout.)"""
+    lines = run_child(HANDLER_INSIDE_DRAIN_SCRIPT, timeout=120).splitlines()
+    assert "handler [True] True" in lines, lines
+
+
 def test_a_callback_and_a_done_callback_that_both_drain_do_not_deadlock():
     """Each batch holds its own lock while its callback drains; a drain from inside a
     batch does not wait for the other batch's lock (they waited for each other)."""
@@ -1304,6 +1412,55 @@ def _voluntary_switches() -> int:
         except FileNotFoundError:  # a thread that ended meanwhile
             pass
     return total
+
+
+LANE_RETRY_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import sys
+    from numba_hostfn import _executor, _process
+    from numba_hostfn._errors import CudaDriverError
+
+    failed = []
+    if sys.argv[1] == "thread":  # RLIMIT_NPROC, a cgroup's pids.max, no memory
+        owner, name = _executor._DefaultLane, "_start"
+        error = RuntimeError("HostExecutor could not start 1 threads (memory or thread limit)")
+    else:  # a driver call refused (as CUDA refuses one made from a host function)
+        owner, name = _process.get_backend(), "check_executor"
+        error = CudaDriverError("cuDeviceGetCount failed: CUDA_ERROR_NOT_PERMITTED", 800)
+    original = getattr(owner, name)
+
+    def fails_this_once(*args):
+        if not failed:
+            failed.append(True)
+            raise error
+        return original(*args)
+
+    setattr(owner, name, fails_this_once)
+    _executor.DEFAULT_LANE_RETRY_S = 0.0  # try again at the next wait
+    first = nh.done_future(stream)
+    print("first", first.result(timeout=60) is stream, first._watch == (0, 0), failed)
+    second = nh.done_future(stream)
+    print("second", second.result(timeout=60) is stream, second._watch != (0, 0))
+    print("lane", _executor._default is not None, _executor._default_off)
+""")
+
+
+@pytest.mark.parametrize("failure", ["thread", "driver"])
+def test_a_default_lane_that_could_not_start_once_is_tried_again(failure):
+    """The first wait's lane could not start: its thread (a thread or memory limit met
+    for a moment), or a driver call of the check (refused, as from a host function).
+    That wait takes the driver's thread, and a later one starts the lane.  (Before:
+    any failure turned the lane off for the process, as a device without stream
+    memory operations does, and every later wait paid the driver thread's wake-up.)
+    Only the backend's own refusal (HostExecutor cannot work here) is for good."""
+    try:
+        nh.HostExecutor(threads=1).close()
+    except RuntimeError:
+        pytest.skip("no HostExecutor here: the default lane is off for good")
+    script = LANE_RETRY_SCRIPT.replace("sys.argv[1]", repr(failure))
+    lines = run_child(script).splitlines()
+    assert "first True True [True]" in lines, lines
+    assert "second True True" in lines, lines
+    assert "lane True False" in lines, lines
 
 
 def test_the_default_lane_parks_when_nothing_waits(stream):

@@ -101,11 +101,13 @@ def test_the_stub_names_every_testing_hook():
 
 
 def test_dispatcher_run_refuses_more_arguments_than_its_signature():
-    """Dispatcher.run($self, block=True, read_first=False, /) ignored a third argument
-    (and any after it) where every other entry point refuses a wrong count."""
+    """Dispatcher.run($self, block=True, read_first=False, nested=False, /) ignored a
+    surplus argument (and any after it) where every other entry point refuses a wrong
+    count."""
     from numba_hostfn import _notify
 
     channel = _notify._Channel(wake_main=False, nonblocking=True)
     assert channel.dispatcher.run(False, False) == 0
-    with pytest.raises(TypeError, match="at most 2"):
-        channel.dispatcher.run(False, False, "extra")
+    assert channel.dispatcher.run(False, False, True) == 0  # nested, outside a batch: one
+    with pytest.raises(TypeError, match="at most 3"):
+        channel.dispatcher.run(False, False, False, "extra")

@@ -363,17 +363,19 @@ static int fail(dispatcher *d, PyObject *entry, unsigned code) {
 }
 
 /* run(block=True) -> how many entries were acted on; the due keys oldest first.
- * A call from inside the batch (an entry that drains) returns 0 at once; with
- * block false, so does a call while another thread runs the batch.  Between two
+ * A call from inside the batch (an entry that drains) returns 0 at once, unless
+ * nested (a done_future's wait there, which only this batch can end): it then acts
+ * on the keys due within the outer batch.  With block false, a call while another
+ * thread runs the batch returns 0 at once.  Between two
  * entries, pending signals are handled (PyErr_CheckSignals, a no-op off the main
  * thread): a handler's exception (a Ctrl-C, a callback's own delivered again)
  * stops the batch, the rest stay due for the next run, and the exception is
  * raised to the caller. */
 static PyObject *dispatcher_run(PyObject *self_, PyObject *const *args, Py_ssize_t nargs) {
     dispatcher *d = (dispatcher *)self_;
-    if (nargs > 2) {
-        PyErr_Format(PyExc_TypeError, "run(block=True, read_first=False) takes at most 2 "
-                                      "arguments (%zd given)",
+    if (nargs > 3) {
+        PyErr_Format(PyExc_TypeError, "run(block=True, read_first=False, nested=False) takes "
+                                      "at most 3 arguments (%zd given)",
                      nargs);
         return NULL;
     }
@@ -388,17 +390,27 @@ static PyObject *dispatcher_run(PyObject *self_, PyObject *const *args, Py_ssize
     int read_first = nargs > 1 ? PyObject_IsTrue(args[1]) : 0;
     if (read_first < 0)
         return NULL;
+    /* nested: from inside this thread's own batch (a wait in an entry, or in a signal
+     * handler or finalizer run in one, for an entry only this batch can act on): go on
+     * with the due keys, oldest first, within it.  The outer batch reads the ring
+     * afresh after each entry, so it goes on after them. */
+    int nested = nargs > 2 ? PyObject_IsTrue(args[2]) : 0;
+    if (nested < 0)
+        return NULL;
     unsigned long me = PyThread_get_thread_ident();
-    if (atomic_load(&d->runner) == me)
+    int inner = atomic_load(&d->runner) == me;
+    if (inner && (!nested || read_first))
         return PyLong_FromLong(0);
-    if (pthread_mutex_trylock(&d->lock) != 0) {
-        if (!block)
-            return PyLong_FromLong(0);
-        Py_BEGIN_ALLOW_THREADS /* the batch's thread may need the GIL to finish it */
-        pthread_mutex_lock(&d->lock);
-        Py_END_ALLOW_THREADS
+    if (!inner) {
+        if (pthread_mutex_trylock(&d->lock) != 0) {
+            if (!block)
+                return PyLong_FromLong(0);
+            Py_BEGIN_ALLOW_THREADS /* the batch's thread may need the GIL to finish it */
+            pthread_mutex_lock(&d->lock);
+            Py_END_ALLOW_THREADS
+        }
+        atomic_store(&d->runner, me);
     }
-    atomic_store(&d->runner, me);
     Py_INCREF(self_); /* an entry may drop the last other reference to this */
     if (read_first) {
         uint64_t count;
@@ -457,8 +469,10 @@ static PyObject *dispatcher_run(PyObject *self_, PyObject *const *args, Py_ssize
         ssize_t written = write(d->ch->fd, &one, sizeof one);
         (void)written;
     }
-    atomic_store(&d->runner, 0);
-    pthread_mutex_unlock(&d->lock);
+    if (!inner) {
+        atomic_store(&d->runner, 0);
+        pthread_mutex_unlock(&d->lock);
+    }
     Py_DECREF(self_);
     return failed ? NULL : PyLong_FromLong(ran);
 }
@@ -594,7 +608,7 @@ static void dispatcher_dealloc(PyObject *self_) {
 
 static PyMethodDef dispatcher_methods[] = {
     {"run", (PyCFunction)(void (*)(void))dispatcher_run, METH_FASTCALL,
-     "run($self, block=True, read_first=False, /)\n--\n\n"
+     "run($self, block=True, read_first=False, nested=False, /)\n--\n\n"
      "Returns how many entries the batch acted on, oldest first."},
     {"launch", (PyCFunction)(void (*)(void))dispatcher_launch, METH_FASTCALL,
      "launch($self, route, target, owner, entry, /)\n--\n\n"
