@@ -1384,7 +1384,13 @@ def test_the_default_lane_falls_back_where_it_cannot_serve(stream, device, monke
     assert nh.done_future(stream).result(timeout=30) is stream
     lane = _executor.default_lane()
     assert lane is not None and _wait_for(lambda: lane.outstanding() == 0)
-    other = device.create_stream()
+    # A stream whose handle has no lane yet: CUDA gives a new stream the handle of one
+    # destroyed earlier, and that handle's lane (an earlier test's) would serve it.
+    made = [device.create_stream() for _ in range(64)]
+    other = next(s for s in made if s.__cuda_stream__()[1] not in lane._lanes)
+    for spare in made:
+        if spare is not other:
+            device.close_stream(spare)
     try:
         monkeypatch.setattr(_executor, "DEFAULT_LANE_STREAMS", len(lane._lanes))
         with Hold(other):
