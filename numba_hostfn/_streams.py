@@ -22,29 +22,33 @@ _TARGET_KINDS = KindsByType()
 _PROXY_TYPES = frozenset(weakref.ProxyTypes)
 
 
+def _classes(target: Any) -> tuple[type, ...]:
+    """The classes ``target`` is an instance of, its own first: a weakref.proxy's are
+    its referent's (ReferenceError once that is gone)."""
+    of = type(target)
+    return (target.__class__ if of in _PROXY_TYPES else of).__mro__
+
+
 def _is_graph_node(target: Any) -> bool:
     """A cuda.core explicit graph: a GraphDefinition, or any GraphNode (subclasses too)."""
-    for cls in type(target).__mro__:
-        if cls.__name__ in ("GraphDefinition", "GraphNode") and (cls.__module__ or "").startswith(
-            "cuda.core"
-        ):
-            return True
-    return False
+    return any(
+        cls.__name__ in ("GraphDefinition", "GraphNode")
+        and (cls.__module__ or "").startswith("cuda.core")
+        for cls in _classes(target)
+    )
 
 
 def _is_graph_builder(target: Any) -> bool:
     """A cuda.core ``GraphBuilder`` or the simulator's (subclasses too, and a
     weakref.proxy of one: its capture is read through the protocol only)."""
-    of = type(target)
-    if of in _PROXY_TYPES:
-        of = target.__class__  # the referent's (ReferenceError once it is gone)
-    for cls in of.__mro__:
-        module = cls.__module__ or ""
-        if cls.__name__ == "GraphBuilder" and (
-            module.startswith("cuda.core") or module == "numba_hostfn._simulator"
-        ):
-            return True
-    return False
+    return any(
+        cls.__name__ == "GraphBuilder"
+        and (
+            (cls.__module__ or "").startswith("cuda.core")
+            or cls.__module__ == "numba_hostfn._simulator"
+        )
+        for cls in _classes(target)
+    )
 
 
 def target_kind(target: Any, caller: str = "host_launch", graphs: bool = True) -> str:

@@ -20,16 +20,13 @@ slot *nhf_slot_claim(nhf_pool *pool) {
 }
 
 /* Run a claimed slot's work, then write its "done" (the graph's wait goes on).  The
- * node's fn is the compiled code itself (or a replay trampoline): a body that returned
- * holding the GIL has it given back here, as run() does after a lane's task
- * (invariant 13); kept, it stopped every Python thread at the first replay. */
+ * work is its kind's replay trampoline given the graph's record (kinds.c), which
+ * gives back a GIL the body kept (invariant 13), or the pool's copy. */
 void nhf_slot_run(nhf_pool *pool, slot *s) {
-    if (s->copy) {
+    if (s->copy)
         nhf_copy_run(pool, s->arg);
-    } else {
+    else
         s->fn(s->arg);
-        nhf_gil_give_back_leaked();
-    }
     atomic_thread_fence(memory_order_seq_cst); /* the work's writes before "done" */
     atomic_store(&s->words[1], 1);
 }
