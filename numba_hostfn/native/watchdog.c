@@ -100,6 +100,7 @@ static struct {
     pthread_cond_t wake;   /* a record went in flight while parked */
     atomic_int active;     /* polling: an enqueue need not wake it */
     int started;           /* under mutex */
+    int parked;            /* under mutex: its thread waits for a wake (tests) */
     pthread_t thread;
     _Atomic(nhf_query_fn) query;
     _Atomic(nhf_context_fn) context_of;
@@ -302,13 +303,16 @@ static bool park_locked(void) {
     long ns = deadline.tv_nsec + (atomic_load(&dog.idle_ms) % 1000) * 1000000L;
     deadline.tv_sec += atomic_load(&dog.idle_ms) / 1000 + ns / 1000000000L;
     deadline.tv_nsec = ns % 1000000000L;
+    dog.parked = 1;
     while (!atomic_load(&dog.active)) {
         if (pthread_cond_timedwait(&dog.wake, &dog.mutex, &deadline) == ETIMEDOUT &&
             !atomic_load(&dog.active)) {
+            dog.parked = 0;
             dog.started = 0;
             return false;
         }
     }
+    dog.parked = 0;
     return true;
 }
 
@@ -596,15 +600,17 @@ static PyObject *py_fault_info(PyObject *self, PyObject *unused) {
 }
 
 /* watchdog_stats() -> dict: failed (records), polls, wakes, active, running
- * (its thread exists). */
+ * (its thread exists), parked (its thread waits for a wake: not active is not
+ * enough, since after a poll that found nothing it surveys once more before it
+ * parks, and may go on polling). */
 static PyObject *py_watchdog_stats(PyObject *self, PyObject *unused) {
     (void)self, (void)unused;
     pthread_mutex_lock(&dog.mutex);
-    int running = dog.started;
+    int running = dog.started, parked = dog.parked;
     pthread_mutex_unlock(&dog.mutex);
-    return Py_BuildValue("{slslslsisi}", "failed", atomic_load(&dog.failed), "polls",
+    return Py_BuildValue("{slslslsisisi}", "failed", atomic_load(&dog.failed), "polls",
                          atomic_load(&dog.polls), "wakes", atomic_load(&dog.wakes), "active",
-                         atomic_load(&dog.active), "running", running);
+                         atomic_load(&dog.active), "running", running, "parked", parked);
 }
 
 /* stream_fault(stream) -> 0 or the code of its context's noted fault. */
