@@ -55,18 +55,36 @@ extern "C" __global__ void spin_then_trap(unsigned long long ns)
     __trap();
 }
 
-extern "C" __global__ void trap_when_set(const volatile int *flag, unsigned long long ns)
+extern "C" __global__ void trap_when_set(volatile int *flag, unsigned long long ns)
 {
     unsigned long long start, now;
-    while (*flag == 0) {
+    flag[1] = 1; /* the stage, for a host that waits on the fault: started */
+    __threadfence_system();
+    while (flag[0] == 0) {
     }
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
     do {
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
     } while (now - start < ns);
+    flag[1] = 2; /* trapping */
+    __threadfence_system();
     __trap();
 }
 """
+
+
+class _ArmedFault:
+    """``Device.armed_fault``'s trigger: call it to set the fault off."""
+
+    def __init__(self, flag: np.ndarray) -> None:
+        self._flag = flag
+
+    def __call__(self) -> None:
+        self._flag[0] = 1
+
+    def stage(self) -> int:
+        """How far the kernel got: 0 not started, 1 started, 2 trapping."""
+        return int(self._flag[1])
 
 
 class Device:
@@ -172,13 +190,14 @@ class Device:
         traps: whatever is enqueued before the call comes behind the fault, and the
         host knows when the fault was set off on its own clock.  (A host function
         in front of a kernel cannot be used to hold it: on the H200 the kernel's
-        launch blocks until that host function returns.)
+        launch blocks until that host function returns.)  The function's ``stage()``
+        tells how far the kernel got: 0 not started, 1 started, 2 trapping.
         """
         if self.simulator:
             raise RuntimeError("armed_fault() needs a CUDA device; use fault(stream, delay)")
         from cuda.core import launch
 
-        flag = self.host_array(1, np.int32)
+        flag = self.host_array(2, np.int32)  # [0]: set off; [1]: the kernel's stage
         launch(
             stream,
             self._config,
@@ -186,11 +205,7 @@ class Device:
             np.uint64(flag.ctypes.data),
             np.uint64(int(delay * 1e9)),
         )
-
-        def fire() -> None:
-            flag[0] = 1
-
-        return fire
+        return _ArmedFault(flag)
 
     def close(self) -> None:
         for buf in self._buffers:
