@@ -10,17 +10,41 @@ means the same thing on both.
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any, NamedTuple, NoReturn
 
 from . import _core
 from ._errors import FAULT_NAMES, CudaDriverError, DeviceFaultError
 from ._records import LaunchRecords
 
-__all__ = ["Backend", "Launch", "StaleLane", "in_host_function_error"]
+__all__ = ["Backend", "Launch", "StaleLane", "env_switch", "in_host_function_error"]
 
 _CURESULT_MASK = 0xFFFFFFFF  # nhf.h's NHF_CURESULT_MASK: a driver call's CUresult
 #: How a task that an executor's wait left behind goes on (status KEPT).
 _KEPT = "the task runs when the stream reaches it, but the stream does not wait for it"
+
+
+_SWITCH_ON = ("1", "true", "yes", "on")
+_SWITCH_OFF = ("0", "false", "no", "off")
+
+
+def env_switch(name: str, default: bool, on_means: str) -> bool:
+    """The environment variable ``name`` as a switch: on, off, or ``default`` when it
+    is unset or empty.  A value that is neither raises ``ValueError`` saying what to
+    set (``on_means``: what 1 does).  Before, any value but a few words for no meant
+    on: ``off`` too."""
+    value = os.environ.get(name, "")
+    word = value.strip().lower()
+    if word in _SWITCH_ON:
+        return True
+    if word in _SWITCH_OFF:
+        return False
+    if not word:
+        return default
+    raise ValueError(
+        f"{name}={value!r} is neither on nor off: set it to 1 to {on_means}, or to 0 "
+        f"not to (unset, it is {int(default)})"
+    )
 
 
 #: Each launch kind's trampoline on a stream, from the native table (``_classify.KINDS``

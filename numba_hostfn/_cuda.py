@@ -7,16 +7,15 @@ with the GIL released; no driver call goes through ctypes."""
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from typing import Any
 
 from . import _core
-from ._backend import Backend
+from ._backend import Backend, env_switch
 from ._errors import FAULT_NAMES, BackendUnavailableError, CudaDriverError
 
-#: Turns the device-fault watchdog off for the CUDA backend when 0, false or no (it
-#: is on by default: docs/errors.md).
+#: Turns the device-fault watchdog off for the CUDA backend when 0, false, no or off
+#: (it is on by default: docs/errors.md); a value that is neither on nor off is refused.
 WATCHDOG_ENV = "NUMBA_HOSTFN_CUDA_WATCHDOG"
 
 __all__ = ["CudaBackend", "cuda_driver_usable"]
@@ -55,6 +54,10 @@ class CudaBackend(Backend):
     def __init__(self, use_simulator: str = "or run on the simulator") -> None:
         """``use_simulator`` says how to select the simulator instead (``_process``,
         which owns that switch), in a BackendUnavailableError."""
+        # The watchdog (device faults): on unless NUMBA_HOSTFN_CUDA_WATCHDOG=0.  It
+        # queries contexts, through its own per-thread stream, never a user's handle.
+        # Read first: a value that is neither on nor off is refused before anything loads.
+        watch = env_switch(WATCHDOG_ENV, True, "watch for device faults")
         try:
             from cuda.bindings import driver
         except ImportError as exc:  # pragma: no cover - cuda-bindings is a dependency
@@ -86,9 +89,6 @@ class CudaBackend(Backend):
                 addresses.append(0)
         #: The optional entry points this driver lacks.
         self.missing = frozenset(_core.driver_load(tuple(addresses)))
-        # The watchdog (device faults): on unless NUMBA_HOSTFN_CUDA_WATCHDOG=0.  It
-        # queries contexts, through its own per-thread stream, never a user's handle.
-        watch = os.environ.get(WATCHDOG_ENV, "").strip().lower() not in ("0", "false", "no")
         if watch and not _WATCHDOG_ENTRY_POINTS & self.missing:
             _core.watchdog_configure(_core.ROUTE_CUDA)
         self.route = _core.ROUTE_CUDA

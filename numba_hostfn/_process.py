@@ -10,7 +10,7 @@ import os
 import threading
 from typing import Any
 
-from ._backend import Backend
+from ._backend import Backend, env_switch
 from ._cuda import CudaBackend, cuda_driver_usable
 from ._simbackend import SimulatorBackend
 
@@ -51,8 +51,9 @@ def on_backend(callback: Any) -> None:
 
 
 def simulator_requested() -> bool:
-    """True if ``NUMBA_HOSTFN_SIMULATOR`` asks for the simulator."""
-    return os.environ.get(SIMULATOR_ENV, "").strip().lower() not in ("", "0", "false", "no")
+    """True if ``NUMBA_HOSTFN_SIMULATOR`` asks for the simulator, False if it is unset
+    or says no; ``ValueError`` if it says neither (``env_switch``)."""
+    return env_switch(SIMULATOR_ENV, False, "run on the simulator")
 
 
 def get_backend() -> Backend:

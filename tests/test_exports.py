@@ -1,5 +1,6 @@
 import os
 
+import pytest
 from _device import run_child
 
 import numba_hostfn
@@ -150,3 +151,60 @@ def test_simulate_without_gpu_names_the_backend_in_use_once_one_is_chosen(monkey
         monkeypatch.setenv("NUMBA_HOSTFN_SIMULATOR", "1")
     assert numba_hostfn.simulate_without_gpu() is simulated
     assert numba_hostfn.backend_name() == ("simulator" if simulated else "cuda")
+
+
+@pytest.mark.parametrize(
+    "value, requested",
+    [("1", True), (" Yes ", True), ("on", True), ("TRUE", True)]
+    + [("", False), ("0", False), ("off", False), ("No", False), ("false", False)],
+)
+def test_the_simulator_variable_reads_on_and_off(monkeypatch, value, requested):
+    """NUMBA_HOSTFN_SIMULATOR's words for on and off; "off" selected the simulator."""
+    from numba_hostfn import _process
+
+    monkeypatch.setenv("NUMBA_HOSTFN_SIMULATOR", value)
+    assert _process.simulator_requested() is requested
+
+
+def test_a_simulator_variable_neither_on_nor_off_is_refused_at_first_use():
+    """A value that says neither is a ValueError naming the variable and what to set,
+    at the first use, and no backend chosen (it selected the simulator)."""
+    from _device import child_env, run_child
+
+    out = run_child(
+        "import numba_hostfn as nh\n"
+        "try:\n"
+        "    nh.create_stream()\n"
+        "except ValueError as e:\n"
+        "    print(e)\n"
+        "from numba_hostfn import _process\n"
+        "print(_process._backend is None)\n",
+        env=child_env(NUMBA_HOSTFN_SIMULATOR="maybe"),
+    )
+    assert out.splitlines() == [
+        "NUMBA_HOSTFN_SIMULATOR='maybe' is neither on nor off: set it to 1 to run on the "
+        "simulator, or to 0 not to (unset, it is 0)",
+        "True",
+    ], out
+
+
+def test_a_watchdog_variable_neither_on_nor_off_is_refused_at_first_use():
+    """NUMBA_HOSTFN_CUDA_WATCHDOG=off left the watchdog on (only 0, false and no were
+    off); a value that says neither is refused before the CUDA backend loads
+    anything, on a machine without a driver too."""
+    from _device import child_env, run_child
+
+    env = child_env(NUMBA_HOSTFN_CUDA_WATCHDOG="maybe")
+    env.pop("NUMBA_HOSTFN_SIMULATOR", None)
+    out = run_child(
+        "import numba_hostfn as nh\n"
+        "try:\n"
+        "    nh.create_stream()\n"
+        "except ValueError as e:\n"
+        "    print(e)\n",
+        env=env,
+    )
+    assert out.splitlines() == [
+        "NUMBA_HOSTFN_CUDA_WATCHDOG='maybe' is neither on nor off: set it to 1 to watch "
+        "for device faults, or to 0 not to (unset, it is 1)"
+    ], out

@@ -11,7 +11,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from _device import CHILD_PREAMBLE, rerun_on_simulator, run_child, watchdog_polled
+from _device import CHILD_PREAMBLE, child_env, rerun_on_simulator, run_child, watchdog_polled
 
 import numba_hostfn as nh
 from numba_hostfn import _core
@@ -116,6 +116,26 @@ def test_faults_in_several_processes_at_once_fail_each_ones_waits():
             if out.splitlines() != ["raised CUDA_ERROR_LAUNCH_FAILED", "pending 0"]
         ]
     assert not failures, f"{len(failures)} of 16 children:\n" + "\n".join(failures)
+
+
+SWITCH_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    from numba_hostfn import _core
+    from _device import watchdog_threads
+    device.delay(stream, 0.1)
+    nh.host_launch(stream, lambda: None)  # in flight: a watchdog would be woken
+    stream.sync()
+    nh.drain()
+    print(_core._testing.watchdog_stats()["wakes"], watchdog_threads())
+""")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("value, watched", [("", True), ("0", False), ("off", False)])
+def test_the_watchdog_variable_turns_the_watchdog_off(value, watched):
+    """NUMBA_HOSTFN_CUDA_WATCHDOG=0 or off: a launch in flight starts no watchdog
+    (off left it on: only 0, false and no were off); unset, it starts one."""
+    out = run_child(SWITCH_SCRIPT, env=child_env(NUMBA_HOSTFN_CUDA_WATCHDOG=value))
+    assert out.split() == (["1", "1"] if watched else ["0", "0"]), out
 
 
 RESTART_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
