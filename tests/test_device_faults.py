@@ -385,7 +385,9 @@ def test_a_slow_stream_never_fails_its_waits_and_a_raising_callable_is_still_rep
         nh.host_launch(s, boom)
         after = nh.done_future(s)
         assert future.result(timeout=60) is s and after.result(timeout=60) is s
-        assert _core._testing.watchdog_stats()["polls"] > polls  # it did look, and found no fault
+        stats = _core._testing.watchdog_stats()
+        assert stats["polls"] > polls  # it did look, and found no fault:
+        assert stats["last_answer"] == 0 and stats["unasked"] == 0  # success, asked
         s.sync()
     assert [type(u.exc_value) for u in unraisables] == [ValueError]
 

@@ -60,9 +60,12 @@ DEFAULT_STREAM_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
         from cuda.bindings import driver
         from numba_hostfn import _core
         stage = getattr(fire, "stage", lambda: "-")()
-        answer = driver.cuStreamQuery(target.handle)[0].name if not device.simulator else "-"
+        answer = idle = "-"
+        if not device.simulator:  # an idle per-thread stream first, then the stream
+            idle = driver.cuStreamQuery(driver.CUstream(2))[0].name
+            answer = driver.cuStreamQuery(target.handle)[0].name
         print("timed out: kernel stage", stage, "| its stream answers", answer,
-              "| watchdog", _core._testing.watchdog_stats())
+              "| a per-thread stream", idle, "| watchdog", _core._testing.watchdog_stats())
         try:
             future.result(timeout=10)
             print("then resolved")

@@ -109,11 +109,14 @@ static struct {
     atomic_long failed;    /* records failed */
     atomic_long polls;     /* polls done (tests: the watchdog parks) */
     atomic_long wakes;     /* times an enqueue woke it */
+    atomic_int last_answer; /* the last query's answer (diagnoses: -1 none yet) */
+    atomic_long unasked;   /* CUDA queries not made (their answer: NOT_READY) */
 } dog = {.mutex = PTHREAD_MUTEX_INITIALIZER,
          .wake = PTHREAD_COND_INITIALIZER,
          .first_ns = 1000000,
          .max_ns = 20000000,
-         .idle_ms = 10000};
+         .idle_ms = 10000,
+         .last_answer = -1};
 
 bool nhf_fault_note(void *ctx, unsigned code, void *stream) {
     bool added = false;
@@ -288,6 +291,7 @@ static long poll_once(survey *s) {
          * since (an enqueue that passed its fault check first) is failed too. */
         unsigned known = fault_of_context(s->pairs[i].ctx);
         int rc = known != 0 ? (int)known : query(s->pairs[i].ctx);
+        atomic_store_explicit(&dog.last_answer, rc, memory_order_relaxed);
         if (!not_a_fault(rc))
             fail_context(s, s->pairs[i].ctx, (unsigned)rc);
     }
@@ -482,15 +486,19 @@ static int nhf_cuda_query_context(void *ctx) {
         int mode = CU_STREAM_CAPTURE_MODE_RELAXED;
         nhf_cuThreadExchangeStreamCaptureMode_fn exchange =
             NHF_CU(cuThreadExchangeStreamCaptureMode);
-        if (exchange == NULL || exchange(&mode) != 0)
+        if (exchange == NULL || exchange(&mode) != 0) {
+            atomic_fetch_add(&dog.unasked, 1);
             return CUDA_ERROR_NOT_READY; /* not queried: that could invalidate a capture */
+        }
         watchdog_relaxed = true;
     }
     nhf_cuCtxPushCurrent_fn push = NHF_CU(cuCtxPushCurrent);
     nhf_cuStreamQuery_fn query = NHF_CU(cuStreamQuery);
     nhf_cuCtxPopCurrent_fn pop = NHF_CU(cuCtxPopCurrent);
-    if (push == NULL || query == NULL || pop == NULL)
+    if (push == NULL || query == NULL || pop == NULL) {
+        atomic_fetch_add(&dog.unasked, 1);
         return CUDA_ERROR_NOT_READY; /* a driver table without them: nothing to ask */
+    }
     int rc = push(ctx);
     if (rc != 0)
         return rc; /* a destroyed context: not a fault (not_a_fault) */
@@ -602,15 +610,19 @@ static PyObject *py_fault_info(PyObject *self, PyObject *unused) {
 /* watchdog_stats() -> dict: failed (records), polls, wakes, active, running
  * (its thread exists), parked (its thread waits for a wake: not active is not
  * enough, since after a poll that found nothing it surveys once more before it
- * parks, and may go on polling). */
+ * parks, and may go on polling), last_answer (the last query's CUresult, -1 if
+ * none yet) and unasked (CUDA queries not made): what a wait that never
+ * resolves heard. */
 static PyObject *py_watchdog_stats(PyObject *self, PyObject *unused) {
     (void)self, (void)unused;
     pthread_mutex_lock(&dog.mutex);
     int running = dog.started, parked = dog.parked;
     pthread_mutex_unlock(&dog.mutex);
-    return Py_BuildValue("{slslslsisisi}", "failed", atomic_load(&dog.failed), "polls",
+    return Py_BuildValue("{slslslsisisisisl}", "failed", atomic_load(&dog.failed), "polls",
                          atomic_load(&dog.polls), "wakes", atomic_load(&dog.wakes), "active",
-                         atomic_load(&dog.active), "running", running, "parked", parked);
+                         atomic_load(&dog.active), "running", running, "parked", parked,
+                         "last_answer", atomic_load(&dog.last_answer), "unasked",
+                         atomic_load(&dog.unasked));
 }
 
 /* stream_fault(stream) -> 0 or the code of its context's noted fault. */
