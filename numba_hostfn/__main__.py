@@ -34,7 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.n < 5:
         parser.error("-n must be at least 5")
 
-    chosen = _choose_backend()
+    try:
+        chosen = _choose_backend()
+    except ValueError as e:  # a switch set to neither on nor off (env_switch)
+        parser.exit(2, f"python -m numba_hostfn: error: {e}\n")
     import numba_hostfn as nh
     from numba_hostfn._demodevice import Device
 

@@ -53,6 +53,22 @@ def test_main_job_rejects_bad_arguments():
     assert "-n must be at least 5" in run.stderr
 
 
+def test_main_job_says_what_to_set_for_a_switch_it_cannot_read():
+    """NUMBA_HOSTFN_SIMULATOR set to neither on nor off: a usage error naming it, not
+    a traceback (and not the simulator, which "off" selected)."""
+    run = subprocess.run(
+        [sys.executable, "-m", "numba_hostfn", "-n", "5"],
+        env=child_env(NUMBA_HOSTFN_SIMULATOR="maybe"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 2 and not run.stdout, run.stdout + run.stderr
+    assert run.stderr.startswith(
+        "python -m numba_hostfn: error: NUMBA_HOSTFN_SIMULATOR='maybe' is neither on nor off"
+    ), run.stderr
+
+
 def test_a_package_without_its_built_core_says_so(tmp_path):
     """A checkout whose native core is not built for this Python (no install yet, or a
     wheel installed and Python started in the checkout) names the missing extension
