@@ -4,9 +4,9 @@ where nothing blocks).
 
 For each kind of hold and each kind of work, a fresh stream is held (by a compiled
 host function, or a kernel, spinning on a flag in host memory); a thread enqueues up
-to N items of that work behind it and counts; after --wait seconds the main thread
-reads the count, releases the hold, and joins.  "blocked at K" means the K+1-th
-enqueue had not returned by then.
+to N items of that work behind it and counts; once all N are in, or after --wait
+seconds, the main thread reads the count, releases the hold, and joins.  "blocked
+at K" means the K+1-th enqueue had not returned by then.
 
     python benchmarks/queue_depth.py [--n 30000] [--wait 2]
 
@@ -84,7 +84,11 @@ def probe(hold_name, hold_kind, name, device, enqueue, n, wait):
     t = threading.Thread(target=work, daemon=True)
     start = time.perf_counter()
     t.start()
-    time.sleep(wait)
+    # Until all are in or --wait has passed: a thread that blocks stays where it is,
+    # and one that is merely slow (a loaded machine, a sanitizer build) is not called
+    # blocked at the count it had reached after a fixed sleep.
+    while count[0] < n and time.perf_counter() < start + wait:
+        time.sleep(0.005)
     seen = count[0]
     hold.release()
     t.join(60)

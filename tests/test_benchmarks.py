@@ -39,7 +39,7 @@ def test_host_copy_benchmark_smoke():
 
 def test_queue_depth_probe_smoke():
     """The probe runs every hold and every kind of work; the simulator blocks none."""
-    run = _benchmark("queue_depth.py", "--n", 200, "--wait", 0.2)
+    run = _benchmark("queue_depth.py", "--n", 200, "--wait", 30)  # --wait: a deadline
     lines = run.stdout.splitlines()
     assert len(lines) == 10 and all("all enqueued" in line for line in lines), run.stdout
 

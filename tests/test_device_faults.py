@@ -336,9 +336,9 @@ def test_the_simulator_models_a_sticky_fault_of_the_context(request):
     seen = []
     nh.host_launch(a, lambda: seen.append("before"))
     a.sync()
-    a.sleep(0.05)
+    a.sleep(0.5)
     a.fault("CUDA_ERROR_ILLEGAL_ADDRESS")
-    b.sleep(0.2)  # device work of another stream, behind the fault when it ends
+    b.sleep(1.0)  # device work of another stream, behind the fault when it ends
     nh.host_launch(a, lambda: seen.append("behind a"))
     with pytest.raises(nh.DeviceFaultError) as a_error:
         a.sync()
@@ -422,7 +422,7 @@ def test_the_watchdog_polls_only_while_launches_are_in_flight(request, stream):
             break
     else:
         pytest.fail("the watchdog was woken in each of 5 quiet rounds")
-    stream.sleep(0.05)  # so that the launch is still in flight when host_launch returns
+    stream.sleep(0.5)  # so that the launch is still in flight when host_launch returns
     nh.host_launch(stream, lambda: None)
     stream.sync()
     # Woken, then parked again.
@@ -442,7 +442,7 @@ def test_a_non_blocking_callback_and_a_loop_wait_behind_a_fault(request, unraisa
     gate = threading.Event()
 
     async def main():
-        s.sleep(0.1)
+        s.sleep(0.5)
         s.fault()
         nh.host_launch(s, lambda: called.append(1), blocking=False)
         future = nh.done_future(s)
@@ -498,7 +498,7 @@ def test_a_failed_launch_is_released_on_the_main_thread(request):
             released_on.append(threading.current_thread() is threading.main_thread())
 
     s = nh.simulator.Stream()
-    s.sleep(0.05)
+    s.sleep(0.5)
     s.fault()
     nh.host_launch(s, Owner())
     with pytest.raises(nh.DeviceFaultError):
@@ -530,7 +530,7 @@ def test_a_faulted_lane_fails_its_direct_tasks_and_releases_their_owners(request
     before = nh.pending()
     assert _watchdog_parked()  # nothing in flight
     wakes = _core._testing.watchdog_stats()["wakes"]
-    s.sleep(0.05)  # simulated device work, no record: the tasks go in before the fault
+    s.sleep(0.5)  # simulated device work, no record: the tasks go in before the fault
     s.fault()
     for _ in range(3):
         nh.host_launch(s, _increment, user_data=ref, executor=ex)
@@ -699,12 +699,12 @@ def test_the_error_names_the_stream_of_its_own_contexts_fault(request):
 
     async def main():
         a = nh.simulator.Stream()
-        a.sleep(0.1)
+        a.sleep(0.5)
         a.fault()  # CUDA_ERROR_LAUNCH_FAILED
         waiting = nh.async_done(a)
         nh.simulator.new_context()
         b = nh.simulator.Stream()
-        b.sleep(0.3)
+        b.sleep(0.8)
         b.fault()  # the same code, another context, later
         try:
             with pytest.raises(nh.DeviceFaultError, match="LAUNCH_FAILED"):
@@ -738,7 +738,7 @@ MANY_CONTEXTS_SCRIPT = textwrap.dedent("""
     a = nh.simulator.Stream()
 
     async def main():
-        a.sleep(0.1)
+        a.sleep(0.5)
         a.fault()
         try:
             await asyncio.wait_for(nh.async_done(a), 60)

@@ -720,14 +720,21 @@ def test_streams_run_their_host_work_in_parallel(device):
 
 
 def test_compiled_tasks_run_while_the_main_thread_holds_the_gil(executor, stream, device):
-    stamps = np.zeros(4, np.int64)
-    device.delay(stream, 0.05)
-    nh.host_launch(stream, _stamp, user_data=nh.by_ref(stamps), executor=executor)
-    start = time.monotonic_ns()
-    ctypes.PyDLL(None).usleep(500_000)  # one C call that keeps the GIL
-    stream.sync()
-    assert stamps[0] == 1
-    assert start < stamps[3] < start + 500_000_000, "an executor task waited for the GIL"
+    # A round in which the stream got there only after the GIL was taken: on a slow
+    # machine the device delay can end first.
+    for _ in range(5):
+        stamps = np.zeros(4, np.int64)
+        device.delay(stream, 0.2)
+        nh.host_launch(stream, _stamp, user_data=nh.by_ref(stamps), executor=executor)
+        start = time.monotonic_ns()
+        ctypes.PyDLL(None).usleep(500_000)  # one C call that keeps the GIL
+        stream.sync()
+        assert stamps[0] == 1
+        if stamps[3] > start:
+            break
+    else:
+        pytest.fail("no round in 5 in which the task came after the GIL was taken")
+    assert stamps[3] < start + 500_000_000, "an executor task waited for the GIL"
 
 
 @nh.host_callback
@@ -1103,8 +1110,7 @@ CLOSE_RACING_A_LAUNCH_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     hold = Hold(stream)
     nh.host_launch(stream, close_it)
     # 5 s between a launch's open check and its count: wide, so that on a loaded
-    # machine (TSan, 2 cores) the launch reaches its pause in the 1 s below, and
-    # close_it runs inside the pause.
+    # machine (TSan, 2 cores) close_it runs inside the pause once the launch is in it.
     _core._testing.exec_test_pause(5_000_000_000)
     entered = threading.Event()
 
@@ -1115,7 +1121,9 @@ CLOSE_RACING_A_LAUNCH_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     t = threading.Thread(target=launch)
     t.start()
     entered.wait()
-    time.sleep(1.0)  # the launch has seen the pool open, and has not counted its task
+    deadline = time.monotonic() + 30
+    while _core._testing.exec_test_paused() == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)  # till the launch has seen the pool open, and not counted its task
     hold.release()
     t.join()
     _core._testing.exec_test_pause(0)

@@ -539,7 +539,9 @@ PREEMPTED_LAUNCH_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     t = threading.Thread(target=launch)
     t.start()
     entered.wait()
-    time.sleep(0.2)  # the launch has seen the pool open, and has not counted its task
+    deadline = time.monotonic() + 30
+    while _core._testing.exec_test_paused() == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)  # till the launch has seen the pool open, and not counted its task
     ex.close()  # must finish that task, not stop the threads before it is counted
     _core._testing.exec_test_pause(0)
     t.join()

@@ -378,30 +378,44 @@ def _hold_gil(seconds):
 
 
 def test_compiled_host_functions_run_while_main_thread_holds_gil(stream, device):
-    stamps = np.zeros(3 + N_STAMPS, np.int64)
-    device.delay(stream, 0.05)
-    for _ in range(N_STAMPS):
-        nh.host_launch(stream, stamp, user_data=nh.by_ref(stamps))
-    start = time.monotonic_ns()
-    _hold_gil(0.5)
-    window_end = start + 500_000_000
-    stream.sync()
-    assert stamps[0] == N_STAMPS
-    times = stamps[3:]
-    assert (times > start).all()
+    # A round in which the stream got there only after the GIL was taken: on a slow
+    # machine the device delay can end first.
+    for _ in range(5):
+        stamps = np.zeros(3 + N_STAMPS, np.int64)
+        device.delay(stream, 0.2)
+        for _ in range(N_STAMPS):
+            nh.host_launch(stream, stamp, user_data=nh.by_ref(stamps))
+        start = time.monotonic_ns()
+        _hold_gil(0.5)
+        window_end = start + 500_000_000
+        stream.sync()
+        assert stamps[0] == N_STAMPS
+        times = stamps[3:]
+        if (times > start).all():
+            break
+    else:
+        pytest.fail("no round in 5 in which the launches came after the GIL was taken")
     assert (times < window_end).all(), "a compiled host function waited for the GIL"
 
 
 def test_python_callables_wait_for_the_gil(stream, device):
-    times = []
-    device.delay(stream, 0.05)
+    # A round in which the stream got there only after the GIL was taken: on a slow
+    # machine the device delay can end first.
+    times: list[int] = []
     for _ in range(5):
-        nh.host_launch(stream, lambda: times.append(time.monotonic_ns()))
-    start = time.monotonic_ns()
-    _hold_gil(0.5)
-    window_end = start + 500_000_000
-    stream.sync()
-    assert len(times) == 5
+        times.clear()
+        device.delay(stream, 0.2)
+        for _ in range(5):
+            nh.host_launch(stream, lambda: times.append(time.monotonic_ns()))
+        start = time.monotonic_ns()
+        _hold_gil(0.5)
+        window_end = start + 500_000_000
+        stream.sync()
+        assert len(times) == 5
+        if min(times) > start:
+            break
+    else:
+        pytest.fail("no round in 5 in which the callables came after the GIL was taken")
     assert min(times) >= window_end - 1_000_000, "a Python callable ran without the GIL"
 
 

@@ -11,7 +11,14 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from _device import CHILD_PREAMBLE, child_env, rerun_on_simulator, run_child, watchdog_polled
+from _device import (
+    CHILD_PREAMBLE,
+    Hold,
+    child_env,
+    rerun_on_simulator,
+    run_child,
+    watchdog_polled,
+)
 
 import numba_hostfn as nh
 from numba_hostfn import _core
@@ -30,10 +37,12 @@ def test_the_watchdog_touches_no_stream_handle(request):
 
     stream = simulator.Stream()
     counter = []
-    stream.sleep(0.3)
+    hold = Hold(stream)  # in flight till released: a slow machine cannot outrun a delay
+    stream.sleep(0.3)  # still pending at the close below
     for _ in range(10):
         nh.host_launch(stream, lambda: counter.append(1))
     assert watchdog_polled(), "the watchdog did not poll while launches were in flight"
+    hold.release()
     stream.close()  # the simulator runs the queue first
     nh.drain()
     assert len(counter) == 10 and nh.pending() == 0

@@ -349,6 +349,7 @@ void nhf_lane_unlink_task(lane *l, task *t) {
 /* Tests only: a pause between open_task's check and the count of its task, the
  * window a preempted launching thread leaves to a racing close (exec_test_pause). */
 static atomic_long test_pause_ns;
+static atomic_long test_paused; /* launches in that pause now (exec_test_paused) */
 
 /* Under the lane's enqueue mutex: the task for trampoline(record), numbered
  * next; NULL with *status set if the pool is closed or no memory is left. */
@@ -364,8 +365,11 @@ task *nhf_lane_open_task(lane *l, nhf_hostfn trampoline, void *record, PyObject 
         return NULL;
     }
     long pause = atomic_load_explicit(&test_pause_ns, memory_order_relaxed);
-    if (pause > 0)
+    if (pause > 0) {
+        atomic_fetch_add(&test_paused, 1);
         nhf_sleep_ns(pause);
+        atomic_fetch_sub(&test_paused, 1);
+    }
     task *t = append(l, l->seq + 1, trampoline, record, owner);
     if (t == NULL) {
         *status = NHF_OUT_OF_MEMORY;
@@ -807,6 +811,13 @@ static PyObject *py_test_pause(PyObject *self, PyObject *arg) {
     return set_pause(&test_pause_ns, arg);
 }
 
+/* exec_test_paused() -> how many launches are in exec_test_pause's pause now: a
+ * test waits for its launch to get there, not for a fixed time. */
+static PyObject *py_test_paused(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    return PyLong_FromLong(atomic_load(&test_paused));
+}
+
 static PyObject *py_done_pause(PyObject *self, PyObject *arg) {
     (void)self;
     return set_pause(&test_done_pause_ns, arg);
@@ -840,6 +851,9 @@ static PyMethodDef methods[] = {
     {"exec_test_pause", py_test_pause, METH_O,
      "exec_test_pause($module, ns, /)\n--\n\n"
      "Tests only, pause each executor enqueue after its open check"},
+    {"exec_test_paused", py_test_paused, METH_NOARGS,
+     "exec_test_paused($module, /)\n--\n\n"
+     "Tests only, how many executor enqueues are in that pause now"},
     {"exec_done_pause", py_done_pause, METH_O,
      "exec_done_pause($module, ns, /)\n--\n\n"
      "Tests only, pause each executor task after its done write"},
