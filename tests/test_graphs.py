@@ -594,8 +594,12 @@ TWO_STREAMS_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     nh.host_launch(builder, wait_for_permit, user_data=nh.by_ref(cell), executor=ex)
     graph = builder.end_building().complete()
     builder.close()
-    for k, t in ((1, 0.3), (2, 0.6)):
-        threading.Timer(t, cell.__setitem__, (0, k)).start()
+    def permit():  # one thread: two timers could write 2, then 1 (a replay then hung)
+        for k in (1, 2):
+            time.sleep(0.3)
+            cell[0] = k
+
+    threading.Thread(target=permit).start()
     graph.launch(stream)
     graph.launch(s2)
     synced = threading.Event()
