@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import faulthandler
 import os
+import select
 import subprocess
 import sys
 import textwrap
@@ -220,38 +221,34 @@ STALLED_EXIT = CHILD_PREAMBLE + textwrap.dedent("""
 
 def test_many_exits_with_launches_pending_behind_a_stalled_host_function():
     def one(_) -> tuple[int, float, str]:
-        start = time.monotonic()
-        run = subprocess.run(
+        # The exit is timed from the child's last line, printed just before it: its
+        # start (importing numba, compiling, on a machine that runs as many of them
+        # at once, under a sanitizer in CI) is not ours to bound.
+        child = subprocess.Popen(
             [sys.executable, "-c", STALLED_EXIT.format(n=EXIT_PENDING)],
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
             env=child_env(),
-            timeout=120,
         )
-        return run.returncode, time.monotonic() - start, run.stdout + run.stderr
-
-    # The child's own exit is bounded; its start (importing numba, on a machine
-    # that runs as many of them at once) is not ours to bound: each run's time
-    # is compared with the slowest of as many children that exit with nothing
-    # pending, started the same way.
-    def plain(_) -> float:
-        start = time.monotonic()
-        subprocess.run(
-            [sys.executable, "-c", "import numba_hostfn, _device; _device.Device()"],
-            env=child_env(),
-            timeout=120,
-            check=True,
-        )
-        return time.monotonic() - start
+        line, printed = "", time.monotonic()
+        if select.select([child.stdout], [], [], 120)[0]:
+            line = child.stdout.readline()
+            printed = time.monotonic()
+        try:
+            out, err = child.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            out, err = child.communicate()
+        return child.returncode, time.monotonic() - printed, line + out + err
 
     workers = min(8, os.cpu_count() or 2)
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        startup = max(pool.map(plain, range(workers)))
         results = list(pool.map(one, range(EXITS)))
     for rc, seconds, output in results:
         assert rc == 0, output
         assert f"pending {EXIT_PENDING + 1}" in output, output
-        assert seconds - startup < 5.0, f"an exit took {seconds - startup:.1f} s more: {output}"
+        assert seconds < 5.0, f"an exit took {seconds:.1f} s: {output}"
 
 
 def test_threads_launching_and_synchronizing_for_seconds_do_not_deadlock(device):
