@@ -106,12 +106,12 @@ def test_callable_released_after_it_ran(stream, device):
 
     probe = Probe()
     alive = weakref.ref(probe)
-    device.delay(stream, 1.0)  # longer than gc.collect() with large libraries loaded
-    nh.host_launch(stream, probe)
-    del probe
-    gc.collect()
-    assert alive() is not None, "the launch must own the callable until it ran"
-    assert nh.pending() == 1
+    with Hold(stream):  # not a delay: gc.collect() with large libraries loaded is slow
+        nh.host_launch(stream, probe)
+        del probe
+        gc.collect()
+        assert alive() is not None, "the launch must own the callable until it ran"
+        assert nh.pending() == 2  # the hold's launch and this one
     stream.sync()
     nh.drain()
     gc.collect()
@@ -161,12 +161,12 @@ def test_finalizer_run_by_the_drain_may_launch_again(stream):
 def test_by_ref_buffer_kept_alive_until_run_then_released(stream, device):
     counter = np.zeros(1, np.int64)
     alive = weakref.ref(counter)
-    device.delay(stream, 1.0)
-    nh.host_launch(stream, increment, user_data=nh.by_ref(counter))
-    view = counter.view()  # to read the result; does not own the launch
-    del counter
-    gc.collect()
-    assert alive() is not None
+    with Hold(stream):  # not a delay: gc.collect() with large libraries loaded is slow
+        nh.host_launch(stream, increment, user_data=nh.by_ref(counter))
+        view = counter.view()  # to read the result; does not own the launch
+        del counter
+        gc.collect()
+        assert alive() is not None
     stream.sync()
     nh.drain()
     assert view[0] == 1
@@ -198,10 +198,10 @@ def test_writable_user_data_is_shared_not_copied(stream, device, kind):
         "memoryview": lambda: memoryview(bytearray(packed)),
         "ctypes": lambda: (ctypes.c_char * 16).from_buffer_copy(packed),
     }[kind]()
-    device.delay(stream, 0.05)
-    before = nh.pending()
-    nh.host_launch(stream, write_value, user_data=data)
-    assert nh.pending() == before + 1
+    with Hold(stream):  # the launch is still held when pending() is read
+        before = nh.pending()
+        nh.host_launch(stream, write_value, user_data=data)
+        assert nh.pending() == before + 1
     stream.sync()
     nh.drain()
     assert result[0] == 1234
