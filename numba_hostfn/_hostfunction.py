@@ -340,6 +340,26 @@ def _check_subarray_fields(layout: np.dtype, prefix: str) -> None:
             )
 
 
+def _not_a_function(given: Any) -> TypeError:
+    """The error for ``host_callback(given)`` of anything but a Python function, saying
+    what was probably meant where that is plain: numba.cfunc takes its signature
+    positionally, so ``@host_callback(REC)`` is an easy slip for ``dtype=REC``."""
+    kind = type(given).__name__
+    hint = ""
+    if isinstance(given, np.dtype) or (isinstance(given, type) and issubclass(given, np.generic)):
+        hint = ": dtype is keyword-only: @host_callback(dtype=...)"
+    elif isinstance(given, str):
+        hint = (
+            ": a host function takes no signature (it is always void(void*)): write "
+            "@host_callback, or @host_callback(dtype=...) for a typed view of user_data"
+        )
+    elif isinstance(given, HostFunction):
+        hint = f": {given!r} is compiled already; launch it as it is"
+    elif inspect.isfunction(getattr(given, "py_func", None)):
+        hint = ": decorate the plain Python function instead (this one's .py_func)"
+    return TypeError(f"host_callback expected a Python function, got {kind}{hint}")
+
+
 class HostFunction(_core.CompiledBase):
     """A Python function compiled to a ``CUhostFn`` that runs without the GIL.
 
@@ -357,6 +377,14 @@ class HostFunction(_core.CompiledBase):
     reads_user_data : bool
         Whether the body reads its argument (read-only): then ``user_data=None``,
         which would give it NULL, is refused at launch.
+
+    Notes
+    -----
+    Its machine code is fixed for its life: ``copy.copy`` and ``copy.deepcopy``
+    give the object itself, as for a function.  One defined at the top level of
+    a module pickles by name, as a function does (the process that loads it
+    imports the module, which compiles it again); any other cannot be pickled
+    (``TypeError``, saying why).
     """
 
     def __init__(
@@ -371,9 +399,7 @@ class HostFunction(_core.CompiledBase):
         error_model: str = "numpy",
     ) -> None:
         if not inspect.isfunction(py_func):
-            raise TypeError(
-                f"host_callback expected a Python function, got {type(py_func).__name__}"
-            )
+            raise _not_a_function(py_func)
         if self.address:  # bound once: the machine code launched is fixed for its life
             raise RuntimeError(f"{self!r} is compiled already; make another with @host_callback")
         if py_func.__code__.co_flags & _SUSPENDING:
@@ -448,6 +474,11 @@ class HostFunction(_core.CompiledBase):
         cuda.core's ``GraphBuilder.callback`` and ``GraphNode.callback`` accept
         it unchanged.
         """
+        if not self.address:
+            raise ValueError(
+                "a HostFunction with no machine code (made with HostFunction.__new__, never "
+                "compiled) has no ctypes pointer; make it with @numba_hostfn.host_callback"
+            )
         if self._ctypes is None:
             pointer = CUhostFn(self.address)
             pointer._numba_hostfn_owner = self  # the pointer keeps the code alive
@@ -493,6 +524,29 @@ class HostFunction(_core.CompiledBase):
         if self._direct is None:
             self._direct = _direct_caller(self._target, self._options)
         self._direct(address)
+
+    def __copy__(self) -> HostFunction:
+        return self  # its machine code is fixed for its life: a copy is itself, as a function's
+
+    def __deepcopy__(self, memo: dict) -> HostFunction:
+        return self
+
+    def __reduce__(self) -> str:
+        """Pickled by name, as a function is: one defined at the top level of a module
+        (the process that loads it imports that module, which compiles it again).
+        Any other is refused, saying why: its machine code is this process's."""
+        found = sys.modules.get(self.__module__) if self.address else None
+        for part in self.__qualname__.split(".") if found is not None else ():
+            found = getattr(found, part, None)
+        if found is self:
+            return self.__qualname__
+        raise TypeError(
+            f"{self!r} cannot be pickled: it is machine code compiled in this process, "
+            "and only a host function defined at the top level of a module pickles, by "
+            "name (the process that loads it imports the module, which compiles it "
+            "again; cache=True makes that a load from disk). Define it there, or send "
+            "what the other process needs to make it with @host_callback itself"
+        )
 
     def __repr__(self) -> str:
         if not self.address:

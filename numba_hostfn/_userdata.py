@@ -14,7 +14,8 @@ writable buffer             the buffer itself (as ``by_ref``)          the buffe
 
 A writable buffer is never copied: a copy would take the host function's writes
 and drop them.  It is shared, as ``by_ref`` shares it; pass ``bytes(a)`` (or
-``a.tobytes()``) for a copy.
+``a.tobytes()``) for a copy.  A record of a writable structured array, ``a[i]``,
+is shared too: numpy writes through it, although it exports its buffer read-only.
 """
 
 from __future__ import annotations
@@ -271,7 +272,9 @@ def record(dtype: Any, **fields: Any) -> Record:
     ------
     TypeError
         If ``dtype`` is not structured, a buffer is given for a field that
-        cannot hold an address, or a value is of a type its field cannot hold.
+        cannot hold an address, or a value is of a type its field cannot hold
+        (a bool field holds ``True`` or ``False``, or the integer 0 or 1: not
+        ``"False"``, whose truth numpy would store).
     ValueError
         If a field is unknown, a buffer is not C-contiguous or is empty, or a
         value does not fit its field (``-1`` in an unsigned one, ``1.5`` in an
@@ -325,7 +328,9 @@ def record(dtype: Any, **fields: Any) -> Record:
             field, given = layout.fields[name][0], value
             if field.kind in "iu":
                 value = _whole_number(name, field, field, value)
-            elif field.subdtype is not None and field.base.kind in "iu":
+            elif field.kind == "b":
+                value = _truth(name, field, value)
+            elif field.subdtype is not None and field.base.kind in "iub":
                 # Each item as a scalar field's: numpy truncates [1.5] and wraps
                 # [np.int64(-1)] into an unsigned subarray as silently.
                 try:
@@ -333,10 +338,11 @@ def record(dtype: Any, **fields: Any) -> Record:
                 except ValueError:  # ragged: numpy's own error, below
                     items = None
                 if items is not None:
-                    value = np.array(
-                        [_whole_number(name, field, field.base, v) for v in items.flat],
-                        dtype=object,
-                    ).reshape(items.shape)
+                    if field.base.kind == "b":
+                        checked = [_truth(name, field, v) for v in items.flat]
+                    else:
+                        checked = [_whole_number(name, field, field.base, v) for v in items.flat]
+                    value = np.array(checked, dtype=object).reshape(items.shape)
             try:
                 # A number too large for a floating field would be stored as inf.
                 with np.errstate(over="raise"):
@@ -374,6 +380,25 @@ def _whole_number(name: str, field: np.dtype, kind: np.dtype, value: Any) -> Any
             f"(it holds {bounds.min} to {bounds.max})"
         )
     return int(value)
+
+
+def _truth(name: str, field: np.dtype, value: Any) -> Any:
+    """``value`` for a bool field: True or False (numpy's too), or the integer 0 or 1,
+    else an error.  numpy stores any other value as its truth, silently: ``"False"``
+    and ``"0"`` as True, ``None`` as False, 2 as True."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, numbers.Integral):
+        if value in (0, 1):
+            return bool(value)
+        raise ValueError(
+            f"record() field {name!r} is {field} and cannot hold {value!r} (it holds True "
+            "or False, or 1 or 0)"
+        )
+    raise TypeError(
+        f"record() field {name!r} is {field} and cannot hold {value!r} (expected True or "
+        "False: numpy would store its truth)"
+    )
 
 
 # What record() takes as a buffer whose address a field holds (any other value is
@@ -509,6 +534,11 @@ def resolve_user_data(
             "int(x) for the address it holds, or x.tobytes() for a copy of its bytes (or "
             "declare the host function's dtype=)"
         )
+    if isinstance(user_data, np.void) and user_data.flags.writeable:
+        # A record of a writable array, a[i]: numpy writes through it (a[i]["f"] = 1
+        # changes a), but exports its buffer read-only, so it would be copied and the
+        # body's writes lost.  Its array view (0-d, the same memory) is shared instead.
+        user_data = np.asarray(user_data)
     try:
         view = memoryview(user_data)
     except TypeError:

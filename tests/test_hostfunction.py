@@ -345,6 +345,52 @@ def test_hostfunction_rejects_non_functions(bad):
         nh.host_callback(bad)
 
 
+@pytest.mark.parametrize(
+    "given, says",
+    [
+        (REC, r"dtype is keyword-only: @host_callback\(dtype=\.\.\.\)"),
+        (np.int64, r"dtype is keyword-only: @host_callback\(dtype=\.\.\.\)"),
+        ("void(voidptr)", r"always void\(void\*\)"),
+        (add_one, "compiled already"),
+    ],
+    ids=["dtype", "scalar-type", "signature", "host-function"],
+)
+def test_a_positional_option_or_a_host_function_is_refused_saying_what_to_write(given, says):
+    """@host_callback(REC) (numba.cfunc takes its signature positionally) said only
+    "expected a Python function, got VoidDType", not that dtype is keyword-only."""
+    with pytest.raises(TypeError, match=says):
+        nh.host_callback(given)
+
+
+def test_a_host_function_copies_as_itself_and_pickles_by_name_or_says_why_not():
+    """copy.deepcopy of anything holding a host function (a config, a dataclass) raised
+    "cannot pickle 'HostFunction' object", and pickle said no more. Its machine code is
+    fixed for its life: a copy is itself, as a function's is. A module-level one pickles
+    by name, as a function does; any other says why not and what to do instead."""
+    import copy
+    import pickle
+
+    holder = {"stage": add_one, "data": np.zeros(2)}
+    copied = copy.deepcopy(holder)
+    assert copied["stage"] is add_one and copy.copy(add_one) is add_one
+    assert pickle.loads(pickle.dumps(add_one)) is add_one
+
+    @nh.host_callback
+    def local(p):
+        pass
+
+    assert copy.deepcopy([local])[0] is local
+    with pytest.raises(TypeError, match="cannot be pickled.*top level of a module"):
+        pickle.dumps(local)
+
+
+def test_a_never_compiled_host_function_has_no_ctypes_pointer():
+    """.ctypes of a HostFunction made with __new__ raised AttributeError '_ctypes'."""
+    blank = nh.HostFunction.__new__(nh.HostFunction)
+    with pytest.raises(ValueError, match="no machine code"):
+        blank.ctypes  # noqa: B018
+
+
 def _two(a, b):
     pass
 

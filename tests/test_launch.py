@@ -1012,6 +1012,24 @@ def test_record_refuses_a_number_its_field_would_change_of_any_kind(field, value
     assert rec.data["upair"][0].tolist() == [5, 2**64 - 1] and rec.keep == ()
 
 
+@pytest.mark.parametrize(
+    "value, error",
+    [("False", TypeError), ("0", TypeError), (None, TypeError), (0.5, TypeError), (2, ValueError)],
+)
+def test_record_refuses_a_value_a_bool_field_would_read_as_its_truth(value, error):
+    """numpy stores a bool field's value as its truth: "False" and "0" were stored as
+    True, None as False, 2 as True, silently, where an integer field refuses "ten" and
+    1.5. A bool field takes True or False (numpy's too), or the integer 0 or 1."""
+    layout = np.dtype([("flag", np.bool_), ("flags", np.bool_, (2,))])
+    with pytest.raises(error, match=r"record\(\) field 'flag' is bool and cannot hold"):
+        nh.record(layout, flag=value)
+    with pytest.raises(error, match=r"record\(\) field 'flags' is"):
+        nh.record(layout, flags=[True, value])
+    rec = nh.record(layout, flag=np.True_, flags=[1, False])
+    assert rec.data["flag"][0] and rec.data["flags"][0].tolist() == [True, False]
+    assert nh.record(layout, flag=0, flags=np.array([True, True])).data["flags"][0].all()
+
+
 def test_a_cycle_through_a_by_ref_is_collected_and_unpins_its_buffer():
     """BufferRef holds its object and export without a tp_traverse, so the cyclic
     collector never saw ByRef -> obj: an array (subclass) that keeps its own by_ref

@@ -307,6 +307,26 @@ def test_numpy_scalar_of_the_declared_dtype_is_copied(stream):
     assert value == 21
 
 
+@pytest.mark.parametrize("call", ["launch", "direct"])
+def test_a_record_of_a_writable_array_is_shared_not_copied(stream, call):
+    """``stats[i]`` of a structured array is a numpy.void that numpy writes through
+    (``stats[i]["a"] = 1`` changes ``stats``), but whose buffer is read-only: it was
+    copied, so the body's writes went to the copy and were lost, silently. It is
+    shared as ``stats[i:i + 1]`` would be; a record of a read-only array is copied."""
+    stats = np.zeros(3, REC)
+    if call == "launch":
+        nh.host_launch(stream, typed, user_data=stats[1])
+        stream.sync()
+    else:
+        typed(stats[1])
+    assert stats["a"].tolist() == [0, 1, 0]
+    frozen = np.zeros(3, REC)
+    frozen.setflags(write=False)
+    nh.host_launch(stream, typed, user_data=frozen[1])  # read-only: a copy, as its array's
+    stream.sync()
+    assert frozen["a"].tolist() == [0, 0, 0]
+
+
 async def _coroutine():
     pass
 
