@@ -145,6 +145,10 @@ def simulate_without_gpu() -> bool:
     RuntimeError
         If this process already uses the CUDA backend and has no driver now
         (it cannot change backends).
+    ValueError
+        If no backend is chosen yet and ``NUMBA_HOSTFN_SIMULATOR`` is set to
+        neither on (``1``, ``true``, ``yes``, ``on``) nor off (``0``, ``false``,
+        ``no``, ``off``).
     """
     return _simulator_unless_driver()
 

@@ -15,12 +15,14 @@ import numpy as np
 from numba import carray
 
 from . import _process
+from ._cuda import watchdog_requested
 from ._process import SIMULATOR_ENV
 
 
 def _choose_backend() -> str:
     requested = _process.simulator_requested()
     if not _process.simulator_unless_driver():
+        watchdog_requested()  # read here: a value neither on nor off is a usage error too
         return "cuda"
     if requested:
         return f"simulator ({SIMULATOR_ENV}=1)"

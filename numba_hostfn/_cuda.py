@@ -18,7 +18,7 @@ from ._errors import FAULT_NAMES, BackendUnavailableError, CudaDriverError
 #: (it is on by default: docs/errors.md); a value that is neither on nor off is refused.
 WATCHDOG_ENV = "NUMBA_HOSTFN_CUDA_WATCHDOG"
 
-__all__ = ["CudaBackend", "cuda_driver_usable"]
+__all__ = ["CudaBackend", "cuda_driver_usable", "watchdog_requested"]
 
 #: The entry points the watchdog calls (native/watchdog.c): it runs only with all of them.
 _WATCHDOG_ENTRY_POINTS = frozenset(
@@ -46,6 +46,12 @@ def cuda_driver_usable() -> bool:
         return False
 
 
+def watchdog_requested() -> bool:
+    """True unless ``NUMBA_HOSTFN_CUDA_WATCHDOG`` turns the watchdog off; ``ValueError``
+    if it says neither on nor off (``env_switch``)."""
+    return env_switch(WATCHDOG_ENV, True, "watch for device faults")
+
+
 class CudaBackend(Backend):
     """Enqueue with the driver's own cuLaunchHostFunc, reached without cuda.bindings' wrapper."""
 
@@ -57,7 +63,7 @@ class CudaBackend(Backend):
         # The watchdog (device faults): on unless NUMBA_HOSTFN_CUDA_WATCHDOG=0.  It
         # queries contexts, through its own per-thread stream, never a user's handle.
         # Read first: a value that is neither on nor off is refused before anything loads.
-        watch = env_switch(WATCHDOG_ENV, True, "watch for device faults")
+        watch = watchdog_requested()
         try:
             from cuda.bindings import driver
         except ImportError as exc:  # pragma: no cover - cuda-bindings is a dependency

@@ -39,6 +39,20 @@ __all__ = ["ByRef", "Record", "buffer_dtype", "by_ref", "record", "resolve_user_
 
 _MAX_ADDRESS = 2**64
 _ARRAY_BASE = np.ndarray.base.__get__
+_VOID_BASE = np.void.base.__get__
+
+
+def _shared_record(value: Any) -> Any:
+    """``value``, or for a record ``a[i]`` of a writable structured array (a
+    ``numpy.void``, which numpy writes through but exports read-only) its 0-d array
+    view: the same memory, shared as ``a[i:i + 1]`` is (``base_pins`` follows it to
+    what ``a``'s memory belongs to).  A void that owns no such memory (one
+    ``np.asarray`` would copy) is ``value`` itself."""
+    if isinstance(value, np.void) and value.flags.writeable:
+        view = np.asarray(value)
+        if _ARRAY_BASE(view) is value:  # a view of the record's memory, not a copy
+            return view
+    return value
 
 
 def base_pins(obj: Any) -> tuple:
@@ -60,8 +74,9 @@ def base_pins(obj: Any) -> tuple:
     if not isinstance(obj, np.ndarray):
         return ()
     base = _ARRAY_BASE(obj)  # ndarray's own, past a subclass's property
-    while isinstance(base, np.ndarray):
-        base = _ARRAY_BASE(base)
+    # A record a[i] (_shared_record) is on the way too: its base is the array a.
+    while isinstance(base, (np.ndarray, np.void)):
+        base = _ARRAY_BASE(base) if isinstance(base, np.ndarray) else _VOID_BASE(base)
     if base is None:
         return ()
     try:
@@ -131,6 +146,7 @@ class ByRef(_core.BufferRef):
     ) -> None:
         error: Exception | None = None
         if view is None:
+            obj = _shared_record(obj)  # a[i] of a writable array: shared, as user_data is
             try:
                 view = memoryview(obj)
             except TypeError:
@@ -187,7 +203,8 @@ def by_ref(obj: Any) -> ByRef:
     ----------
     obj : buffer
         A writable, C-contiguous object with the buffer protocol, at least one
-        byte long: a numpy array, ``bytearray``, ctypes array, ``memoryview``.
+        byte long: a numpy array, ``bytearray``, ctypes array, ``memoryview``; or
+        a record ``a[i]`` of a writable structured array (its memory in ``a``).
 
     Returns
     -------
@@ -534,11 +551,10 @@ def resolve_user_data(
             "int(x) for the address it holds, or x.tobytes() for a copy of its bytes (or "
             "declare the host function's dtype=)"
         )
-    if isinstance(user_data, np.void) and user_data.flags.writeable:
-        # A record of a writable array, a[i]: numpy writes through it (a[i]["f"] = 1
-        # changes a), but exports its buffer read-only, so it would be copied and the
-        # body's writes lost.  Its array view (0-d, the same memory) is shared instead.
-        user_data = np.asarray(user_data)
+    # A record of a writable array, a[i]: numpy writes through it (a[i]["f"] = 1
+    # changes a), but exports its buffer read-only, so it would be copied and the
+    # body's writes lost.  Its array view (0-d, the same memory) is shared instead.
+    user_data = _shared_record(user_data)
     try:
         view = memoryview(user_data)
     except TypeError:

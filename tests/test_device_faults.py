@@ -393,28 +393,40 @@ def test_a_slow_stream_never_fails_its_waits_and_a_raising_callable_is_still_rep
 
 
 def _watchdog_parked(rounds=3000):
-    """Wait until the watchdog's thread waits for a wake, or none runs.  Not "not
-    active": after a poll that found nothing in flight it clears active, then
+    """Wait until the watchdog's thread waits for a wake, or none runs, and return the
+    stats that saw it (their wakes and polls are those of that moment: a baseline
+    read after it may count a wake that came meanwhile); None if it never did.  Not
+    "not active": after a poll that found nothing in flight it clears active, then
     surveys once more, and goes on polling if that finds a launch."""
     for _ in range(rounds):
         stats = _core._testing.watchdog_stats()
         if stats["parked"] or not stats["running"]:
-            return True
+            return stats
         time.sleep(0.01)
-    return False
+    return None
 
 
-def test_the_watchdog_polls_only_while_launches_are_in_flight(request, stream):
+@pytest.mark.parametrize("woken_after_the_check", [False, True])
+def test_the_watchdog_polls_only_while_launches_are_in_flight(
+    request, stream, woken_after_the_check
+):
     """Detection costs nothing on the healthy path: with nothing in flight the
-    watchdog is parked (no polling), and a launch wakes it once."""
+    watchdog is parked (no polling), and a launch wakes it once.  Other work may wake
+    it between rounds, even right after the check that saw it parked (then that
+    round is not a quiet one: woken_after_the_check does it once, on purpose)."""
     if rerun_on_simulator(request):
         return
+    other = nh.simulator.Stream()
     nh.host_launch(stream, lambda: None)
     stream.sync()
     nh.drain()
     for _ in range(5):  # a round in which nothing else woke it (an earlier test's work)
-        assert _watchdog_parked()
-        stats = _core._testing.watchdog_stats()
+        stats = _watchdog_parked()  # the round's baseline: the stats that saw it parked
+        assert stats
+        if woken_after_the_check:
+            woken_after_the_check = False
+            other.sleep(0.05)
+            nh.host_launch(other, lambda: None)  # in flight for 50 ms: it polls
         time.sleep(0.2)
         after = _core._testing.watchdog_stats()
         if after["wakes"] == stats["wakes"]:
@@ -428,6 +440,7 @@ def test_the_watchdog_polls_only_while_launches_are_in_flight(request, stream):
     # Woken, then parked again.
     assert _core._testing.watchdog_stats()["wakes"] == stats["wakes"] + 1
     assert _watchdog_parked()
+    other.close()
 
 
 @pytest.mark.usefixtures("faulted_context")

@@ -1124,6 +1124,7 @@ CLOSE_RACING_A_LAUNCH_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     deadline = time.monotonic() + 30
     while _core._testing.exec_test_paused() == 0 and time.monotonic() < deadline:
         time.sleep(0.001)  # till the launch has seen the pool open, and not counted its task
+    assert _core._testing.exec_test_paused(), "the launch never reached its pause"
     hold.release()
     t.join()
     _core._testing.exec_test_pause(0)

@@ -524,7 +524,7 @@ PREEMPTED_LAUNCH_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     ex = nh.HostExecutor(threads=2)
     nh.host_launch(stream, increment, user_data=nh.by_ref(cell), executor=ex)
     stream.sync()  # the lane exists and the threads have worked
-    _core._testing.exec_test_pause(1_000_000_000)  # 1 s between a launch's open check and its count
+    _core._testing.exec_test_pause(3_000_000_000)  # 3 s between a launch's open check and its count
     entered = threading.Event()
     result = []
 
@@ -542,6 +542,7 @@ PREEMPTED_LAUNCH_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     deadline = time.monotonic() + 30
     while _core._testing.exec_test_paused() == 0 and time.monotonic() < deadline:
         time.sleep(0.001)  # till the launch has seen the pool open, and not counted its task
+    assert _core._testing.exec_test_paused(), "the launch never reached its pause"
     ex.close()  # must finish that task, not stop the threads before it is counted
     _core._testing.exec_test_pause(0)
     t.join()

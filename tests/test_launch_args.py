@@ -13,7 +13,7 @@ import weakref
 import numba
 import numpy as np
 import pytest
-from _device import CHILD_PREAMBLE, child_env, run_child
+from _device import CHILD_PREAMBLE, Hold, child_env, run_child
 from numba import cfunc
 
 import numba_hostfn as nh
@@ -325,6 +325,36 @@ def test_a_record_of_a_writable_array_is_shared_not_copied(stream, call):
     nh.host_launch(stream, typed, user_data=frozen[1])  # read-only: a copy, as its array's
     stream.sync()
     assert frozen["a"].tolist() == [0, 0, 0]
+
+
+def test_a_shared_record_pins_the_memory_behind_its_array(stream):
+    """A record ``a[i]`` shared as user_data keeps what ``a``'s memory belongs to in
+    place, as ``a[i:i + 1]`` does: the pins stopped at the numpy.void, so a bytearray
+    behind ``a`` could be resized (its memory freed) under the pending launch."""
+    memory = bytearray(REC.itemsize * 3)
+    stats = np.ndarray((3,), REC, buffer=memory)
+    with Hold(stream):
+        nh.host_launch(stream, typed, user_data=stats[1])
+        with pytest.raises(BufferError):
+            memory.extend(bytes(1 << 20))
+    stream.sync()
+    nh.drain()
+    assert stats["a"].tolist() == [0, 1, 0]
+    del stats
+    memory.extend(b"x")  # released with the launch
+
+
+def test_by_ref_shares_a_record_of_a_writable_array(stream):
+    """``by_ref(a[i])`` shares the record, as ``user_data=a[i]`` does: it said the
+    buffer was read-only and to pass it as user_data "to copy it", which shares it."""
+    stats = np.zeros(3, REC)
+    nh.host_launch(stream, typed, user_data=nh.by_ref(stats[1]))
+    stream.sync()
+    assert stats["a"].tolist() == [0, 1, 0]
+    frozen = np.zeros(3, REC)
+    frozen.setflags(write=False)
+    with pytest.raises(ValueError, match="needs a writable buffer"):
+        nh.by_ref(frozen[1])
 
 
 async def _coroutine():

@@ -69,6 +69,28 @@ def test_main_job_says_what_to_set_for_a_switch_it_cannot_read():
     ), run.stderr
 
 
+def test_main_job_says_what_to_set_for_a_watchdog_switch_it_cannot_read():
+    """NUMBA_HOSTFN_CUDA_WATCHDOG set to neither on nor off, where the job runs on
+    CUDA: a usage error naming it too (it was a ValueError traceback from Device()).
+    A machine with a driver is stood in for: the job stops before CUDA is touched."""
+    env = child_env(NUMBA_HOSTFN_CUDA_WATCHDOG="maybe")
+    env.pop("NUMBA_HOSTFN_SIMULATOR", None)
+    script = (
+        "import sys\n"
+        "from numba_hostfn import _process\n"
+        "_process.cuda_driver_usable = lambda: True  # a machine with a driver\n"
+        "from numba_hostfn.__main__ import main\n"
+        "sys.exit(main(['-n', '5']))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 2 and not run.stdout, run.stdout + run.stderr
+    assert run.stderr.startswith(
+        "python -m numba_hostfn: error: NUMBA_HOSTFN_CUDA_WATCHDOG='maybe' is neither on nor off"
+    ), run.stderr
+
+
 def test_a_package_without_its_built_core_says_so(tmp_path):
     """A checkout whose native core is not built for this Python (no install yet, or a
     wheel installed and Python started in the checkout) names the missing extension

@@ -37,12 +37,11 @@ def test_the_watchdog_touches_no_stream_handle(request):
 
     stream = simulator.Stream()
     counter = []
-    hold = Hold(stream)  # in flight till released: a slow machine cannot outrun a delay
-    stream.sleep(0.3)  # still pending at the close below
-    for _ in range(10):
-        nh.host_launch(stream, lambda: counter.append(1))
-    assert watchdog_polled(), "the watchdog did not poll while launches were in flight"
-    hold.release()
+    with Hold(stream):  # in flight till released: a slow machine cannot outrun a delay
+        stream.sleep(0.3)  # still pending at the close below
+        for _ in range(10):
+            nh.host_launch(stream, lambda: counter.append(1))
+        assert watchdog_polled(), "the watchdog did not poll while launches were in flight"
     stream.close()  # the simulator runs the queue first
     nh.drain()
     assert len(counter) == 10 and nh.pending() == 0

@@ -100,7 +100,7 @@ static struct {
     pthread_cond_t wake;   /* a record went in flight while parked */
     atomic_int active;     /* polling: an enqueue need not wake it */
     int started;           /* under mutex */
-    int parked;            /* under mutex: its thread waits for a wake (tests) */
+    int parked;            /* under mutex: its thread waits, not yet woken (tests) */
     pthread_t thread;
     _Atomic(nhf_query_fn) query;
     _Atomic(nhf_context_fn) context_of;
@@ -428,6 +428,7 @@ static void wake_locked(void) {
     }
     atomic_store(&dog.active, 1);
     atomic_fetch_add(&dog.wakes, 1);
+    dog.parked = 0; /* woken, though it has not run yet: a poll may follow this wake */
     pthread_cond_signal(&dog.wake);
 }
 
@@ -615,11 +616,16 @@ static PyObject *py_fault_info(PyObject *self, PyObject *unused) {
  * resolves heard. */
 static PyObject *py_watchdog_stats(PyObject *self, PyObject *unused) {
     (void)self, (void)unused;
+    /* One snapshot of parked, wakes and polls: a wake counts itself and clears
+     * parked under the mutex, and a parked thread made its last poll before it took
+     * the mutex, so a poll after a snapshot that saw it parked comes after a wake
+     * that this snapshot did not count. */
     pthread_mutex_lock(&dog.mutex);
     int running = dog.started, parked = dog.parked;
+    long wakes = atomic_load(&dog.wakes), polls = atomic_load(&dog.polls);
     pthread_mutex_unlock(&dog.mutex);
     return Py_BuildValue("{slslslsisisisisl}", "failed", atomic_load(&dog.failed), "polls",
-                         atomic_load(&dog.polls), "wakes", atomic_load(&dog.wakes), "active",
+                         polls, "wakes", wakes, "active",
                          atomic_load(&dog.active), "running", running, "parked", parked,
                          "last_answer", atomic_load(&dog.last_answer), "unasked",
                          atomic_load(&dog.unasked));
