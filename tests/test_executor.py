@@ -1748,7 +1748,7 @@ def test_pool_threads_give_their_thread_states_back_at_close(stream):
                 nh.host_launch(stream, lambda: None, executor=ex)
             stream.sync()
     nh.drain()
-    assert thread_state_count() == before
+    assert thread_state_count() <= before  # <=: an earlier test's thread may end meanwhile
 
 
 EXIT_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""

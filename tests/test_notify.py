@@ -207,7 +207,7 @@ def test_a_pending_call_on_an_executor_thread_leaves_no_dummy_thread_behind(devi
             executor.close()
     nh.drain()
     left = [t.name for t in threading.enumerate()]
-    assert threading.active_count() == before, left
+    assert threading.active_count() <= before, left  # <=: an earlier test's may end
     device.close_stream(busy)
     device.close_stream(signalled)
 
@@ -1032,7 +1032,7 @@ def test_many_waits_use_one_descriptor_and_no_thread(stream, device):
         fds = _open_fds()
         with Hold(stream):
             futures = [nh.async_done(stream) for _ in range(n)]
-            assert _open_fds() == fds and threading.active_count() == with_threads
+            assert _open_fds() == fds and threading.active_count() <= with_threads
         results = await asyncio.gather(*futures)
         return fds, results
 
