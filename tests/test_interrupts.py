@@ -224,7 +224,7 @@ def test_a_close_interrupted_at_any_line_can_be_called_again_and_finishes():
 
 
 CTRL_C_CLOSE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
-    import signal, threading
+    import signal, threading, time
     from numba_hostfn import _core
     from _device import ctrl_c_inside, threads_but_watchdog as native_threads
 
@@ -264,6 +264,12 @@ CTRL_C_CLOSE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     executor.close()  # again: it waits for the task, runs the one behind it, joins
     stream.sync()
     nh.drain()
+    # The interrupter's join returns before its OS thread has gone from /proc: wait
+    # for that (a thread left behind still counts after 10 s).
+    for _ in range(1000):
+        if native_threads() <= threads:
+            break
+        time.sleep(0.01)
     print(order, outstanding, executor.closed, int(cell[0]), _core.held() - held,
           native_threads() - threads, nh.pending())
 """)
