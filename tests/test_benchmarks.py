@@ -66,6 +66,31 @@ def test_stand_in_driver_probe_smoke():
     }, counts
 
 
+def test_fault_storm_tells_each_childs_outcome(monkeypatch, capsys):
+    """fault_storm.py (GPU only) tallies each child by its stream's last answer, and
+    one that hangs as hung, saying where: here with a stand-in child, one that
+    answers and one that hangs in Python until its faulthandler ends it."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import fault_storm
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    stand_in = textwrap.dedent("""
+        import faulthandler, sys, time
+        faulthandler.dump_traceback_later(2, exit=True)
+        which = sys.argv[1]
+        if which == "default":
+            time.sleep(30)
+        print(which, "CUDA_ERROR_LAUNCH_FAILED", "0.40", 2, "-")
+    """)
+    monkeypatch.setattr(fault_storm, "CHILD", stand_in)
+    assert fault_storm.main(["--procs", "2", "--rounds", "1", "--wait", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "driver: {'hung, no answer': 1, 'CUDA_ERROR_LAUNCH_FAILED': 1} of 2" in out, out
+    assert "created CUDA_ERROR_LAUNCH_FAILED 0.40 2 - (exited after" in out, out
+    assert re.search(r"default - \(exited after [0-9.]+ s, rc=1\): File", out), out
+
+
 @pytest.mark.checkout  # the probes are put into the core's sources
 def test_enqueue_probes_still_fit_the_core(tmp_path):
     """Each probe of probe_enqueue.py finds its place in the sources once: a change of
