@@ -63,17 +63,29 @@ DEFAULT_STREAM_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     except nh.DeviceFaultError as e:
         print("raised", e.error_name)
     except TimeoutError:
-        # What the failure needs told: did the kernel trap, what does its stream
-        # answer this thread, what did the watchdog do, and does a wait resolve now.
+        # What tells a fault the driver never reported from one the watchdog missed:
+        # how far the kernel got, what its stream, an idle per-thread stream and an
+        # event just recorded there answer this thread (and how long each took), what
+        # the watchdog did, and whether the wait resolves after those queries.
         from cuda.bindings import driver
         from numba_hostfn import _core
-        stage = getattr(fire, "stage", lambda: "-")()
-        answer = idle = "-"
-        if not device.simulator:  # an idle per-thread stream first, then the stream
-            idle = driver.cuStreamQuery(driver.CUstream(2))[0].name
-            answer = driver.cuStreamQuery(target.handle)[0].name
-        print("timed out: kernel stage", stage, "| its stream answers", answer,
-              "| a per-thread stream", idle, "| watchdog", _core._testing.watchdog_stats())
+        print("timed out")
+        print("stage", getattr(fire, "stage", lambda: "-")())
+        stats = _core._testing.watchdog_stats()
+        if not device.simulator:
+            def ask(name, query):
+                t0 = time.perf_counter()
+                try:
+                    answer = query()[0].name
+                except Exception as e:  # the diagnosis goes on
+                    answer = repr(e).replace(" ", "")
+                print(name, answer, f"in {(time.perf_counter() - t0) * 1e3:.1f} ms")
+            ask("its-stream", lambda: driver.cuStreamQuery(target.handle))
+            ask("per-thread-stream", lambda: driver.cuStreamQuery(driver.CUstream(2)))
+            event = driver.cuEventCreate(2)[1]  # CU_EVENT_DISABLE_TIMING
+            print("event-recorded", driver.cuEventRecord(event, driver.CUstream(2))[0].name)
+            ask("event", lambda: driver.cuEventQuery(event))
+        print("watchdog", stats)
         try:
             future.result(timeout=10)
             print("then resolved")
@@ -81,6 +93,7 @@ DEFAULT_STREAM_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
             print("then raised", e.error_name)
         except TimeoutError:
             print("then timed out")
+        print("watchdog-after", _core._testing.watchdog_stats())
     for _ in range(2000):
         nh.drain()
         if nh.pending() == 0:
@@ -101,32 +114,63 @@ def test_a_fault_on_the_default_stream_fails_its_waits(which):
     assert out.splitlines() == ["raised CUDA_ERROR_LAUNCH_FAILED", "pending 0"], out
 
 
+def _unreported_fault(out: str) -> bool:
+    """A child of DEFAULT_STREAM_SCRIPT whose wait timed out because the driver had not
+    reported its kernel's trap by then: the kernel reached it, and either its stream
+    still answered ``CUDA_ERROR_NOT_READY`` (to the main thread, after the wait) and
+    the wait did not resolve otherwise than with the error after that, or the driver
+    reported it only then and the wait raised it; nothing else went wrong."""
+    lines = out.splitlines()
+    fields = dict(line.split(" ", 1) for line in lines if " " in line)
+    answer = fields.get("its-stream", "").split(" ")[0]
+    then = fields.get("then")
+    return lines[:2] == ["timed out", "stage 2"] and (
+        (
+            answer == "CUDA_ERROR_NOT_READY"
+            and then in ("timed out", "raised CUDA_ERROR_LAUNCH_FAILED")
+        )
+        or (
+            answer == "CUDA_ERROR_LAUNCH_FAILED"
+            and then == "raised CUDA_ERROR_LAUNCH_FAILED"
+            and lines[-1] == "pending 0"
+        )
+    )
+
+
 @pytest.mark.gpu
+@pytest.mark.solo
 def test_faults_in_several_processes_at_once_fail_each_ones_waits():
     """Eight processes on one GPU, each with a fault behind a launch, half on the
-    default stream: in each, the wait resolves with the error and nothing is held.
+    default stream: in each, the wait resolves with the error and nothing is held,
+    unless the driver never reports that process's fault.
 
-    Known to fail (H100, 2026-12-05): as the test above did once under pytest -n 12,
-    4 of 24 such children timed out after 20 s, the watchdog polling about 50 times a
-    second and finding no fault in the context, with two records held.  Each child
-    that times out prints what the diagnosis needs: how far its kernel got, what its
-    stream answers the main thread, and whether a wait resolves after that query."""
+    It does not, at times, with or without numba_hostfn (benchmarks/fault_storm.py,
+    H100, 2026-12-05): in 4 of 24 processes that used cuda.core and cuda.bindings
+    only, the trapping kernel's stream answered ``CUDA_ERROR_NOT_READY`` for the
+    15 s polled, as if the kernel still ran (and those processes hung at exit);
+    with numba_hostfn, 4 of 24 too.  Such a wait cannot resolve (no query tells the
+    fault from a kernel that runs on), and this test accepts it only as
+    :func:`_unreported_fault` says: a fault that a query of the stream reports
+    must reach the wait.  Most do (40 of 48 there), so at least half must."""
     from concurrent.futures import ThreadPoolExecutor
 
     def child(which):
         script = DEFAULT_STREAM_SCRIPT.replace("WHICH", repr(which)).replace("TIMEOUT", "20")
         return which, run_child(script, timeout=120)
 
-    failures = []
+    raised, unreported, failures = 0, 0, []
     for _ in range(2):
         with ThreadPoolExecutor(8) as pool:
             outs = list(pool.map(child, ["default", "created"] * 4))
-        failures += [
-            f"{which}: {out}"
-            for which, out in outs
-            if out.splitlines() != ["raised CUDA_ERROR_LAUNCH_FAILED", "pending 0"]
-        ]
+        for which, out in outs:
+            if out.splitlines() == ["raised CUDA_ERROR_LAUNCH_FAILED", "pending 0"]:
+                raised += 1
+            elif _unreported_fault(out):
+                unreported += 1
+            else:
+                failures.append(f"{which}: {out}")
     assert not failures, f"{len(failures)} of 16 children:\n" + "\n".join(failures)
+    assert raised >= 8, f"{raised} of 16 raised, {unreported} faults never reported"
 
 
 SWITCH_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
