@@ -8,6 +8,14 @@ stream simulator instead of a GPU.  Rules for threads and the GIL:
 docs/threading.md.
 """
 
+# numpy first, before anything of the package: imported midway through (from
+# _hostfunction, after _core, ctypes, inspect and the package's first modules), the
+# whole start (import, a simulated stream, one Python callable run) took 1.39-1.40x
+# `import numpy` on a 2-core VM, against 1.22-1.23x this way (bench_startup). With
+# OPENBLAS_NUM_THREADS=1 the two orders take alike: the difference is in how the
+# OpenBLAS worker thread that numpy's import starts runs beside the rest.
+import numpy  # noqa: F401
+
 try:
     from . import _core
 except ImportError as _missing:  # Python's own message blames a circular import

@@ -19,7 +19,6 @@ from __future__ import annotations
 import builtins
 import ctypes
 import dis
-import hashlib
 import inspect
 import pickle
 import sys
@@ -97,6 +96,8 @@ def _cache_key(py_func: Callable, options: dict) -> str:
     closure, so two host functions of one name and line (one factory, or lambdas on
     one line) with other numba options, constants or global names would share one
     entry, and the second load the first's machine code, in the same process too."""
+    import hashlib  # here, not at import: OpenSSL's load is 3 ms of a 2-core start-up
+
     code = py_func.__code__
     parts = (_stable(options), _stable(code.co_consts), _stable(code.co_names))
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
@@ -119,6 +120,8 @@ def _view_key(py_func: Callable, layout: np.dtype) -> str:
     the second would load the first's machine code.  The closure is pickled as
     numba pickles ``py_func``'s own for its cache (``cache=True`` needs that anyway).
     """
+    import hashlib
+
     parts = [pickle.dumps(layout, protocol=4)]
     if py_func.__closure__ is not None:
         cells = tuple(cell.cell_contents for cell in py_func.__closure__)

@@ -26,7 +26,7 @@ import functools
 import mmap
 import numbers
 import os
-from decimal import Decimal
+import sys
 from typing import Any
 
 import numpy as np
@@ -372,6 +372,13 @@ def record(dtype: Any, **fields: Any) -> Record:
     return Record(data, tuple(keep))
 
 
+def _is_decimal(value: Any) -> bool:
+    """Whether ``value`` is a ``decimal.Decimal`` (a number, but no ``numbers.Real``),
+    without importing decimal: none exists before it is imported."""
+    decimal = sys.modules.get("decimal")
+    return decimal is not None and isinstance(value, decimal.Decimal)
+
+
 def _whole_number(name: str, field: np.dtype, kind: np.dtype, value: Any) -> Any:
     """``value`` for an integer field (of dtype ``kind``; ``field`` for the message):
     a number that is whole and within the field's bounds, as a Python int, else a
@@ -379,7 +386,9 @@ def _whole_number(name: str, field: np.dtype, kind: np.dtype, value: Any) -> Any
     ``Decimal("1.5")``) silently; numpy 1 wraps an out-of-range int (with a
     warning), and every numpy casts a numpy integer (np.int64(-1) into uint64)
     silently.  Anything else (text, a bool) is numpy's to convert or refuse."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real, Decimal)):
+    if isinstance(value, (bool, np.bool_)) or not (
+        isinstance(value, numbers.Real) or _is_decimal(value)
+    ):
         return value
     if not isinstance(value, numbers.Integral):
         try:

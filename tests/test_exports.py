@@ -108,7 +108,8 @@ def test_one_script_runs_on_a_gpu_or_the_simulator():
 
 def test_a_first_launch_imports_neither_numba_nor_asyncio():
     """Start-up pays only for what a first launch uses: numba comes with @host_callback,
-    asyncio with async_done, concurrent.futures with done_future (bench_startup)."""
+    asyncio with async_done, concurrent.futures with done_future, hashlib with a cached
+    compile, decimal with the user's Decimal (bench_startup)."""
     out = run_child(
         "import sys\n"
         "import numba_hostfn as nh\n"
@@ -117,7 +118,7 @@ def test_a_first_launch_imports_neither_numba_nor_asyncio():
         "nh.host_launch(stream, lambda: ran.append(1))\n"
         "stream.sync()\n"
         "nh.drain()\n"
-        "names = ('numba', 'asyncio', 'concurrent.futures')\n"
+        "names = ('numba', 'asyncio', 'concurrent.futures', 'hashlib', 'decimal')\n"
         "print(ran, [n for n in names if n in sys.modules])\n"
         "nh.done_future(stream).result(timeout=60)\n"
         "print('concurrent.futures' in sys.modules)\n"
