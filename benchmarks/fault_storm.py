@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 CHILD = r'''
 import ctypes, faulthandler, sys, time
+from concurrent.futures import TimeoutError  # Python 3.10's is no builtin one
 import numpy as np
 from cuda.bindings import driver
 from cuda.core import Device, LaunchConfig, LegacyPinnedMemoryResource, Program, ProgramOptions
@@ -106,8 +107,13 @@ def child(which: str, mode: str, wait: float) -> tuple[str, str]:
     if proc.returncode == 0 and lines:
         return answer, f"{lines[-1]} {took}"
     where = [line.strip() for line in err.splitlines() if line.strip().startswith("File")]
-    outcome = ("hung, " if proc.returncode in (1, -9) else "failed, ") + answer
-    return outcome, f"{which} {' | '.join(lines) or '-'} {took}: {' <- '.join(where[:4])}"
+    # Hung: killed here, or ended by its faulthandler ("Timeout (...)!", rc 1, as a
+    # Python error's); a child that raised failed, and its error's last line says why.
+    timed_out = any(line.startswith("Timeout (") for line in err.splitlines())
+    hung = proc.returncode == -9 or timed_out
+    why = "" if hung else "".join(" " + line for line in err.strip().splitlines()[-1:])
+    outcome = ("hung, " if hung else "failed, ") + answer
+    return outcome, f"{which} {' | '.join(lines) or '-'} {took}: {' <- '.join(where[:4])}{why}"
 
 
 def main(argv: list[str] | None = None) -> int:

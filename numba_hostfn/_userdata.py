@@ -374,9 +374,14 @@ def record(dtype: Any, **fields: Any) -> Record:
 
 def _is_decimal(value: Any) -> bool:
     """Whether ``value`` is a ``decimal.Decimal`` (a number, but no ``numbers.Real``),
-    without importing decimal: none exists before it is imported."""
-    decimal = sys.modules.get("decimal")
-    return decimal is not None and isinstance(value, decimal.Decimal)
+    without importing decimal: none exists before a module that defines it is imported,
+    ``decimal`` or the ``_decimal`` or ``_pydecimal`` behind it (each importable
+    without ``decimal``; ``_pydecimal``'s is another class than ``decimal``'s)."""
+    for name in ("_decimal", "_pydecimal"):
+        module = sys.modules.get(name)
+        if module is not None and isinstance(value, module.Decimal):
+            return True
+    return False
 
 
 def _whole_number(name: str, field: np.dtype, kind: np.dtype, value: Any) -> Any:

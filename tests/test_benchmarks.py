@@ -91,6 +91,27 @@ def test_fault_storm_tells_each_childs_outcome(monkeypatch, capsys):
     assert re.search(r"default - \(exited after [0-9.]+ s, rc=1\): File", out), out
 
 
+def test_fault_storm_tells_a_child_that_failed_from_one_that_hung(monkeypatch, capsys):
+    """A child that exits with a Python error (rc 1, as faulthandler's exit) failed;
+    it did not hang: it was tallied "hung, no answer", and its error went unsaid."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import fault_storm
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    stand_in = textwrap.dedent("""
+        import sys
+        if sys.argv[1] == "default":
+            raise RuntimeError("no kernel image for this device")
+        print(sys.argv[1], "CUDA_ERROR_LAUNCH_FAILED", "0.40", 2, "-")
+    """)
+    monkeypatch.setattr(fault_storm, "CHILD", stand_in)
+    assert fault_storm.main(["--procs", "2", "--rounds", "1", "--wait", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "driver: {'failed, no answer': 1, 'CUDA_ERROR_LAUNCH_FAILED': 1} of 2" in out, out
+    assert "RuntimeError: no kernel image for this device" in out, out
+
+
 @pytest.mark.checkout  # the probes are put into the core's sources
 def test_enqueue_probes_still_fit_the_core(tmp_path):
     """Each probe of probe_enqueue.py finds its place in the sources once: a change of

@@ -211,6 +211,7 @@ def test_the_process_exits_with_faulted_work_pending(when):
 
 ATEXIT_CLOSE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     import atexit
+    from concurrent.futures import TimeoutError  # Python 3.10's is no builtin one
     from _device import armed_fault
 
     ex = nh.HostExecutor(threads=1)

@@ -1012,6 +1012,26 @@ def test_record_refuses_a_number_its_field_would_change_of_any_kind(field, value
     assert rec.data["upair"][0].tolist() == [5, 2**64 - 1] and rec.keep == ()
 
 
+def test_record_refuses_a_decimal_of_any_decimal_module():
+    """A Decimal is told without importing decimal: by the modules that define one,
+    `_decimal` and `_pydecimal` too, which a program may import without `decimal`
+    (numpy truncated their Decimal("1.5") into an integer field silently)."""
+    out = run_child(
+        "import sys, _decimal, _pydecimal\n"
+        "import numpy as np\n"
+        "import numba_hostfn as nh\n"
+        "print('decimal' in sys.modules)\n"
+        "for module in (_decimal, _pydecimal):\n"
+        "    try:\n"
+        "        nh.record(np.dtype([('n', np.int64)]), n=module.Decimal('1.5'))\n"
+        "        print('stored')\n"
+        "    except ValueError as e:\n"
+        "        print(e)\n"
+    )
+    refused = "record() field 'n' is int64 and cannot hold Decimal('1.5') (not a whole number)"
+    assert out.splitlines() == ["False", refused, refused], out
+
+
 @pytest.mark.parametrize(
     "value, error",
     [("False", TypeError), ("0", TypeError), (None, TypeError), (0.5, TypeError), (2, ValueError)],

@@ -1684,7 +1684,7 @@ def test_a_ctrl_c_at_any_line_of_a_done_futures_settle_leaves_it_settleable(stre
     for line, _fired, future in futures:
         try:
             assert future.result(timeout=5) is stream
-        except TimeoutError:
+        except concurrent.futures.TimeoutError:  # 3.10: no builtin TimeoutError
             stuck.append(line)
     assert any(f for _, f, _ in futures)
     assert stuck == [], f"futures left pending by a Ctrl-C at lines {stuck} of _settle"

@@ -50,6 +50,7 @@ def test_the_watchdog_touches_no_stream_handle(request):
 
 DEFAULT_STREAM_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     import time
+    from concurrent.futures import TimeoutError  # Python 3.10's is no builtin one
     from _device import armed_fault
     which = WHICH
     target = device.cuda.default_stream if which == "default" else stream
@@ -114,27 +115,76 @@ def test_a_fault_on_the_default_stream_fails_its_waits(which):
     assert out.splitlines() == ["raised CUDA_ERROR_LAUNCH_FAILED", "pending 0"], out
 
 
+def test_a_wait_that_times_out_prints_the_diagnosis():
+    """DEFAULT_STREAM_SCRIPT's diagnosis of a wait that timed out (which only a fault
+    the driver leaves unreported reaches on CUDA), on the simulator with a zero
+    timeout: on Python 3.10 ``future.result`` raises concurrent.futures.TimeoutError,
+    no builtin TimeoutError, and the child died of it before printing anything."""
+    script = DEFAULT_STREAM_SCRIPT.replace("WHICH", repr("created")).replace("TIMEOUT", "0")
+    lines = run_child(script, env=child_env(NUMBA_HOSTFN_SIMULATOR="1")).splitlines()
+    assert lines[0] == "timed out" and lines[-1] == "pending 0", lines
+    assert "then raised CUDA_ERROR_LAUNCH_FAILED" in lines, lines
+
+
 def _unreported_fault(out: str) -> bool:
     """A child of DEFAULT_STREAM_SCRIPT whose wait timed out because the driver had not
-    reported its kernel's trap by then: the kernel reached it, and either its stream
-    still answered ``CUDA_ERROR_NOT_READY`` (to the main thread, after the wait) and
-    the wait did not resolve otherwise than with the error after that, or the driver
-    reported it only then and the wait raised it; nothing else went wrong."""
+    reported its kernel's trap by then: the kernel reached it, its stream still
+    answered ``CUDA_ERROR_NOT_READY`` (to the main thread, after the wait), and the
+    wait then timed out again, or raised the error with nothing left held; nothing
+    else went wrong.  A stream that reports the fault at once after the wait is no
+    excuse: the watchdog, polling 50 times a second, should have found it."""
     lines = out.splitlines()
     fields = dict(line.split(" ", 1) for line in lines if " " in line)
     answer = fields.get("its-stream", "").split(" ")[0]
     then = fields.get("then")
-    return lines[:2] == ["timed out", "stage 2"] and (
-        (
-            answer == "CUDA_ERROR_NOT_READY"
-            and then in ("timed out", "raised CUDA_ERROR_LAUNCH_FAILED")
-        )
-        or (
-            answer == "CUDA_ERROR_LAUNCH_FAILED"
-            and then == "raised CUDA_ERROR_LAUNCH_FAILED"
-            and lines[-1] == "pending 0"
+    return (
+        lines[:2] == ["timed out", "stage 2"]
+        and answer == "CUDA_ERROR_NOT_READY"
+        and (
+            then == "timed out"
+            or (then == "raised CUDA_ERROR_LAUNCH_FAILED" and lines[-1] == "pending 0")
         )
     )
+
+
+def _timed_out_child(stage: str, answer: str, then: str, pending: int) -> str:
+    """What DEFAULT_STREAM_SCRIPT prints on CUDA when its wait timed out."""
+    return "\n".join(
+        [
+            "timed out",
+            f"stage {stage}",
+            f"its-stream {answer} in 0.1 ms",
+            "per-thread-stream CUDA_SUCCESS in 0.0 ms",
+            "event-recorded CUDA_SUCCESS",
+            "event CUDA_SUCCESS in 0.0 ms",
+            "watchdog {'failed': 0, 'polls': 996, 'last_answer': 0}",
+            f"then {then}",
+            "watchdog-after {'failed': 0, 'polls': 1496, 'last_answer': 0}",
+            f"pending {pending}",
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    "stage, answer, then, pending, accepted",
+    [
+        ("2", "CUDA_ERROR_NOT_READY", "timed out", 1, True),  # never reported
+        ("2", "CUDA_ERROR_NOT_READY", "raised CUDA_ERROR_LAUNCH_FAILED", 0, True),  # later
+        # reported later and raised, but a launch still held: a leak
+        ("2", "CUDA_ERROR_NOT_READY", "raised CUDA_ERROR_LAUNCH_FAILED", 1, False),
+        # the stream reports the fault at once, the watchdog found none in 20 s
+        ("2", "CUDA_ERROR_LAUNCH_FAILED", "raised CUDA_ERROR_LAUNCH_FAILED", 0, False),
+        ("2", "CUDA_ERROR_LAUNCH_FAILED", "timed out", 1, False),
+        ("1", "CUDA_ERROR_NOT_READY", "timed out", 1, False),  # the kernel never trapped
+        ("2", "CUDA_ERROR_NOT_READY", "resolved", 0, False),
+    ],
+)
+def test_only_a_fault_the_driver_never_reported_is_excused(stage, answer, then, pending, accepted):
+    """:func:`_unreported_fault` (the several-processes test's excuse) accepts a child
+    whose stream still answered NOT_READY after the wait, and that released all once
+    the fault reached the wait; not a fault its stream reported at once (the watchdog
+    asking the wrong way) nor records held after the wait raised."""
+    assert _unreported_fault(_timed_out_child(stage, answer, then, pending)) is accepted
 
 
 @pytest.mark.gpu
