@@ -216,12 +216,15 @@ def _region(obj: Any, view: memoryview | None, role: str, dtype: Any) -> _Region
             f"host_copy copies bytes, so pass .view({same}) of both arrays (the same "
             "memory, as integers)"
         )
-    arr = _as_array(view, role)
-    if arr.dtype.hasobject:
+    # Its dtype first: numpy cannot read back its own export of a packed structured
+    # dtype with an object field (a RuntimeError).
+    arr = None if dtype is not None and dtype.hasobject else _as_array(view, role)
+    if arr is None or arr.dtype.hasobject:
         raise TypeError(
-            f"host_copy() {role} holds Python objects (dtype {arr.dtype}); copying their "
-            "pointers without their reference counts would corrupt them: copy with "
-            "np.copyto, or host_copy numeric data"
+            f"host_copy() {role} holds Python objects (dtype "
+            f"{dtype if arr is None else arr.dtype}); copying their pointers without their "
+            "reference counts would corrupt them: copy with np.copyto, or host_copy "
+            "numeric data"
         )
     # The export the address is read from, pinned: a second export of ``obj`` need
     # not be the same memory (a ``__buffer__`` that makes a buffer per call).
@@ -236,21 +239,33 @@ def _region(obj: Any, view: memoryview | None, role: str, dtype: Any) -> _Region
         row_bytes = arr[0].nbytes
         if arr.strides[0] >= row_bytes:
             return _Region(owner, address, arr.shape[0], row_bytes, arr.strides[0], writable, dtype)
+    # Not np.ascontiguousarray(dst): a copy, which the copy would fill instead of dst.
+    how = (
+        "copy into a contiguous array (np.empty(shape, dtype)) and read the result from it"
+        if role == "dst"
+        else "pass np.ascontiguousarray(src) where src holds its data already (it is "
+        "copied now, not in stream order)"
+    )
     raise ValueError(
         f"host_copy() {role} has a layout it cannot copy (shape {arr.shape}, strides "
         f"{arr.strides}): it needs C-contiguous memory, or rows that are each contiguous "
-        "and evenly spaced; pass np.ascontiguousarray(...)"
+        f"and evenly spaced; {how}, or copy with numpy in stream order: "
+        "host_launch(stream, functools.partial(np.copyto, dst, src))"
     )
 
 
 def _as_array(view: memoryview, role: str) -> np.ndarray:
     """``view``'s memory as a numpy array, without a copy.  A format numpy cannot
     read (ctypes pointers, ``c_longdouble``, ``c_wchar``: valid buffers) is taken as
-    its bytes, which is all host_copy copies; such a buffer must be C-contiguous."""
-    try:
-        return np.asarray(view)
-    except (ValueError, TypeError, NotImplementedError):
-        pass
+    its bytes, which is all host_copy copies; such a buffer must be C-contiguous.
+    So is a structure that numpy did not export (a ctypes ``Structure``, as
+    ``buffer_dtype`` reads it): before Python 3.12 its format leaves out the
+    padding, which numpy reads with a RuntimeWarning (an error where warnings are)."""
+    if "{" not in view.format or isinstance(view.obj, np.ndarray):
+        try:
+            return np.asarray(view)
+        except (ValueError, TypeError, NotImplementedError):
+            pass
     if _core.format_holds_objects(view.format):
         raise TypeError(
             f"host_copy() {role} holds Python objects (format {view.format!r}); copying "

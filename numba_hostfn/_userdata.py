@@ -40,6 +40,10 @@ __all__ = ["ByRef", "Record", "buffer_dtype", "by_ref", "record", "resolve_user_
 _MAX_ADDRESS = 2**64
 _ARRAY_BASE = np.ndarray.base.__get__
 _VOID_BASE = np.void.base.__get__
+# What np.lib.stride_tricks.as_strided (and sliding_window_view) leaves as its array's
+# base: numpy's DummyArray, an __array_interface__ with the array it was made from as
+# its own ``base`` (numpy.lib.stride_tricks or numpy.lib._stride_tricks_impl).
+_STRIDED_BASE = type(np.lib.stride_tricks.as_strided(np.zeros(1)).base)
 
 
 def _shared_record(value: Any) -> Any:
@@ -64,19 +68,27 @@ def base_pins(obj: Any) -> tuple:
     releasable and an ``mmap`` closable, which frees the memory under a launch that
     uses its address.  So the last base of ``obj`` (or of the array a memoryview
     ``obj`` views) that is no ndarray is pinned too, where it can be exported; an
-    array that owns its memory has none.
+    array that owns its memory has none.  A record ``a[i]`` (a ``numpy.void``,
+    whose buffer is ``a``'s memory) is followed as an array is, and so is the
+    ``DummyArray`` that ``as_strided`` leaves as its array's base.
     """
     if isinstance(obj, memoryview):
         try:
             obj = obj.obj
         except ValueError:  # released: the caller's own export of it fails first
             return ()
-    if not isinstance(obj, np.ndarray):
+    if not isinstance(obj, (np.ndarray, np.void)):
         return ()
-    base = _ARRAY_BASE(obj)  # ndarray's own, past a subclass's property
-    # A record a[i] (_shared_record) is on the way too: its base is the array a.
-    while isinstance(base, (np.ndarray, np.void)):
-        base = _ARRAY_BASE(base) if isinstance(base, np.ndarray) else _VOID_BASE(base)
+    base = obj
+    while True:
+        if isinstance(base, np.ndarray):
+            base = _ARRAY_BASE(base)  # ndarray's own, past a subclass's property
+        elif isinstance(base, np.void):  # a record a[i] (_shared_record): base a
+            base = _VOID_BASE(base)
+        elif type(base) is _STRIDED_BASE:
+            base = base.base
+        else:
+            break
     if base is None:
         return ()
     try:

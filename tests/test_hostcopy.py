@@ -2,6 +2,7 @@
 
 import array
 import ctypes
+import functools
 import gc
 import struct
 import sys
@@ -196,6 +197,26 @@ def test_a_released_memoryview_is_refused_as_released(stream, role):
     with pytest.raises(ValueError, match=rf"host_copy\(\) {role} is a released memoryview"):
         nh.host_copy(stream, buffers["dst"], buffers["src"])
     assert nh.pending() == 0
+
+
+def test_a_layout_it_cannot_copy_is_refused_with_advice_that_copies(stream):
+    """The refusal of a layout advised "pass np.ascontiguousarray(...)" for either
+    buffer.  For dst that is a copy of dst: host_copy then filled the copy, and dst
+    kept its old contents without a word.  (For src it is a copy taken at the call,
+    not in stream order.)  The advice now fits the role, and names a copy numpy
+    makes in stream order, which works."""
+    dst, src = np.zeros(16)[::2], np.arange(8.0)
+    with pytest.raises(ValueError, match=r"host_copy\(\) dst has a layout") as caught:
+        nh.host_copy(stream, dst, src)
+    assert "ascontiguousarray" not in str(caught.value)
+    assert "read the result from it" in str(caught.value)
+    assert "host_launch(stream, functools.partial(np.copyto, dst, src))" in str(caught.value)
+    with pytest.raises(ValueError, match=r"src .*np.ascontiguousarray\(src\) where src holds"):
+        nh.host_copy(stream, src.copy(), np.arange(16.0)[::2])
+    assert nh.pending() == 0
+    nh.host_launch(stream, functools.partial(np.copyto, dst, src))  # as advised
+    stream.sync()
+    assert (dst == src).all()
 
 
 def test_overlapping_buffers_rejected(stream):
@@ -497,6 +518,57 @@ def test_a_queued_copy_pins_the_buffer_under_an_ndarray_made_on_it(stream, role,
     assert nh.pending() == 0
 
 
+_PAIR = np.dtype([("a", np.float64), ("b", np.int64)])
+
+
+@pytest.mark.parametrize("writeable", [True, False], ids=["writable", "read-only"])
+@pytest.mark.parametrize("as_view", [False, True], ids=["record", "memoryview"])
+def test_a_queued_copy_pins_the_buffer_under_a_record_it_copies(stream, writeable, as_view):
+    """A record a[i] (a numpy.void) exports the memory of its array a, which numpy
+    may hold no export of (np.ndarray(..., buffer=b)): base_pins followed the bases
+    of an ndarray only, so a record given as src left its bytearray resizable while
+    the copy was queued, and the copy read freed memory."""
+    memory = bytearray(b"x") * (4 * _PAIR.itemsize)
+    records = np.ndarray((4,), _PAIR, buffer=memory)
+    records.flags.writeable = writeable
+    src = memoryview(records[1]) if as_view else records[1]
+    out = np.zeros(1, _PAIR)
+    with Hold(stream):
+        nh.host_copy(stream, out, src)
+        del src, records
+        assert not resizable(memory)
+        with pytest.raises(BufferError):
+            _moved(memory)
+    stream.sync()
+    nh.drain()
+    assert bytes(out) == bytes(memory[16:32])
+    _moved(memory)  # released with the launch
+    assert nh.pending() == 0
+
+
+@pytest.mark.parametrize("role", ["dst", "src"])
+def test_a_queued_copy_pins_the_buffer_under_an_as_strided_view(stream, role):
+    """np.lib.stride_tricks.as_strided (and sliding_window_view, made with it) gives
+    an array whose base is numpy's DummyArray, no ndarray, which holds the array it
+    was made from as its own ``base``: the chain to a bytearray under
+    np.ndarray(..., buffer=b) stopped there, unpinned, while a copy wrote it."""
+    memory = bytearray(8 * 64)
+    on_memory = np.ndarray((64,), np.float64, buffer=memory)
+    rows = np.lib.stride_tricks.as_strided(on_memory, shape=(16, 2), strides=(32, 8))
+    other = np.arange(32.0).reshape(16, 2)
+    dst, src = (rows, other) if role == "dst" else (other, rows)
+    with Hold(stream):
+        nh.host_copy(stream, dst, src)
+        del dst, src, rows, on_memory
+        assert not resizable(memory)
+        with pytest.raises(BufferError):
+            _moved(memory)
+    stream.sync()
+    nh.drain()
+    _moved(memory)  # released with the launch
+    assert nh.pending() == 0
+
+
 def test_a_captured_copy_pins_its_buffers_for_the_graphs_life(device, stream):
     """In a graph the copy runs at every replay: the exports live as long as the graph."""
     src = bytearray(b"a") * 4096
@@ -695,6 +767,56 @@ def test_host_copy_takes_buffers_whose_format_numpy_cannot_read(stream):
         nh.host_copy(stream, np.zeros(32 * 8, np.uint8), memoryview(src)[::2])
     with pytest.raises(TypeError, match="Python objects"):
         nh.host_copy(stream, (ctypes.py_object * 2)(), (ctypes.py_object * 2)(1, 2))
+    assert nh.pending() == 0
+
+
+class _Padded(ctypes.Structure):  # 3 bytes of padding after a
+    _fields_ = [("a", ctypes.c_uint8), ("b", ctypes.c_int32)]
+
+
+def test_host_copy_takes_a_padded_ctypes_structure_without_a_warning(stream):
+    """Before Python 3.12 ctypes leaves a structure's padding out of its buffer format
+    ("T{<B:a:<i:b:}" for 8 bytes), which numpy reads with a RuntimeWarning ("a
+    best-guess will be made of the data type"): host_copy warned for a valid buffer,
+    and raised the warning where warnings are errors (as in this suite).  It copies
+    the structure's bytes, as it copies any buffer's."""
+    src = (_Padded * 3)(_Padded(1, 10), _Padded(2, 20), _Padded(3, 30))
+    dst = (_Padded * 3)()
+    nh.host_copy(stream, dst, src)
+    one = _Padded()
+    nh.host_copy(stream, one, _Padded(7, 70))
+    raw = bytearray(ctypes.sizeof(_Padded))
+    nh.host_copy(stream, raw, one)  # stream order: one is filled by then
+    stream.sync()
+    assert [(p.a, p.b) for p in dst] == [(1, 10), (2, 20), (3, 30)]
+    assert (one.a, one.b) == (7, 70) and bytes(raw) == bytes(one)
+    with pytest.raises(ValueError, match="sizes differ"):
+        nh.host_copy(stream, (_Padded * 2)(), src)
+    assert nh.pending() == 0
+
+
+def test_host_copy_takes_a_record_of_a_packed_structured_array(stream):
+    """numpy exports a record a[i] of a packed (align=False) structured dtype with a
+    format of native alignment ("T{B:a:i:b:}", 8 bytes for 5), which numpy itself
+    then refuses to read: host_copy raised numpy's RuntimeError ("Item size 5 for
+    PEP 3118 buffer format string ... does not match") for a valid record."""
+    packed = np.dtype([("a", np.uint8), ("b", "<i4")])
+    records = np.array([(1, 10), (2, 20)], packed)
+    out = np.zeros(1, packed)
+    nh.host_copy(stream, out, records[1])
+    stream.sync()
+    assert out[0] == records[1]
+
+
+def test_a_packed_structured_array_of_objects_is_refused_as_objects(stream):
+    """numpy cannot read back its own export of a packed structured dtype with an
+    object field: host_copy raised numpy's RuntimeError, not its "holds Python
+    objects" TypeError."""
+    packed = np.dtype([("a", np.uint8), ("o", object)])
+    with pytest.raises(TypeError, match=r"host_copy\(\) dst holds Python objects"):
+        nh.host_copy(stream, np.zeros(2, packed), np.zeros(2, packed))
+    with pytest.raises(TypeError, match=r"host_copy\(\) src holds Python objects"):
+        nh.host_copy(stream, bytearray(2 * packed.itemsize), np.zeros(2, packed))
     assert nh.pending() == 0
 
 

@@ -677,12 +677,14 @@ def test_a_record_pins_the_memory_its_fields_point_to(stream, given):
         nh.record(SUM, values=nh.ByRef.__new__(nh.ByRef), n=2, out=out)
 
 
+@pytest.mark.parametrize("strided", [False, True], ids=["ndarray", "as_strided"])
 @pytest.mark.parametrize("given", ["by_ref", "writable", "record"])
-def test_a_launch_pins_the_buffer_under_an_ndarray_made_on_it(stream, launch_path, given):
+def test_a_launch_pins_the_buffer_under_an_ndarray_made_on_it(stream, launch_path, given, strided):
     """np.ndarray(shape, dtype, buffer=b) keeps b as its base but holds no buffer
     export of it: a launch that pinned only the array (shared user data, by_ref, a
     record's field) left a bytearray resizable, and so movable under the host
-    function, while the launch was queued.  The base is pinned as well."""
+    function, while the launch was queued.  The base is pinned as well, also through
+    the DummyArray that as_strided leaves as its view's base (the chain stopped there)."""
     ptr = np.dtype([("p", np.uint64)])
 
     @nh.host_callback
@@ -695,6 +697,8 @@ def test_a_launch_pins_the_buffer_under_an_ndarray_made_on_it(stream, launch_pat
 
     memory = bytearray(8)
     on_memory = np.ndarray((1,), np.int64, buffer=memory)
+    if strided:
+        on_memory = np.lib.stride_tricks.as_strided(on_memory, shape=(1,), strides=(8,))
     with Hold(stream):
         if given == "record":
             nh.host_launch(stream, bump_at, user_data=nh.record(ptr, p=on_memory))
