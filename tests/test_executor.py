@@ -956,6 +956,44 @@ def test_close_finishes_outstanding_work_first(stream, device):
     stream.sync()
 
 
+def test_close_with_nothing_outstanding_does_not_wait_out_the_spin(stream):
+    """close() returns once the outstanding tasks have run, whatever ``spin_us`` is.
+    Before, each pool thread spun out its ``spin_us`` after its last task (or its
+    start, or the wake-up that close itself sent) before it looked at close's quit
+    flag, so close() of an idle executor blocked in the join, a core busy per thread
+    and deaf to Ctrl-C, for up to ``spin_us``: 10 s at the largest allowed."""
+    for launch in (False, True):
+        ex = nh.HostExecutor(threads=2, spin_us=10_000_000)
+        if launch:
+            nh.host_launch(stream, lambda: None, executor=ex)
+            stream.sync()
+        start = time.monotonic()
+        ex.close()
+        assert time.monotonic() - start < 5.0, "close() waited for the threads' spin"
+        assert ex.closed and ex.outstanding() == 0
+
+
+def test_close_after_the_last_task_does_not_wait_out_the_other_threads_poll(stream, device):
+    """close() returns once the outstanding tasks have run, whatever ``poll_us`` is.
+    Before, threads that had gone to sleep for ``poll_us`` while a task was
+    outstanding (here: three of four, while the fourth ran it) slept it out before
+    they saw close's quit flag: close() after stream.sync() waited up to ``poll_us``
+    (a second at the largest allowed) in the join, deaf to Ctrl-C."""
+    # Three rounds: a round before the fix waited out the last of three sleeps' ends,
+    # each anywhere in the second, so passed (< 0.5 s) one time in eight.
+    for _ in range(3):
+        ex = nh.HostExecutor(threads=4, spin_us=0, poll_us=1_000_000)
+        with held_work(device, stream) as release:
+            nh.host_launch(stream, lambda: time.sleep(0.05), executor=ex)
+            time.sleep(0.1)  # every thread sleeps its poll_us, the task outstanding
+            release()
+            stream.sync()  # one thread ran the task; the other three went back to sleep
+        start = time.monotonic()
+        ex.close()
+        assert time.monotonic() - start < 0.5, "close() waited for the threads' poll"
+        assert ex.closed and ex.outstanding() == 0
+
+
 def test_a_close_after_the_threads_were_joined_is_not_taken_for_one_of_its_own_tasks():
     """close()'s native step (``_close``) from a thread started after another close
     joined the pool's threads returns, as a close of a closed pool does.  Before, it
@@ -1445,6 +1483,21 @@ def test_an_executor_whose_init_never_ran_is_refused_clearly_with_nothing_enqueu
         with pytest.raises(RuntimeError, match=r"not started.*super\(\).__init__"):
             launch()
     assert nh.pending() == 0 and sys.getrefcount(counter) == refs
+
+
+def test_the_methods_of_an_executor_whose_init_never_ran_say_how_to_fix_it():
+    """outstanding() and graph_nodes() of a HostExecutor whose __init__ never ran say
+    what is missing, as executor= does.  Before: "the HostExecutor was not started",
+    with no start() to call and no word of super().__init__()."""
+
+    class Forgetful(nh.HostExecutor):
+        def __init__(self) -> None:  # no super().__init__(): no pool
+            self.name = "mine"
+
+    executor = Forgetful()
+    for method in (executor.outstanding, executor.graph_nodes):
+        with pytest.raises(RuntimeError, match=r"not started.*super\(\).__init__"):
+            method()
 
 
 def test_a_task_the_stream_has_passed_is_not_outstanding(stream):

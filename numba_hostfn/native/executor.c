@@ -7,7 +7,10 @@
 
 static nhf_pool *started(nhf_executor_object *self) {
     if (self->pool == NULL)
-        PyErr_SetString(PyExc_RuntimeError, "the HostExecutor was not started");
+        PyErr_Format(PyExc_RuntimeError,
+                     "the %s was not started: HostExecutor.__init__ never ran (a subclass's "
+                     "__init__ must call super().__init__())",
+                     Py_TYPE(self)->tp_name);
     return self->pool;
 }
 

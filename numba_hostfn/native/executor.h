@@ -189,13 +189,15 @@ struct nhf_pool {
     /* Written by the pool's threads at each task. */
     _Alignas(CACHE_LINE) atomic_long finished; /* tasks run (or failed), "done" written next */
     /* Set by close after every enqueue that saw the pool open has counted its
-     * task: a thread quits only with quit set and nothing outstanding. */
+     * task: a thread quits only with quit set and nothing outstanding.  Read by
+     * spinning threads at every turn: on a line of its own, which nothing else
+     * writes (the mutex below is taken at enqueues that wake parked threads). */
     _Alignas(CACHE_LINE) atomic_int quit;
-    atomic_int parked;      /* threads waiting on wake */
+    _Alignas(CACHE_LINE) atomic_int parked; /* threads waiting on wake */
     atomic_long live_slots; /* slots armed (their graphs are alive) */
     atomic_int poller;      /* a thread polls the slots for a replay (the others park) */
     pthread_mutex_t mutex;  /* guards lanes (append), slots (append), parking, job */
-    pthread_cond_t wake;    /* parked threads */
+    pthread_cond_t wake;    /* parked threads, and polling ones (poll_wait; CLOCK_MONOTONIC) */
     pthread_mutex_t close_mutex; /* one close() at a time */
     int closed;             /* close() finished (under close_mutex) */
     /* Set by close once nothing is outstanding, before it joins (or detaches) the

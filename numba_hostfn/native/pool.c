@@ -157,6 +157,32 @@ static void park(nhf_pool *pool) {
     pthread_mutex_unlock(&pool->mutex);
 }
 
+/* Whether a pool thread may end: close() has passed every lane's enqueue mutex
+ * (quit), and no task is outstanding nor slot armed.  quit is read first: it is
+ * written once, by close, and until then a spinning thread reads nothing more here
+ * (nothing that the producer writes). */
+static bool may_quit(nhf_pool *pool) {
+    return atomic_load(&pool->quit) && nhf_pool_outstanding(pool) == 0 &&
+           atomic_load(&pool->live_slots) == 0;
+}
+
+/* Sleep poll_ns while tasks are outstanding: on the pool's condition variable,
+ * which close() broadcasts once nothing is outstanding (nhf_pool_close), not in a
+ * nanosleep, which a thread slept out after the last task had run, holding close()
+ * in its join for up to poll_us (a second at the largest), deaf to Ctrl-C.  Checked
+ * under the mutex that close broadcasts under: no wake-up is lost. */
+static void poll_wait(nhf_pool *pool) {
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until); /* the condition variable's clock */
+    long ns = until.tv_nsec + pool->poll_ns;
+    until.tv_sec += ns / 1000000000L;
+    until.tv_nsec = ns % 1000000000L;
+    pthread_mutex_lock(&pool->mutex);
+    if (!may_quit(pool))
+        (void)pthread_cond_timedwait(&pool->wake, &pool->mutex, &until);
+    pthread_mutex_unlock(&pool->mutex);
+}
+
 /* A pool thread: claim and run reached tasks and slots; spin, poll or park in
  * between.  It spins for spin_ns after its last work (or wake-up); then, with
  * tasks outstanding, it polls every poll_ns.  With none outstanding but graph
@@ -205,16 +231,18 @@ static void *thread_main(void *pool_) {
         }
         /* Spinning reads nothing that the producer writes (not even the count
          * of outstanding tasks): only the words and the lanes' read-mostly
-         * fields, and the owed-drain flag that the pool's own tasks set. */
+         * fields, the owed-drain flag that the pool's own tasks set, and quit.
+         * Not once the thread may quit: close() joins it, and waited out the
+         * spin (up to spin_us, deaf to Ctrl-C) with nothing left to run. */
         long now = nhf_now_ns();
-        if (now - last_work < pool->spin_ns) {
+        if (now - last_work < pool->spin_ns && !may_quit(pool)) {
             nhf_settle_drain(now);
             nhf_cpu_relax();
             continue;
         }
         nhf_settle_drain(0); /* whatever it owes, before it sleeps or parks */
         if (nhf_pool_outstanding(pool) > 0) {
-            nhf_sleep_ns(pool->poll_ns);
+            poll_wait(pool);
             continue;
         }
         if (atomic_load(&pool->live_slots) > 0) {
@@ -232,8 +260,7 @@ static void *thread_main(void *pool_) {
         /* quit before outstanding: every task counted before close set quit is
          * seen here.  Stopping alone is not enough: an enqueue that saw the pool
          * open may not have counted its task yet. */
-        if (atomic_load(&pool->quit) && nhf_pool_outstanding(pool) == 0 &&
-            atomic_load(&pool->live_slots) == 0)
+        if (may_quit(pool))
             break;
         park(pool);
         last_work = nhf_now_ns();
@@ -452,6 +479,7 @@ stopped:;
     }
     pthread_mutex_lock(&pool->mutex);
     bool armed = atomic_load(&pool->live_slots) > 0;
+    pthread_cond_broadcast(&pool->wake); /* threads in poll_wait: nothing is outstanding */
     pthread_mutex_unlock(&pool->mutex);
     /* Before the ids are given back: a thread made after the join may get one of
      * them, and must not be taken for one of the pool's (executor_close). */
@@ -664,8 +692,19 @@ void nhf_exec_watch_lanes(nhf_watch_visit_fn visit, void *arg) {
 nhf_pool *nhf_pool_new(long nthreads, long spin_ns, long poll_ns) {
     nhf_pool *pool = aligned_zeroed(sizeof(nhf_pool));
     pthread_t *threads = calloc((size_t)nthreads, sizeof(pthread_t));
-    if (pool == NULL || threads == NULL || pthread_mutex_init(&pool->mutex, NULL) ||
-        pthread_cond_init(&pool->wake, NULL) || pthread_mutex_init(&pool->close_mutex, NULL)) {
+    pthread_condattr_t monotonic; /* poll_wait's deadlines are CLOCK_MONOTONIC's */
+    if (pthread_condattr_init(&monotonic) != 0) {
+        free(pool);
+        free(threads);
+        return NULL;
+    }
+    int failed = pool == NULL || threads == NULL ||
+                 pthread_condattr_setclock(&monotonic, CLOCK_MONOTONIC) ||
+                 pthread_mutex_init(&pool->mutex, NULL) ||
+                 pthread_cond_init(&pool->wake, &monotonic) ||
+                 pthread_mutex_init(&pool->close_mutex, NULL);
+    pthread_condattr_destroy(&monotonic);
+    if (failed) {
         free(pool);
         free(threads);
         return NULL;
