@@ -32,6 +32,7 @@ from cuda.core import launch
 
 which, mode, wait = sys.argv[1], sys.argv[2], float(sys.argv[3])
 faulthandler.dump_traceback_later(wait + 20, exit=True)  # a hang says where
+# numba_hostfn/_demodevice.py's trap_when_set, copied: importing it imports numba_hostfn.
 SOURCE = """
 extern "C" __global__ void trap_when_set(volatile int *flag, unsigned long long ns)
 {
