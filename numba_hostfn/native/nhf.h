@@ -123,6 +123,28 @@ static inline long nhf_now_ns(void) {
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1000000000L + ts.tv_nsec;
 }
+/* ns nanoseconds from now on CLOCK_MONOTONIC: a deadline for pthread_cond_timedwait
+ * on a condition variable made by nhf_cond_init_monotonic. */
+static inline struct timespec nhf_deadline_ns(long ns) {
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    long sum = until.tv_nsec + ns;
+    until.tv_sec += sum / 1000000000L;
+    until.tv_nsec = sum % 1000000000L;
+    return until;
+}
+/* pthread_cond_init on CLOCK_MONOTONIC (nhf_deadline_ns's clock): 0 or an error. */
+static inline int nhf_cond_init_monotonic(pthread_cond_t *cond) {
+    pthread_condattr_t attr;
+    int rc = pthread_condattr_init(&attr);
+    if (rc != 0)
+        return rc;
+    rc = pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    if (rc == 0)
+        rc = pthread_cond_init(cond, &attr);
+    pthread_condattr_destroy(&attr);
+    return rc;
+}
 /* Sleep ns nanoseconds (a signal may end it early). */
 static inline void nhf_sleep_ns(long ns) {
     struct timespec ts = {ns / 1000000000L, ns % 1000000000L};

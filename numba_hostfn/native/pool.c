@@ -172,11 +172,7 @@ static bool may_quit(nhf_pool *pool) {
  * in its join for up to poll_us (a second at the largest), deaf to Ctrl-C.  Checked
  * under the mutex that close broadcasts under: no wake-up is lost. */
 static void poll_wait(nhf_pool *pool) {
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until); /* the condition variable's clock */
-    long ns = until.tv_nsec + pool->poll_ns;
-    until.tv_sec += ns / 1000000000L;
-    until.tv_nsec = ns % 1000000000L;
+    struct timespec until = nhf_deadline_ns(pool->poll_ns);
     pthread_mutex_lock(&pool->mutex);
     if (!may_quit(pool))
         (void)pthread_cond_timedwait(&pool->wake, &pool->mutex, &until);
@@ -692,19 +688,9 @@ void nhf_exec_watch_lanes(nhf_watch_visit_fn visit, void *arg) {
 nhf_pool *nhf_pool_new(long nthreads, long spin_ns, long poll_ns) {
     nhf_pool *pool = aligned_zeroed(sizeof(nhf_pool));
     pthread_t *threads = calloc((size_t)nthreads, sizeof(pthread_t));
-    pthread_condattr_t monotonic; /* poll_wait's deadlines are CLOCK_MONOTONIC's */
-    if (pthread_condattr_init(&monotonic) != 0) {
-        free(pool);
-        free(threads);
-        return NULL;
-    }
-    int failed = pool == NULL || threads == NULL ||
-                 pthread_condattr_setclock(&monotonic, CLOCK_MONOTONIC) ||
-                 pthread_mutex_init(&pool->mutex, NULL) ||
-                 pthread_cond_init(&pool->wake, &monotonic) ||
-                 pthread_mutex_init(&pool->close_mutex, NULL);
-    pthread_condattr_destroy(&monotonic);
-    if (failed) {
+    if (pool == NULL || threads == NULL || pthread_mutex_init(&pool->mutex, NULL) ||
+        nhf_cond_init_monotonic(&pool->wake) || /* poll_wait's deadlines */
+        pthread_mutex_init(&pool->close_mutex, NULL)) {
         free(pool);
         free(threads);
         return NULL;

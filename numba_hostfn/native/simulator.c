@@ -511,20 +511,11 @@ static nhf_sim_stream *stream_new(void) {
         return NULL;
     stream->ctx = ctx;
     atomic_store(&stream->serial, atomic_fetch_add(&last_serial, 1) + 1);
-    pthread_condattr_t monotonic;
-    if (pthread_condattr_init(&monotonic)) {
-        free(stream);
-        return NULL;
-    }
-    int failed = pthread_condattr_setclock(&monotonic, CLOCK_MONOTONIC) ||
-                 pthread_mutex_init(&stream->mutex, NULL) ||
-                 pthread_cond_init(&stream->wake, NULL) ||
-                 pthread_cond_init(&stream->host_ran, NULL) ||
-                 pthread_cond_init(&stream->idle, &monotonic) ||
-                 pthread_cond_init(&stream->ended, NULL) ||
-                 pthread_create(&stream->thread, NULL, stream_main, stream);
-    pthread_condattr_destroy(&monotonic);
-    if (failed) {
+    if (pthread_mutex_init(&stream->mutex, NULL) || pthread_cond_init(&stream->wake, NULL) ||
+        pthread_cond_init(&stream->host_ran, NULL) ||
+        nhf_cond_init_monotonic(&stream->idle) || /* wait_idle_for_a_slice's deadlines */
+        pthread_cond_init(&stream->ended, NULL) ||
+        pthread_create(&stream->thread, NULL, stream_main, stream)) {
         free(stream);
         return NULL;
     }
@@ -625,13 +616,7 @@ static int refuse_on_host_thread(const char *what) {
 /* Without the GIL: wait at most one slice for the stream to have finished its
  * first `target` items; true if it has. */
 static int wait_idle_for_a_slice(nhf_sim_stream *stream, unsigned long long target) {
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_nsec += SYNC_SLICE_NS;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec += 1;
-        until.tv_nsec -= 1000000000L;
-    }
+    struct timespec until = nhf_deadline_ns(SYNC_SLICE_NS);
     pthread_mutex_lock(&stream->mutex);
     int timed_out = 0;
     stream->syncing++;
