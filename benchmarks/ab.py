@@ -44,7 +44,17 @@ def _git(*args: str) -> bytes:
 
 # What a copy of a tree without git leaves out: built and installed files, other sides.
 _NOT_SOURCE = shutil.ignore_patterns(
-    ".git", "build", "*.egg-info", "__pycache__", "*.so", ".ab-*", ".ci-*", ".whl", ".out", ".probe"
+    ".git",
+    ".venv",
+    "build",
+    "*.egg-info",
+    "__pycache__",
+    "*.so",
+    ".ab-*",
+    ".ci-*",
+    ".whl",
+    ".out",
+    ".probe",
 )
 
 

@@ -223,6 +223,26 @@ def test_ab_runner_smoke(tmp_path):
         assert json.loads((keep / f"{side}-1.json").read_text())["rows"]
 
 
+def test_ab_copies_a_tree_without_built_files_or_a_virtual_environment(tmp_path):
+    """A side copied from a folder (a machine without the repository) leaves out what
+    was built or installed there, a virtual environment included: it is no source,
+    and a copied one is slow and would shadow the side's own build."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import ab
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    ref = tmp_path / "ref"
+    for name in ("pkg/mod.py", ".venv/lib/site.py", "build/x.o", "pkg/_core.so"):
+        (ref / name).parent.mkdir(parents=True, exist_ok=True)
+        (ref / name).write_text("x")
+    (ref / ".ab-commit").write_text("0123abc\n")
+    dest = tmp_path / "dest"
+    assert ab._tree_at(str(ref), str(dest)) == "0123abc"
+    copied = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
+    assert copied == ["pkg/mod.py"], copied
+
+
 def _section_script(code, *, timeout=60):
     """``code`` run in a child on the simulator with benchmarks/ importable (a
     section's own functions, driven with a package that misbehaves on purpose);
