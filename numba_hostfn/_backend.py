@@ -305,6 +305,12 @@ class Backend:
     def check_executor(self) -> None:
         """Raise RuntimeError if a HostExecutor cannot work here."""
 
+    def in_host_function(self) -> bool:
+        """Whether this thread runs a host function whose CUDA calls the backend
+        refuses (:func:`in_host_function_error`): the simulator's host-function
+        thread.  False on CUDA, whose driver answers such a call itself."""
+        return False
+
     def executor_memory(self, nbytes: int) -> int:
         """``nbytes`` zeroed bytes that the streams can write and wait on."""
         raise NotImplementedError  # pragma: no cover

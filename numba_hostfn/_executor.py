@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from . import _core
+from ._backend import in_host_function_error
 from ._compat import register_first_atexit
 from ._errors import CudaDriverError
 from ._process import SIMULATOR_ENV, forked, get_backend
@@ -69,13 +70,14 @@ class HostExecutor(_core.ExecutorBase):
         How many threads (1 to 1024).  Tasks of one stream run one at a time;
         up to ``threads`` streams' tasks run at once.
     spin_us : float, optional
-        While tasks are outstanding (enqueued, not yet run), a thread with
-        nothing to run spins for this many microseconds after its last task
-        (a core busy, the lowest latency), then polls.
+        After its last task, or the launch that woke it, a thread with nothing
+        to run spins for this many microseconds (a core busy, the lowest
+        latency).
     poll_us : float, optional
-        Then it checks every ``poll_us`` microseconds (little CPU, up to that
-        much latency).  With nothing outstanding the threads sleep until the
-        next launch wakes them, and use no CPU.
+        Then, while tasks are outstanding (enqueued, not yet run), it checks
+        every ``poll_us`` microseconds (little CPU, up to that much latency).
+        With nothing outstanding the threads sleep until the next launch wakes
+        them, and use no CPU: a new executor's from their start.
 
     Raises
     ------
@@ -84,7 +86,9 @@ class HostExecutor(_core.ExecutorBase):
     RuntimeError
         If a device cannot run stream memory operations on host memory (no
         unified addressing, no stream wait on memory), naming the device; there
-        is no fallback to the driver's host-function thread.
+        is no fallback to the driver's host-function thread.  On the simulator,
+        from a host function too: its words are a CUDA allocation, and CUDA
+        forbids a host function any CUDA call (docs/threading.md).
 
     Examples
     --------
@@ -111,6 +115,11 @@ class HostExecutor(_core.ExecutorBase):
         spin = _positive_number("spin_us", spin_us, 0, 10_000_000)
         poll = _positive_number("poll_us", poll_us, 1, 1_000_000)
         backend = get_backend()
+        if backend.in_host_function():  # the simulator's: its words are a CUDA allocation
+            raise in_host_function_error(
+                "made a HostExecutor (its words are pinned memory: cuMemHostAlloc)",
+                "no thread was started",
+            )
         backend.check_executor()
         # Started before anything is written: the native start lets one pool in (under
         # the GIL), so of two __init__ calls of this object that both passed the check
@@ -302,6 +311,12 @@ class HostExecutor(_core.ExecutorBase):
         state = "closed" if self._closed else f"{lanes} lane{'' if lanes == 1 else 's'}"
         if not self._pool:  # __init__ never ran (a subclass's skipped it): no threads
             state = "not started"
+        elif not self._closed and self._stopping:
+            # A close() that was interrupted (or raised): launches are refused, and the
+            # threads still run what is outstanding until a close() waits for it.
+            # (Before: the open executor's "1 lane", as if it took launches.)
+            outstanding = self._outstanding()
+            state = f"stopped, {outstanding} task{'' if outstanding == 1 else 's'} outstanding"
         # Not self.threads: __init__ sets it after the pool starts, so an interrupted
         # one, or a subclass's that skipped it, has none (repr raised AttributeError).
         threads = getattr(self, "threads", "?")
@@ -432,6 +447,10 @@ def default_lane() -> _DefaultLane | None:
         return None if _default_off else lane
     if _default_retry_at and time.monotonic() < _default_retry_at:
         return None  # it could not start a moment ago: the driver's path meanwhile
+    if get_backend().in_host_function():
+        # Its words would be a host function's CUDA call (HostExecutor refuses it): the
+        # driver's path answers this wait as without the lane, and a later one starts it.
+        return None
     with _default_lock:
         if _default is None and not _default_off:
             try:

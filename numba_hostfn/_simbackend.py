@@ -96,5 +96,8 @@ class SimulatorBackend(Backend):
         pairs = [x for i, fn in enumerate(ops) for x in (fn, _core.exec_slot_op(slot.address, i))]
         _core.sim_graph_add_node(graph, True, *pairs)
 
+    def in_host_function(self) -> bool:
+        return _core.sim_in_host_function()
+
     def executor_memory(self, nbytes: int) -> int:
         return _core.host_words(nbytes)  # never freed: a stream may still wait on it

@@ -782,6 +782,62 @@ def test_repr_counts_lanes_and_says_closed(device):
     assert repr(ex) == "<numba_hostfn.HostExecutor threads=2 closed>"
 
 
+def test_repr_of_an_executor_whose_close_was_interrupted_says_it_is_stopped(stream):
+    """repr() of an executor whose close() was interrupted (a signal handler raised out
+    of its wait, a task still running) says it is stopped, and how many tasks its
+    threads still run: it refuses launches, and is not :attr:`closed`.  Before: "1 lane",
+    the repr of an open executor, the same as before close()."""
+    import signal
+
+    class Interrupted(Exception):
+        pass
+
+    def handler(signum, frame):  # only inside close(): a signal elsewhere does nothing
+        if frame is not None and frame.f_code is nh.HostExecutor.close.__code__:
+            raise Interrupted
+
+    gate, stop = threading.Event(), threading.Event()
+
+    def interrupt():  # until close() has raised: its wait checks for signals every 50 ms
+        while not stop.wait(0.01):
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    ex = nh.HostExecutor(threads=2)
+    interrupter = threading.Thread(target=interrupt)
+    try:
+        nh.host_launch(stream, lambda: gate.wait(60), executor=ex)
+        interrupter.start()
+        with pytest.raises(Interrupted):
+            ex.close()
+        stop.set()
+        interrupter.join()
+        assert not ex.closed and ex.outstanding() == 1
+        assert repr(ex) == "<numba_hostfn.HostExecutor threads=2 stopped, 1 task outstanding>"
+    finally:
+        stop.set()
+        signal.signal(signal.SIGUSR1, previous)
+        gate.set()
+        ex.close()
+    assert repr(ex) == "<numba_hostfn.HostExecutor threads=2 closed>"
+
+
+def test_a_new_executor_with_nothing_outstanding_uses_no_cpu():
+    """A HostExecutor's threads park from their start until a launch wakes them: one
+    with nothing outstanding uses no CPU, as the docstring says.  Before, each thread
+    spun for ``spin_us`` after it started, as after a task: here, four threads kept the
+    cores busy throughout (about 2 CPU seconds per second on two cores)."""
+    ex = nh.HostExecutor(threads=4, spin_us=10_000_000)  # a spin longer than the window
+    try:
+        cpu, wall = time.process_time(), time.perf_counter()
+        time.sleep(0.2)
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    finally:
+        ex.close()
+    # Parked: about nothing.  Spinning: a core per thread, as many as there are.
+    assert cpu < 0.5 * wall, f"{cpu:.3f} CPU seconds in {wall:.3f} s with nothing outstanding"
+
+
 def test_repr_of_an_executor_whose_init_never_ran_says_so():
     """repr() of a HostExecutor whose __init__ never ran (a subclass's that skips
     super().__init__(), as test_an_executor_whose_init_never_ran_is_refused_clearly_...

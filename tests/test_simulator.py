@@ -15,6 +15,7 @@ from _device import (
     rerun_on_simulator,
     resizable,
     run_child,
+    threads_but_watchdog,
 )
 from numba import carray
 
@@ -709,6 +710,55 @@ def test_a_host_function_that_begins_or_ends_a_capture_is_refused(request, unrai
         assert seen == [True] * 6 and not unraisables
         assert not idle.is_capturing and busy.is_capturing
         busy.end_capture().close()  # from the program's thread: taken
+
+
+def test_a_host_function_that_makes_a_host_executor_is_refused(request, monkeypatch, unraisables):
+    """HostExecutor() allocates its words in pinned memory (cuMemHostAlloc on CUDA), a
+    CUDA call, which CUDA forbids a host function: the simulator started the pool's
+    threads and took the words.  It raises RuntimeError now, as a host function's other
+    CUDA calls do, having started nothing.  A done_future there (refused, as an enqueue)
+    no longer starts the default lane from the host function either, nor keeps it from
+    serving the program's later waits."""
+    if rerun_on_simulator(request):
+        return
+    from numba_hostfn import _executor
+
+    # A process whose default lane was never started (restored after the test).
+    monkeypatch.setattr(_executor, "_default", None)
+    monkeypatch.setattr(_executor, "_default_off", False)
+    monkeypatch.setattr(_executor, "_default_retry_at", 0.0)
+    seen = []
+
+    def call(what):
+        try:
+            seen.append(repr(what()))
+        except RuntimeError as exc:
+            seen.append(str(exc))
+
+    with nh.simulator.Stream() as s, nh.simulator.Stream() as other:
+        nh.host_launch(s, lambda: None)  # the stream's thread is started
+        s.sync()
+        threads = threads_but_watchdog()
+        nh.host_launch(s, lambda: call(lambda: nh.HostExecutor(threads=2)))
+        s.sync()
+        assert threads_but_watchdog() <= threads  # no pool's threads were started
+        nh.host_launch(s, lambda: call(lambda: nh.done_future(other)))
+        s.sync()
+        nh.drain()
+        lane = _executor._default
+        try:
+            assert len(seen) == 2 and not unraisables, seen
+            assert seen[0].startswith("a host function made a HostExecutor"), seen[0]
+            assert seen[1].startswith("a host function enqueued work"), seen[1]
+            assert all("CUDA forbids a host function any CUDA call" in m for m in seen)
+            assert lane is None  # nor the default lane, which was not put off either
+            assert not _executor._default_off and _executor._default_retry_at == 0.0
+            assert nh.done_future(other).result(timeout=60) is other
+            lane = _executor._default
+            assert lane is not None  # the program's own wait started it
+        finally:
+            if lane is not None:
+                lane.close()
 
 
 @pytest.mark.parametrize("seconds", [np.int64(0), np.float32(0.001), np.float64(0.001)])

@@ -186,8 +186,8 @@ static void poll_wait(nhf_pool *pool) {
  * it: one thread, the poller, polls every poll_ns (spinning first for spin_ns
  * after work) and the others park; when the poller finds work it hands the
  * role on and wakes the others, which spin for a while, so the rest of the
- * replay finds them awake.  With neither, every thread parks until an enqueue
- * or an armed slot wakes it. */
+ * replay finds them awake.  With neither (at its start too), every thread parks
+ * until an enqueue or an armed slot wakes it. */
 static void *thread_main(void *pool_) {
     nhf_pool *pool = pool_;
     int me_poller = 0;
@@ -201,6 +201,11 @@ static void *thread_main(void *pool_) {
      * once they have waited NHF_DRAIN_DEFER_NS, or before it sleeps: not one
      * pending call a task (invariant 14). */
     nhf_defer_drains();
+    /* A new thread has nothing to run: it parks until a launch (or an armed slot, or
+     * close) wakes it, then spins as after any wake-up.  Before, it spun for spin_ns
+     * from its start, so a new executor with nothing outstanding kept a core per
+     * thread busy. */
+    park(pool);
     long last_work = nhf_now_ns();
     for (;;) {
         if (nhf_copy_help(pool)) {
