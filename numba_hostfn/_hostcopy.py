@@ -13,6 +13,7 @@ buffers, and cacheable on disk, unlike a body that calls a ctypes pointer.
 from __future__ import annotations
 
 import functools
+import mmap
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -190,9 +191,14 @@ def _open(obj: Any, role: str) -> Any:
             f"array, bytearray, memoryview) or a host-accessible cuda.core Buffer; got "
             f"{kind.__name__}. Device arrays (CuPy, torch CUDA tensors) are not host memory"
         ) from None
-    except ValueError:  # numpy's "cannot include dtype 'M' in a buffer"
+    except ValueError:  # numpy's "cannot include dtype 'M' in a buffer"; a closed mmap
         if isinstance(obj, np.ndarray):
             return None
+        if isinstance(obj, mmap.mmap) and obj.closed:  # mmap's own: "closed or invalid"
+            raise ValueError(
+                f"host_copy() {role} is a closed mmap: it has no memory to copy; pass an "
+                "open one (or another host buffer)"
+            ) from None
         raise
 
 
@@ -368,9 +374,11 @@ def host_copy(stream: Any, dst: Any, src: Any, *, executor: Any = None) -> Any:
         types a buffer's format names: ``array.array("q")``, ``memoryview(a)``, a
         ctypes number; ``host_copy`` copies bytes, so pass ``.view(np.uint8)`` of
         both to copy them raw; plain bytes, ``bytearray``, go with any dtype), ``dst`` is
-        read-only, the sizes or row shapes differ, a layout is
+        read-only (a record ``a[i]``, which numpy exports read-only: pass
+        ``a[i:i + 1]``), the sizes or row shapes differ, a layout is
         neither C-contiguous nor evenly spaced contiguous rows, the two share a byte,
-        or a cuda.core ``Buffer`` is device memory.  Nothing was enqueued.
+        a buffer is a released ``memoryview`` or a closed ``mmap``, or a cuda.core
+        ``Buffer`` is device memory.  Nothing was enqueued.
     """
     if executor is not None:
         check_executor(executor)
@@ -384,6 +392,14 @@ def host_copy(stream: Any, dst: Any, src: Any, *, executor: Any = None) -> Any:
     d = d_view if isinstance(d_view, _Region) else _region(dst, d_view, "dst", d_dtype)
     s = s_view if isinstance(s_view, _Region) else _region(src, s_view, "src", s_dtype)
     if not d.writable:
+        if isinstance(dst, np.void) and dst.flags.writeable:
+            # numpy writes through a[i] (a[i]["f"] = x), but exports it read-only, and
+            # np.copyto refuses it too: the writable view of the same memory is a[i:i+1].
+            raise ValueError(
+                "host_copy() dst is a numpy.void (a record such as a[i]), whose buffer "
+                "numpy exports read-only; pass a writable array: a[i:i + 1] for a record "
+                "of a, the same memory"
+            )
         raise ValueError("host_copy() dst is read-only; pass a writable buffer")
     if d.nbytes != s.nbytes:
         raise ValueError(f"host_copy() sizes differ: dst holds {d.nbytes} bytes, src {s.nbytes}")

@@ -303,7 +303,9 @@ def record(dtype: Any, **fields: Any) -> Record:
         If ``dtype`` is not structured, a buffer is given for a field that
         cannot hold an address, or a value is of a type its field cannot hold
         (a bool field holds ``True`` or ``False``, or the integer 0 or 1: not
-        ``"False"``, whose truth numpy would store).
+        ``"False"``, whose truth numpy would store; an 8-byte integer field,
+        which may hold an address, holds no bool, nor a ctypes number or
+        structure, which numpy would store as its value: ``c_double()`` as 0).
     ValueError
         If a field is unknown, a buffer is not C-contiguous or is empty, or a
         value does not fit its field (``-1`` in an unsigned one, ``1.5`` in an
@@ -356,6 +358,8 @@ def record(dtype: Any, **fields: Any) -> Record:
         else:
             field, given = layout.fields[name][0], value
             if field.kind in "iu":
+                if field.itemsize == 8:  # it may hold an address: no flag, no buffer's value
+                    _check_address_or_number(name, field, value)
                 value = _whole_number(name, field, field, value)
             elif field.kind == "b":
                 value = _truth(name, field, value)
@@ -423,6 +427,32 @@ def _whole_number(name: str, field: np.dtype, kind: np.dtype, value: Any) -> Any
             f"(it holds {bounds.min} to {bounds.max})"
         )
     return int(value)
+
+
+def _check_address_or_number(name: str, field: np.dtype, value: Any) -> None:
+    """Refuse, for an 8-byte integer field (one that can hold an address), a value
+    that numpy would store as a number where an address may have been meant: a
+    bool (``True`` as the address 1, ``False`` as NULL), and a buffer that
+    record() does not take as one, which numpy reads as its value (a ctypes
+    ``c_double()`` as 0: NULL, ``c_double(2.5)`` as 2; a ctypes structure)."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(
+            f"record() field {name!r} is {field}, which holds an address or a number, and "
+            f"cannot hold {value!r}: pass a buffer (its address is stored) or an int "
+            "address (or number)"
+        )
+    if isinstance(value, (np.generic, bytes, str)):
+        return  # numbers and text: numpy's to convert or refuse, as for any field
+    try:
+        memoryview(value).release()
+    except (TypeError, ValueError, BufferError):
+        return  # no buffer: numpy's to convert or refuse
+    raise TypeError(
+        f"record() field {name!r} is {field}, which holds an address or a number, and "
+        f"cannot hold a {type(value).__name__}, a buffer that numpy would store as its "
+        "value: pass by_ref(x) to store its address, or an int for a number "
+        "(int(x.value) of a ctypes number)"
+    )
 
 
 def _truth(name: str, field: np.dtype, value: Any) -> Any:

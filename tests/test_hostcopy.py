@@ -4,6 +4,7 @@ import array
 import ctypes
 import functools
 import gc
+import mmap
 import struct
 import sys
 import weakref
@@ -835,3 +836,92 @@ def test_a_builder_not_building_is_refused_in_the_callers_name(stream, call, nam
         call(builder)
     assert nh.pending() == 0
     builder.close()
+
+
+class _Interface:
+    """Memory described by an ``__array_interface__`` with a raw address: an object
+    that is no numpy array, whose memory belongs to another object, ``owner``,
+    which it references but numpy does not (np.asarray(interface).base is the
+    interface itself)."""
+
+    def __init__(self, owner):
+        self._owner = owner
+        self.__array_interface__ = {
+            "data": (owner.ctypes.data, False),
+            "shape": owner.shape,
+            "typestr": owner.dtype.str,
+            "version": 3,
+        }
+
+
+class _Owner(np.ndarray):
+    """An array that leaves its bytes in ``last_bytes`` when it is freed."""
+
+    last_bytes: list = []
+
+    def __del__(self):
+        _Owner.last_bytes.append(self.tobytes())
+
+
+@pytest.mark.parametrize("role", ["dst", "src"])
+def test_a_queued_copy_keeps_the_owner_behind_an_array_interface_alive(stream, role):
+    """An array made from an __array_interface__ object (no ndarray) has that object
+    as its base, not the memory's owner: the launch must keep the whole chain (the
+    array, the interface, the owner it references), or the copy runs on freed
+    memory.  Everything else is dropped and collected while the stream is held."""
+    n = 1 << 20
+    pattern = (np.arange(n) % 251).astype(np.uint8)
+    owner = (pattern if role == "src" else np.zeros(n, np.uint8)).copy().view(_Owner)
+    alive = weakref.ref(owner)
+    on_interface = np.asarray(_Interface(owner))
+    assert type(on_interface.base) is _Interface
+    out = np.zeros(n, np.uint8)
+    dst, src = (on_interface, pattern) if role == "dst" else (out, on_interface)
+    _Owner.last_bytes.clear()
+    with Hold(stream):
+        nh.host_copy(stream, dst, src)
+        del dst, src, on_interface, owner
+        gc.collect()
+        assert alive() is not None  # owned by the launch, through the interface
+        junk = [np.full(n, 0x55, np.uint8) for _ in range(4)]  # reuse what was freed
+    stream.sync()
+    nh.drain()
+    gc.collect()
+    del junk
+    assert alive() is None  # released with the launch, once it ran
+    copied = _Owner.last_bytes.pop() if role == "dst" else out.tobytes()
+    assert copied == pattern.tobytes()
+
+
+@pytest.mark.parametrize("role", ["dst", "src"])
+def test_a_closed_mmap_is_refused_as_closed(stream, role):
+    """A closed mmap raised mmap's own ValueError ("mmap closed or invalid"), naming
+    neither host_copy nor which buffer it was."""
+    closed = mmap.mmap(-1, 4096)
+    closed.close()
+    buffers = {"dst": bytearray(4096), "src": b"x" * 4096, role: closed}
+    with pytest.raises(ValueError, match=rf"^host_copy\(\) {role} is a closed mmap"):
+        nh.host_copy(stream, buffers["dst"], buffers["src"])
+    assert nh.pending() == 0
+
+
+def test_a_record_as_dst_is_refused_with_the_view_to_pass(stream):
+    """A record a[i] of a writable structured array is writable through numpy
+    (a[i]["a"] = 1 writes a), but exports its buffer read-only, as every numpy
+    scalar does, and np.copyto refuses it as dst too.  host_copy refused it as
+    "read-only; pass a writable buffer", which it looks like already: the message
+    names a[i:i + 1], the writable view of the same memory, which copies."""
+    records = np.zeros(4, _PAIR)
+    src = np.array([(1.5, 7)], _PAIR)
+    with pytest.raises(ValueError, match=r"dst is a numpy.void .* a\[i:i \+ 1\] for a record"):
+        nh.host_copy(stream, records[1], src)
+    with pytest.raises(ValueError, match="dst is read-only; pass a writable buffer"):
+        nh.host_copy(stream, memoryview(records[1]), src)  # read-only, as it says
+    records.flags.writeable = False
+    with pytest.raises(ValueError, match="dst is read-only; pass a writable buffer"):
+        nh.host_copy(stream, records[1], src)  # a record of a read-only array
+    records.flags.writeable = True
+    assert nh.pending() == 0
+    nh.host_copy(stream, records[1:2], src)
+    stream.sync()
+    assert records[1] == src[0] and records[0] == records[2]

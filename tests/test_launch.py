@@ -1072,3 +1072,25 @@ def test_a_cycle_through_a_by_ref_is_collected_and_unpins_its_buffer():
     assert w() is None
     # A launch's copy of read-only user data stays untracked by the collector.
     assert not gc.is_tracked(_core.BufferRef(bytearray(b"x")))
+
+
+@pytest.mark.parametrize(
+    "value",
+    [True, False, np.True_, ctypes.c_double(0.0), ctypes.c_uint64(7), ctypes.c_double(2.5)],
+    ids=["True", "False", "np.True_", "c_double", "c_uint64", "c_double-2.5"],
+)
+def test_record_refuses_a_flag_or_a_ctypes_value_for_an_address_field(value):
+    """An 8-byte integer field may hold an address, but numpy stored True as the
+    address 1 and False as NULL, and a ctypes number (a buffer record() did not take
+    as one) as its value: c_double() as NULL, c_double(2.5) as 2, which a host
+    function then dereferenced.  Refused, with the way to give either meaning."""
+    with pytest.raises(TypeError, match=r"record\(\) field 'out' is uint64, which holds an addr"):
+        nh.record(SUM, out=value)
+    with pytest.raises(TypeError, match=r"record\(\) field 'n' is int64, which holds an addr"):
+        nh.record(SUM, n=value)
+    out = ctypes.c_double(0.0)
+    rec = nh.record(SUM, out=nh.by_ref(out), n=int(ctypes.c_uint64(7).value))
+    assert rec.data["out"][0] == ctypes.addressof(out) and rec.data["n"][0] == 7
+    # A field that holds no address takes a bool as numpy does.
+    small = nh.record(np.dtype([("i", np.int32), ("x", np.float64)]), i=True, x=np.True_)
+    assert small.data["i"][0] == 1 and small.data["x"][0] == 1.0
