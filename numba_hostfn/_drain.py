@@ -26,7 +26,10 @@ def drain() -> int:
     after synchronizing a stream and before checking a weak reference.  It
     also runs the non-blocking callbacks (``host_launch(..., blocking=False)``)
     and sets the ``done_future`` results whose streams got there and that are
-    not done yet, in stream order.
+    not done yet, in stream order; where another thread is running a batch of
+    those, it waits for that batch first (a Ctrl-C interrupts that wait).  It
+    never waits for a host function, blocking Python callable included, that is
+    still running: that launch is released by a later drain.
 
     Returns
     -------

@@ -407,6 +407,7 @@ def _stream_future_type() -> type[concurrent.futures.Future]:
 
             def __init__(self, stream: Any) -> None:
                 super().__init__()
+                self._waiters = _Waiters()  # concurrent.futures.wait()'s, as_completed()'s
                 self._stream = stream
                 self._watch = (0, 0)  # (lane, task) where the signal is on a lane
 
@@ -441,12 +442,16 @@ def _stream_future_type() -> type[concurrent.futures.Future]:
             def _watch_stream(self, timeout: float | None) -> float | None:
                 """Until the future is done or ``timeout`` passes: watch the lane's
                 word, GIL released, and settle the future here once the stream has
-                reached the task.  Returns what is left of ``timeout``."""
+                reached the task.  Returns what is left of ``timeout``.  In a forked
+                child, where no thread will ever set it (nor stream write the words),
+                a future not done raises RuntimeError, naming 'spawn'."""
+                if forked() and not self.done():
+                    get_backend()  # raises: before, result() waited for ever
                 batches = _futures
                 if batches is not None and batches.running_here():
                     return self._run_here(batches, timeout)
                 lane, task = self._watch
-                if not task or forked():  # in a forked child no stream writes the words
+                if not task:
                     return timeout
                 deadline = None if timeout is None else time.monotonic() + timeout
                 spin = True
@@ -472,7 +477,7 @@ def _stream_future_type() -> type[concurrent.futures.Future]:
                 lane, task = self._watch
                 while not self.done():
                     batches.run_nested()
-                    if not self.done() and task and not forked():
+                    if not self.done() and task:
                         if _core.lane_reached(lane, task, 0, False) > 0:
                             self._settle()
                     if self.done() or (deadline is not None and time.monotonic() >= deadline):
@@ -482,6 +487,45 @@ def _stream_future_type() -> type[concurrent.futures.Future]:
 
         _stream_future = StreamFuture
     return _stream_future
+
+
+class _Waiters(list):
+    """A done_future's waiters: ``concurrent.futures.wait()`` and ``as_completed()``
+    install theirs here (``append``, on the waiting thread, under the futures' locks).
+    Where no other thread will set the future, so that the waiter's event would wait
+    for its own thread, for ever (the thread that holds the futures' batch: a done
+    callback, or drain()'s caller; or a forked child), its event is swapped for a
+    :class:`_BatchEvent`, which does there what ``result()`` does."""
+
+    __slots__ = ()
+
+    def append(self, waiter: Any) -> None:
+        if type(waiter.event) is threading.Event:  # not swapped yet (a waiter of several)
+            batches = _futures
+            if forked() or (batches is not None and batches.running_here()):
+                waiter.event = _BatchEvent()
+        super().append(waiter)
+
+
+class _BatchEvent(threading.Event):
+    """The event of a ``concurrent.futures`` waiter that waits on the thread holding
+    the futures' batch: its ``wait`` sets the results due there, nested in that batch,
+    oldest first (``StreamFuture._run_here``), until it is set or the timeout passes.
+    In a forked child, one not set raises the RuntimeError that names 'spawn'."""
+
+    def wait(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.is_set():
+            if forked():
+                get_backend()  # raises: no thread of this child sets the parent's futures
+            batches = _futures
+            if batches is not None and batches.running_here():
+                batches.run_nested()
+            left = None if deadline is None else deadline - time.monotonic()
+            if self.is_set() or (left is not None and left <= 0):
+                break
+            super().wait(NESTED_POLL_S if left is None else min(NESTED_POLL_S, left))
+        return self.is_set()
 
 
 class _FutureEntry:

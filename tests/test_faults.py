@@ -449,35 +449,59 @@ FORK_WITH_A_FUTURE_PENDING_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     import concurrent.futures, os, warnings
 
     warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads: the point
+    other = device.create_stream()
+    settled = nh.done_future(other)
+    settled.result(timeout=30)
     device.delay(stream, 0.5)
     future = nh.done_future(stream)
+    on_driver = nh.done_future(stream)
+    on_driver._watch = (0, 0)  # as on the driver's thread: nothing to watch
     print("watched:", future._watch[1] != 0, flush=True)
     pid = os.fork()
     if pid == 0:
+        import signal
+
+        signal.alarm(20)  # a wait that hangs ends the child: the parent says so
         def watch(*args):
             raise AssertionError("the parent's lane watched in a forked child")
 
         nh._core.lane_reached = watch
-        try:
-            future.result(timeout=0.1)
-            print("child: resolved", flush=True)
-        except concurrent.futures.TimeoutError:
-            print("child: timed out", flush=True)
+        waits = {
+            "result(0.1)": lambda: future.result(timeout=0.1),
+            "result()": future.result,
+            "exception()": future.exception,
+            "driver result()": on_driver.result,
+            "wait()": lambda: concurrent.futures.wait([future]),
+            "as_completed()": lambda: list(concurrent.futures.as_completed([on_driver])),
+        }
+        for name, wait in waits.items():
+            try:
+                wait()
+                print("child:", name, "returned", flush=True)
+            except RuntimeError as exc:
+                print("child:", name, "refused" if "'spawn'" in str(exc) else exc, flush=True)
+        print("child: settled", settled.result() is other, flush=True)
         os._exit(0)
     _, status = os.waitpid(pid, 0)
     print("parent:", os.waitstatus_to_exitcode(status), future.result(timeout=30) is stream,
-          flush=True)
+          on_driver.result(timeout=30) is stream, flush=True)
 """)
 
 
 def test_a_forked_child_does_not_watch_the_parents_done_future():
-    """A done_future made in the parent, on the default lane, waited on in a forked
-    child: result() there does not watch the lane's words (no stream of the child
-    writes them, and the parent's pinned memory need not be mapped there); it times
-    out as the future would without the watch, and the parent's resolves."""
-    out = run_child(FORK_WITH_A_FUTURE_PENDING_SCRIPT).splitlines()
+    """A done_future made in the parent and not done at fork, waited on in a forked
+    child: no thread there will ever set it, so result(), exception(),
+    concurrent.futures.wait() and as_completed() raise the RuntimeError that names
+    'spawn' (before, they waited until their timeout, or for ever), without
+    watching the lane's words (no stream of the child writes them, and the parent's
+    pinned memory need not be mapped there); one done before fork gives its result,
+    and the parent's resolve."""
+    out = run_child(FORK_WITH_A_FUTURE_PENDING_SCRIPT, timeout=60).splitlines()
     assert "watched: True" in out, out
-    assert "child: timed out" in out and "parent: 0 True" in out, out
+    for name in ("result(0.1)", "result()", "exception()", "driver result()", "wait()"):
+        assert f"child: {name} refused" in out, out
+    assert "child: as_completed() refused" in out, out
+    assert "child: settled True" in out and "parent: 0 True True" in out, out
 
 
 @pytest.mark.gpu

@@ -285,6 +285,53 @@ def test_ctrl_c_interrupts_a_close_waiting_for_a_task_and_a_later_close_finishes
     assert out.split("\n")[-2] == "['interrupted', 'refused', 'after'] 2 True 0 0 0 0", out
 
 
+CTRL_C_DRAIN_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import signal, threading, time
+    from _device import Hold, ctrl_c_inside
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's, whatever we inherited
+    inside, gate, order = threading.Event(), threading.Event(), []
+
+    def held_in_its_batch(_):
+        # The futures thread, in its batch: waits for the main thread, which waits in
+        # drain() for this batch (a hang guard, not a timing: 30 s at most).
+        inside.set()
+        gate.wait(30)
+
+    with Hold(stream):  # not done yet: the futures thread runs the done callback
+        nh.done_future(stream).add_done_callback(held_in_its_batch)
+    inside.wait(30)
+    threading.Thread(target=ctrl_c_inside, args=("run",), daemon=True).start()
+    start = time.monotonic()
+    try:
+        nh.drain()
+        order.append("drained")
+    except KeyboardInterrupt:
+        order.append("interrupted")
+    order.append(time.monotonic() - start < 10)
+    try:
+        time.sleep(0.5)  # a second KeyboardInterrupt would land here
+        order.append("once")
+    except KeyboardInterrupt:
+        order.append("twice")
+    gate.set()
+    later = nh.done_future(stream)
+    stream.sync()
+    nh.drain()  # again: it waits for nothing now, and sets what is due
+    print(order, later.done(), nh.pending(), flush=True)
+""")
+
+
+def test_ctrl_c_interrupts_a_drain_waiting_for_another_threads_batch():
+    """SIGINT while drain() waits for the futures' batch, which another thread runs (a
+    done callback that waits for the main thread): drain() raises KeyboardInterrupt at
+    once, once, holding nothing, and a later drain() works.  Before, the native wait
+    for the batch's lock checked no signal: the Ctrl-C came only once the callback had
+    returned, and never if it waited for the main thread."""
+    out = run_child(CTRL_C_DRAIN_SCRIPT, timeout=120)
+    assert out.split("\n")[-2] == "['interrupted', True, 'once'] True 0", out
+
+
 SLOT_RELEASE_SCRIPT = (
     CHILD_PREAMBLE
     + INJECT

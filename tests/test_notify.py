@@ -843,6 +843,39 @@ def test_done_future_result_watches_its_stream_itself(stream):
     assert _wait_for(lambda: _notify._futures.outstanding() == 0)
 
 
+def test_wait_and_as_completed_in_a_done_callback_set_the_results_due_there(stream, device):
+    """A done callback runs on the thread that holds the futures' batch, which alone
+    sets the results of futures on the driver's thread, or whose waiters do not watch
+    a lane: concurrent.futures.wait() and as_completed() there set the results due,
+    nested in that batch, as result() does.  Before, they waited for their own thread
+    (until their timeout, or for ever)."""
+    import concurrent.futures as cf
+
+    other = device.create_stream()
+    seen = []
+    finished = threading.Event()
+
+    def wait_for_others(_):
+        try:
+            waited = cf.wait([nh.done_future(other)], timeout=10)
+            completed = list(cf.as_completed([nh.done_future(other)], timeout=10))
+            seen.append((threading.current_thread().name, len(waited.done), len(completed)))
+        except BaseException as exc:
+            seen.append(exc)
+        finally:
+            finished.set()
+
+    try:
+        with Hold(stream):  # not done yet: the futures thread runs its callback
+            nh.done_future(stream).add_done_callback(wait_for_others)
+        assert finished.wait(60)
+        assert seen == [("numba_hostfn-futures", 1, 1)], seen
+    finally:
+        other.sync()
+        device.close_stream(other)
+        nh.drain()
+
+
 def test_done_future_is_settled_once_by_whichever_thread_sees_it_first(device, unraisables):
     """Waiting threads and the futures thread race to settle each future: every
     future gets its stream once, and no settle fails (a second set_result, or

@@ -22,6 +22,7 @@
  */
 #include "nhf.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -362,11 +363,47 @@ static int fail(dispatcher *d, PyObject *entry, unsigned code) {
     return 0;
 }
 
+/* How long a blocked run waits for another thread's batch, without the GIL, between
+ * two checks for signals. */
+#define BATCH_WAIT_SLICE_NS 50000000L /* 50 ms */
+
+/* GIL held: take the batch lock, which another thread holds (it runs a batch, whose
+ * entries may take as long as they like).  The wait is taken in slices, without the
+ * GIL; between two, with the GIL, Python's signal handlers run (PyErr_CheckSignals,
+ * on the main thread), so a Ctrl-C in drain() raises KeyboardInterrupt at once,
+ * instead of when that batch ends (never, where an entry there waits for this
+ * thread), and a handler that returns lets the wait go on, as a simulated sync does.
+ * The slices are on CLOCK_REALTIME, pthread_mutex_timedlock's clock (glibc 2.17 has
+ * no pthread_mutex_clocklock): a clock step only lengthens or shortens one slice.
+ * Returns 0 with the lock held, or -1 with the handler's exception set, nothing
+ * taken. */
+static int lock_checking_signals(pthread_mutex_t *lock) {
+    for (;;) {
+        int rc;
+        Py_BEGIN_ALLOW_THREADS
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        long ns = until.tv_nsec + BATCH_WAIT_SLICE_NS;
+        until.tv_sec += ns / 1000000000L;
+        until.tv_nsec = ns % 1000000000L;
+        rc = pthread_mutex_timedlock(lock, &until);
+        if (rc != 0 && rc != ETIMEDOUT)
+            rc = pthread_mutex_lock(lock); /* cannot happen with a valid deadline */
+        Py_END_ALLOW_THREADS
+        if (rc == 0)
+            return 0;
+        if (PyErr_CheckSignals() < 0)
+            return -1;
+    }
+}
+
 /* run(block=True) -> how many entries were acted on; the due keys oldest first.
  * A call from inside the batch (an entry that drains) returns 0 at once, unless
  * nested (a done_future's wait there, which only this batch can end): it then acts
  * on the keys due within the outer batch.  With block false, a call while another
- * thread runs the batch returns 0 at once.  Between two
+ * thread runs the batch returns 0 at once; with block, it waits for that batch, and
+ * a handler's exception meanwhile (a Ctrl-C) is raised, nothing taken
+ * (lock_checking_signals).  Between two
  * entries, pending signals are handled (PyErr_CheckSignals, a no-op off the main
  * thread): a handler's exception (a Ctrl-C, a callback's own delivered again)
  * stops the batch, the rest stay due for the next run, and the exception is
@@ -405,9 +442,9 @@ static PyObject *dispatcher_run(PyObject *self_, PyObject *const *args, Py_ssize
         if (pthread_mutex_trylock(&d->lock) != 0) {
             if (!block)
                 return PyLong_FromLong(0);
-            Py_BEGIN_ALLOW_THREADS /* the batch's thread may need the GIL to finish it */
-            pthread_mutex_lock(&d->lock);
-            Py_END_ALLOW_THREADS
+            /* Without the GIL: the batch's thread may need it to finish the batch. */
+            if (lock_checking_signals(&d->lock) < 0)
+                return NULL;
         }
         atomic_store(&d->runner, me);
     }
