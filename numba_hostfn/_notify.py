@@ -407,7 +407,8 @@ def _stream_future_type() -> type[concurrent.futures.Future]:
 
             def __init__(self, stream: Any) -> None:
                 super().__init__()
-                self._waiters = _Waiters()  # concurrent.futures.wait()'s, as_completed()'s
+                # concurrent.futures.wait()'s, as_completed()'s; a weak reference: no cycle
+                self._waiters = _Waiters(weakref.ref(self))
                 self._stream = stream
                 self._watch = (0, 0)  # (lane, task) where the signal is on a lane
 
@@ -494,17 +495,32 @@ class _Waiters(list):
     install theirs here (``append``, on the waiting thread, under the futures' locks).
     Where no other thread will set the future, so that the waiter's event would wait
     for its own thread, for ever (the thread that holds the futures' batch: a done
-    callback, or drain()'s caller; or a forked child), its event is swapped for a
-    :class:`_BatchEvent`, which does there what ``result()`` does."""
+    callback, or drain()'s caller; or a forked child, where it is not done), its event
+    is swapped for a :class:`_BatchEvent`, which does there what ``result()`` does.
+    ``future``: a weak reference to the future whose waiters these are."""
 
-    __slots__ = ()
+    __slots__ = ("_future",)
+
+    def __init__(self, future: Any = None) -> None:
+        super().__init__()
+        self._future = future
 
     def append(self, waiter: Any) -> None:
         if type(waiter.event) is threading.Event:  # not swapped yet (a waiter of several)
             batches = _futures
-            if forked() or (batches is not None and batches.running_here()):
+            if (batches is not None and batches.running_here()) or (
+                # One done at fork is only a result there: a wait over it and the
+                # child's own futures waits for those (before: it raised).
+                forked() and not self._done()
+            ):
                 waiter.event = _BatchEvent()
         super().append(waiter)
+
+    def _done(self) -> bool:
+        """Whether the future is done (its lock, an RLock, is this thread's: wait()
+        and as_completed() install under it)."""
+        future = None if self._future is None else self._future()
+        return future is None or future.done()
 
 
 class _BatchEvent(threading.Event):

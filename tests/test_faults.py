@@ -504,6 +504,47 @@ def test_a_forked_child_does_not_watch_the_parents_done_future():
     assert "child: settled True" in out and "parent: 0 True True" in out, out
 
 
+FORK_WITH_A_FUTURE_DONE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import concurrent.futures, os, threading, warnings
+
+    warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads: the point
+    settled = nh.done_future(stream)
+    settled.result(timeout=30)
+    pid = os.fork()
+    if pid == 0:
+        import signal
+
+        signal.alarm(20)  # a wait that hangs ends the child: the parent says so
+        mine = concurrent.futures.Future()  # the child's own, set by a thread of its own
+        threading.Timer(0.05, mine.set_result, (1,)).start()
+        try:
+            done, not_done = concurrent.futures.wait([settled, mine], timeout=20)
+            print("child: wait", len(done), len(not_done), flush=True)
+        except RuntimeError as exc:
+            print("child: wait raised", exc, flush=True)
+        try:
+            list(concurrent.futures.as_completed([settled, concurrent.futures.Future()], 0.1))
+        except concurrent.futures.TimeoutError:
+            print("child: as_completed timed out", flush=True)
+        except RuntimeError as exc:
+            print("child: as_completed raised", exc, flush=True)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    print("parent:", os.waitstatus_to_exitcode(status), flush=True)
+""")
+
+
+def test_a_forked_childs_wait_over_a_done_future_done_at_fork_is_not_refused():
+    """A done_future done before fork() is only a result in the child:
+    concurrent.futures.wait() and as_completed() over it and the child's own futures
+    wait for those as they would without it (before, its waiters list gave the wait
+    the event that refuses a forked child's wait, so they raised the RuntimeError
+    that names 'spawn')."""
+    out = run_child(FORK_WITH_A_FUTURE_DONE_SCRIPT, timeout=60).splitlines()
+    assert "child: wait 2 0" in out, out
+    assert "child: as_completed timed out" in out and "parent: 0" in out, out
+
+
 @pytest.mark.gpu
 def test_a_cuda_call_from_a_compiled_body_gets_an_error_code(device, stream):
     """CUDA calls are not allowed in a host function; the driver may, but need not, refuse
