@@ -1741,6 +1741,7 @@ KEPT_GIL_IN_AN_EXECUTOR_NODE_SCRIPT = (
     + TAKE_GIL_AND_KEEP_IT
     + textwrap.dedent("""
     import threading
+    import time
     from _device import Capture
 
     @nh.host_callback
@@ -1761,7 +1762,12 @@ KEPT_GIL_IN_AN_EXECUTOR_NODE_SCRIPT = (
         other.start()
         other.join()
         capture.close()
-    nh.drain()
+    for _ in range(2000):  # CUDA destroys the graph's user object, and so its record, later
+        stream.sync()
+        nh.drain()
+        if nh.pending() == 0:
+            break
+        time.sleep(0.005)
     print("replays ran:", kept[0], ran, nh.pending())
 """)
 )
