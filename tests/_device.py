@@ -316,6 +316,24 @@ def released_eventually(alive, device, rounds: int = 300, *, pending: int | None
     return False
 
 
+def graph_records_released(stream, rounds: int = 2000) -> bool:
+    """Wait until no launch is pending (``numba_hostfn.pending() == 0``); True if
+    that happened.  For a child script whose graph is closed: CUDA destroys the
+    graph's user object, and so the record it owns, later, not at once (seen on
+    H100 hosts).  Each round synchronizes ``stream`` and drains."""
+    import time
+
+    import numba_hostfn
+
+    for _ in range(rounds):
+        stream.sync()
+        numba_hostfn.drain()
+        if numba_hostfn.pending() == 0:
+            return True
+        time.sleep(0.005)
+    return False
+
+
 def thread_state_count() -> int:
     """How many Python thread states the main interpreter has."""
     import ctypes

@@ -1741,8 +1741,7 @@ KEPT_GIL_IN_AN_EXECUTOR_NODE_SCRIPT = (
     + TAKE_GIL_AND_KEEP_IT
     + textwrap.dedent("""
     import threading
-    import time
-    from _device import Capture
+    from _device import Capture, graph_records_released
 
     @nh.host_callback
     def keeps_gil(p):
@@ -1762,12 +1761,7 @@ KEPT_GIL_IN_AN_EXECUTOR_NODE_SCRIPT = (
         other.start()
         other.join()
         capture.close()
-    for _ in range(2000):  # CUDA destroys the graph's user object, and so its record, later
-        stream.sync()
-        nh.drain()
-        if nh.pending() == 0:
-            break
-        time.sleep(0.005)
+    graph_records_released(stream)
     print("replays ran:", kept[0], ran, nh.pending())
 """)
 )

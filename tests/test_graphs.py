@@ -637,9 +637,8 @@ KEPT_GIL_IN_A_GRAPH_NODE_SCRIPT = (
     + textwrap.dedent("""
     import ctypes
     import threading
-    import time
     import numba
-    from _device import Capture
+    from _device import Capture, graph_records_released
 
     def body(p):
         take_gil_and_keep_it()
@@ -661,12 +660,7 @@ KEPT_GIL_IN_A_GRAPH_NODE_SCRIPT = (
         other.join()
         capture.close()
         print("replays ran:", kept[0], ran)
-    for _ in range(2000):  # CUDA destroys the graph's user object, and so its record, later
-        stream.sync()
-        nh.drain()
-        if nh.pending() == 0:
-            break
-        time.sleep(0.005)
+    graph_records_released(stream)
     print("pending:", nh.pending())
 """)
 )
