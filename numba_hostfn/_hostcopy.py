@@ -13,7 +13,6 @@ buffers, and cacheable on disk, unlike a body that calls a ctypes pointer.
 from __future__ import annotations
 
 import functools
-import mmap
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +25,7 @@ from ._enqueue import check_empty, enqueue
 from ._errors import keeps_nothing_on_refusal
 from ._executor import check_executor
 from ._hostfunction import HostFunction, host_callback
-from ._userdata import base_pins, buffer_dtype
+from ._userdata import base_pins, buffer_dtype, no_buffer_error
 
 __all__ = [
     "MEMCPY_2D_LAYOUT",
@@ -176,12 +175,10 @@ def _open(obj: Any, role: str) -> Any:
         size = int(obj.size)
         return _Region(obj, int(obj.handle), 1, size, size, True)
     if isinstance(obj, memoryview):
-        try:
-            _ = obj.nbytes  # a ValueError once released
-        except ValueError:  # numpy took it for an object (an array of "Python objects")
-            raise ValueError(
-                f"host_copy() {role} is a released memoryview: it has no memory to copy"
-            ) from None
+        # Released: numpy took it for an object (an array of "Python objects").
+        error = no_buffer_error(obj, f"host_copy() {role} is", "copy", "another host buffer")
+        if error is not None:
+            raise error
         return obj
     try:
         return memoryview(obj)
@@ -194,12 +191,10 @@ def _open(obj: Any, role: str) -> Any:
     except ValueError:  # numpy's "cannot include dtype 'M' in a buffer"; a closed mmap
         if isinstance(obj, np.ndarray):
             return None
-        if isinstance(obj, mmap.mmap) and obj.closed:  # mmap's own: "closed or invalid"
-            raise ValueError(
-                f"host_copy() {role} is a closed mmap: it has no memory to copy; pass an "
-                "open one (or another host buffer)"
-            ) from None
-        raise
+        error = no_buffer_error(obj, f"host_copy() {role} is", "copy", "another host buffer")
+        if error is None:
+            raise
+        raise error from None
 
 
 def _dtype(obj: Any, opened: Any) -> Any:

@@ -97,7 +97,8 @@ def host_launch_python(
         If more than two arguments are positional (``user_data``, ``executor``
         and ``blocking`` are keyword-only), or ``stream``, ``fn`` or
         ``user_data`` has the wrong type (None, a bare int stream, a ctypes
-        prototype other than CUhostFn, a buffer of Python objects, ...),
+        prototype other than CUhostFn, a buffer of Python objects, an array
+        of datetimes, which numpy exports no buffer of, ...),
         checked in that order, or ``fn`` is a coroutine function or a
         callable that needs arguments (a builtin such as ``len`` included,
         where its signature says so; a ``staticmethod`` is checked as its
@@ -109,7 +110,8 @@ def host_launch_python(
         a Python callable, or does not match the HostFunction's declared
         ``dtype`` (``0``, a NULL pointer to it, included), is NULL (``None``
         or ``0``) for a body that reads it, is a writable buffer that cannot
-        be shared (not C-contiguous), is an int outside [0, 2**64), or
+        be shared (not C-contiguous), a closed ``mmap`` or a released
+        ``memoryview``, is an int outside [0, 2**64), or
         ``blocking=False`` is given with
         compiled code (it never takes the GIL: it needs no such option).
     RuntimeError

@@ -35,7 +35,15 @@ from . import _core
 from ._compat import CFuncPtr, PointerBase
 from ._errors import keeps_nothing_on_refusal
 
-__all__ = ["ByRef", "Record", "buffer_dtype", "by_ref", "record", "resolve_user_data"]
+__all__ = [
+    "ByRef",
+    "Record",
+    "buffer_dtype",
+    "by_ref",
+    "no_buffer_error",
+    "record",
+    "resolve_user_data",
+]
 
 _MAX_ADDRESS = 2**64
 _ARRAY_BASE = np.ndarray.base.__get__
@@ -138,6 +146,43 @@ def buffer_dtype(obj: Any, view: memoryview) -> np.dtype | None:
         return None
 
 
+def _has_dates(dtype: np.dtype) -> bool:
+    """Whether ``dtype`` holds a datetime64 or timedelta64 anywhere (a field, a subarray)."""
+    base = dtype.base
+    if base.names is not None:
+        return any(_has_dates(base.fields[name][0]) for name in base.names)
+    return base.kind in "mM"
+
+
+def no_buffer_error(obj: Any, what: str, use: str, instead: str) -> Exception | None:
+    """The error for ``obj``, whose ``memoryview(obj)`` raised a ValueError, where it
+    is one of these (None for any other): a closed ``mmap`` or a released
+    ``memoryview`` (mmap's "closed or invalid", memoryview's "operation forbidden on
+    released memoryview object"), a ValueError; an array of datetimes, which numpy
+    exports no buffer of ("cannot include dtype 'M' in a buffer"), a TypeError.
+    ``what`` begins the message ("by_ref() got"), ``use`` is what the memory was
+    for ("share"), ``instead`` what else to pass ("another writable buffer")."""
+    if isinstance(obj, mmap.mmap) and obj.closed:  # mmap's own: "closed or invalid"
+        return ValueError(
+            f"{what} a closed mmap, which has no memory to {use}: pass an open one (or {instead})"
+        )
+    if isinstance(obj, memoryview):
+        try:
+            _ = obj.nbytes  # a ValueError once released
+        except ValueError:
+            return ValueError(
+                f"{what} a released memoryview, which has no memory to {use}: pass one "
+                f"that is not released (or {instead})"
+            )
+    if isinstance(obj, np.ndarray) and _has_dates(obj.dtype):
+        return TypeError(
+            f"{what} an array of dtype {obj.dtype}, which numpy exports no buffer of: pass "
+            "the same memory as integers, its .view(np.int64) (a structured dtype: one "
+            "with np.int64 in place of each datetime64 or timedelta64)"
+        )
+    return None
+
+
 class ByRef(_core.BufferRef):
     """A writable buffer passed to a host function by reference (see :func:`by_ref`).
 
@@ -166,6 +211,10 @@ class ByRef(_core.BufferRef):
                     "by_ref() expected an object with the buffer protocol (a numpy "
                     f"array, bytearray, ...), got {type(obj).__name__}"
                 )
+            except ValueError:  # a closed mmap, a released memoryview, datetimes
+                error = no_buffer_error(obj, f"{what} got", "share", "another writable buffer")
+                if error is None:
+                    raise
         if error is not None or view is None:
             pass
         elif view.readonly:
@@ -227,9 +276,12 @@ def by_ref(obj: Any) -> ByRef:
     Raises
     ------
     TypeError
-        If ``obj`` has no buffer protocol, or is a numpy array of Python objects.
+        If ``obj`` has no buffer protocol, or is a numpy array of Python objects
+        or of datetimes (``datetime64``, ``timedelta64``: numpy exports no
+        buffer of them; pass ``.view(np.int64)``).
     ValueError
-        If the buffer is read-only, not C-contiguous or empty.
+        If the buffer is read-only, not C-contiguous or empty, or is a closed
+        ``mmap`` or a released ``memoryview``.
     """
     try:
         return ByRef(obj)
@@ -304,13 +356,21 @@ def record(dtype: Any, **fields: Any) -> Record:
         cannot hold an address, or a value is of a type its field cannot hold
         (a bool field holds ``True`` or ``False``, or the integer 0 or 1: not
         ``"False"``, whose truth numpy would store; an 8-byte integer field,
-        which may hold an address, holds no bool, nor a ctypes number or
-        structure, which numpy would store as its value: ``c_double()`` as 0).
+        which may hold an address, holds no bool; no integer field holds a
+        ctypes number or structure, which numpy would store as its value:
+        ``c_double()`` as 0, ``c_double(2.5)`` as 2), or one that numpy would
+        store as another number than was meant, in a number field or an item of
+        a subarray of numbers: bytes (``b"123"`` as 123), None (NaN in a float
+        field), a complex number in a real field, a ``datetime64`` or
+        ``timedelta64``, a list or tuple for a field of one number (``[3.0]`` as
+        the address 3); or a buffer is an array of datetimes, which numpy
+        exports no buffer of.
     ValueError
-        If a field is unknown, a buffer is not C-contiguous or is empty, or a
-        value does not fit its field (``-1`` in an unsigned one, ``1.5`` in an
-        integer one, ``1e300`` in a ``float32`` one, text that is no number); the
-        message names the field.
+        If a field is unknown, a buffer is not C-contiguous or is empty, is a
+        closed ``mmap`` or a released ``memoryview``, or a value does not fit
+        its field (``-1`` in an unsigned one, ``1.5`` in an integer one,
+        ``1e300`` in a ``float32`` one, text that is no number); the message
+        names the field.
 
     Examples
     --------
@@ -357,25 +417,38 @@ def record(dtype: Any, **fields: Any) -> Record:
             keep.extend(base_pins(value) if not isinstance(value, ByRef) else ())
         else:
             field, given = layout.fields[name][0], value
-            if field.kind in "iu":
-                if field.itemsize == 8:  # it may hold an address: no flag, no buffer's value
-                    _check_address_or_number(name, field, value)
-                value = _whole_number(name, field, field, value)
+            if field.kind in "iufc":
+                _check_number(name, field, field, value, scalar=True)
+                if field.kind in "iu":
+                    value = _whole_number(name, field, field, value)
             elif field.kind == "b":
                 value = _truth(name, field, value)
-            elif field.subdtype is not None and field.base.kind in "iub":
+            elif field.subdtype is not None and field.base.kind in "iubfc":
+                base = field.base
+                if isinstance(value, (np.datetime64, np.timedelta64)) or (
+                    isinstance(value, np.ndarray) and value.dtype.kind in "mM"
+                ):  # before its items become datetime.date, or ints for some units
+                    raise _dates_error(name, field, value)
                 # Each item as a scalar field's: numpy truncates [1.5] and wraps
-                # [np.int64(-1)] into an unsigned subarray as silently.
+                # [np.int64(-1)] into an unsigned subarray as silently, and reads
+                # [b"1", None] into a float one as [1.0, nan].
                 try:
                     items = np.asarray(value, dtype=object)
                 except ValueError:  # ragged: numpy's own error, below
                     items = None
-                if items is not None:
-                    if field.base.kind == "b":
-                        checked = [_truth(name, field, v) for v in items.flat]
-                    else:
-                        checked = [_whole_number(name, field, field.base, v) for v in items.flat]
+                if items is None:
+                    pass
+                elif base.kind == "b":
+                    checked = [_truth(name, field, v) for v in items.flat]
                     value = np.array(checked, dtype=object).reshape(items.shape)
+                elif base.kind in "iu":
+                    for v in items.flat:
+                        _check_number(name, field, base, v, scalar=False)
+                    checked = [_whole_number(name, field, base, v) for v in items.flat]
+                    value = np.array(checked, dtype=object).reshape(items.shape)
+                elif not (isinstance(value, np.ndarray) and value.dtype.kind in "biuf"):
+                    for v in items.flat:  # checked, and given to numpy as it was
+                        _check_number(name, field, base, v, scalar=False)
             try:
                 # A number too large for a floating field would be stored as inf.
                 with np.errstate(over="raise"):
@@ -429,6 +502,83 @@ def _whole_number(name: str, field: np.dtype, kind: np.dtype, value: Any) -> Any
     return int(value)
 
 
+def _dates_error(name: str, field: np.dtype, value: Any) -> TypeError:
+    what = "an array" if isinstance(value, np.ndarray) else f"a numpy.{type(value).__name__}"
+    unit = np.datetime_data(value.dtype)[0]
+    return TypeError(
+        f"record() field {name!r} is {field} and cannot hold {value!r}, {what}, whose "
+        f"number numpy reads in its unit ({unit}), or refuses: pass x.view(np.int64) for "
+        "its count of that unit"
+    )
+
+
+def _check_number(name: str, field: np.dtype, kind: np.dtype, value: Any, scalar: bool) -> None:
+    """Refuse, for a number field (or an item of a subarray field: ``scalar`` false)
+    of dtype ``kind``, a value that numpy would store as another number than was
+    meant: None (NaN in a float or complex field), bytes (the number they spell:
+    b"123" as the address 123), a datetime64 or timedelta64 (its count of units, or
+    refused, depending on the unit), a complex number in a real field (its real
+    part, with a ComplexWarning), a list or tuple for a scalar field (its one item:
+    [3.0] as the address 3), and in an integer field a ctypes number or structure
+    (its value, truncated: ``c_double(2.5)`` as 2), a bool in an 8-byte one."""
+    if type(value) is int or type(value) is float:  # the common case: its own number
+        return
+    address = scalar and kind.kind in "iu" and kind.itemsize == 8
+    start = f"record() field {name!r} is {field} and cannot hold {value!r}"
+    if value is None:
+        if kind.kind in "fc":
+            how = ", which numpy would store as NaN: pass a number (float('nan') for NaN)"
+        else:
+            how = ": pass a number"
+        raise TypeError(
+            f"{start}{how}, or leave the field out: a field not given is zero"
+            + (" (an address: NULL)" if address else "")
+        )
+    if isinstance(value, bytes):  # np.bytes_ too
+        if address:
+            how = (
+                "pass an int (int(b) of digits), or for the address of a buffer the buffer "
+                "itself or by_ref(buffer) (for bytes: np.frombuffer(b, np.uint8))"
+            )
+        else:
+            how = "pass a number (int(b) or float(b) of digits)"
+        raise TypeError(
+            f"{start}: bytes are no number, but numpy reads the number they spell; {how}"
+        )
+    if isinstance(value, (np.datetime64, np.timedelta64)):
+        raise _dates_error(name, field, value)
+    if kind.kind != "c" and isinstance(value, (complex, np.complexfloating)):
+        raise TypeError(
+            f"{start}, a complex number, whose imaginary part numpy would drop: pass its "
+            ".real, or declare the field complex"
+        )
+    if scalar and isinstance(value, (list, tuple)):
+        where = (
+            "; for the address of an array, pass the array (np.array(...)) or by_ref(buffer)"
+            if address
+            else ""
+        )
+        raise TypeError(f"{start}, a {type(value).__name__}: the field holds one number{where}")
+    if kind.kind not in "iu":
+        return
+    if address:
+        _check_address_or_number(name, field, value)
+    elif not isinstance(value, (np.generic, str)) and _is_buffer(value):
+        raise TypeError(
+            f"record() field {name!r} is {field} and cannot hold a {type(value).__name__}, "
+            "a buffer that numpy would read as a number, truncating a float "
+            "(c_double(2.5) as 2): pass an int (int(x.value) of a ctypes number)"
+        )
+
+
+def _is_buffer(value: Any) -> bool:
+    try:
+        memoryview(value).release()
+    except (TypeError, ValueError, BufferError):
+        return False
+    return True
+
+
 def _check_address_or_number(name: str, field: np.dtype, value: Any) -> None:
     """Refuse, for an 8-byte integer field (one that can hold an address), a value
     that numpy would store as a number where an address may have been meant: a
@@ -441,12 +591,8 @@ def _check_address_or_number(name: str, field: np.dtype, value: Any) -> None:
             f"cannot hold {value!r}: pass a buffer (its address is stored) or an int "
             "address (or number)"
         )
-    if isinstance(value, (np.generic, bytes, str)):
-        return  # numbers and text: numpy's to convert or refuse, as for any field
-    try:
-        memoryview(value).release()
-    except (TypeError, ValueError, BufferError):
-        return  # no buffer: numpy's to convert or refuse
+    if isinstance(value, (np.generic, bytes, str)) or not _is_buffer(value):
+        return  # numbers, text, no buffer: numpy's to convert or refuse (bytes: above)
     raise TypeError(
         f"record() field {name!r} is {field}, which holds an address or a number, and "
         f"cannot hold a {type(value).__name__}, a buffer that numpy would store as its "
@@ -482,7 +628,13 @@ _FIELD_BUFFERS = (ByRef, np.ndarray, bytearray, memoryview, array.array, mmap.mm
 def _pointed(obj: Any, name: str) -> _core.BufferRef:
     """A buffer a record field points to (any contiguous buffer, even read-only),
     exported for as long as the record and its launches live."""
-    view = memoryview(obj)
+    try:
+        view = memoryview(obj)
+    except ValueError:  # a closed mmap, a released memoryview, datetimes
+        error = no_buffer_error(obj, f"record() field {name!r} got", "point to", "another buffer")
+        if error is None:
+            raise
+        raise error from None
     if not view.c_contiguous or view.nbytes == 0:
         raise ValueError(
             f"record() field {name!r} needs a C-contiguous buffer of at least one byte"
@@ -620,6 +772,11 @@ def resolve_user_data(
             "a record(...) (shared); got "
             f"{type(user_data).__name__}"
         ) from None
+    except ValueError:  # a closed mmap, a released memoryview, datetimes
+        error = no_buffer_error(user_data, "user_data is", "share or copy", "another buffer")
+        if error is None:
+            raise
+        raise error from None
     dtype = user_data.dtype if isinstance(user_data, (np.ndarray, np.generic)) else None
     # Its type codes, as the native BufferRef reads them (field names are no codes).
     if dtype.hasobject if dtype is not None else _core.format_holds_objects(view.format):

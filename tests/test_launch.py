@@ -1054,6 +1054,137 @@ def test_record_refuses_a_value_a_bool_field_would_read_as_its_truth(value, erro
     assert nh.record(layout, flag=0, flags=np.array([True, True])).data["flags"][0].all()
 
 
+class _Pair(ctypes.Structure):
+    _fields_ = (("a", ctypes.c_int32), ("b", ctypes.c_int32))
+
+
+@pytest.mark.parametrize("field", ["i", "u", "pair"])
+@pytest.mark.parametrize(
+    "value",
+    [ctypes.c_double(2.5), ctypes.c_double(2.0), ctypes.c_int32(3), _Pair(1, 2)],
+    ids=["c_double-2.5", "c_double-2.0", "c_int32", "structure"],
+)
+def test_record_refuses_a_ctypes_value_for_any_integer_field(field, value):
+    """An 8-byte integer field refused a ctypes number, which numpy stores as its
+    value, but a narrower one took it: c_double(2.5) was stored in an int32 field as
+    2, silently. Every integer field refuses it, as the 8-byte one does."""
+    layout = np.dtype([("i", np.int32), ("u", np.uint16), ("pair", np.int16, (2,))])
+    given = [value, 1] if field == "pair" else value
+    with pytest.raises(
+        TypeError,
+        match=rf"^record\(\) field '{field}' is .* and cannot hold a {type(value).__name__}",
+    ):
+        nh.record(layout, **{field: given})
+    rec = nh.record(layout, i=int(ctypes.c_int32(3).value), u=2, pair=[1, 2])
+    assert (
+        rec.data[0]["i"] == 3 and rec.data[0]["u"] == 2 and rec.data[0]["pair"].tolist() == [1, 2]
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("out", b"123"),
+        ("n", b"123"),
+        ("i", b"12"),
+        ("x", b"1.5"),
+        ("z", b"1"),
+        ("out", np.bytes_(b"7")),
+        ("pair", [b"1", b"2"]),
+        ("pair", b"12"),
+        ("pair", np.array([b"1", b"2"])),
+        ("xs", [b"1", 2.0]),
+    ],
+)
+def test_record_refuses_bytes_for_a_number_field(field, value):
+    """numpy reads bytes as the number they spell: record(p=b"123") stored the
+    address 123 (and b"12" in an int32 field 12, in a subarray [12, 12]), where
+    bytes are neither a number nor an address."""
+    layout = np.dtype(
+        [
+            ("out", np.uint64),
+            ("n", np.int64),
+            ("i", np.int32),
+            ("x", np.float64),
+            ("z", np.complex128),
+            ("pair", np.int32, (2,)),
+            ("xs", np.float32, (2,)),
+        ]
+    )
+    with pytest.raises(TypeError, match=rf"^record\(\) field '{field}' is .* cannot hold .*bytes"):
+        nh.record(layout, **{field: value})
+
+
+def test_record_says_how_to_store_the_address_of_bytes():
+    """The refusal of bytes for an address field says how to store a buffer's address."""
+    with pytest.raises(TypeError, match=r"by_ref\(buffer\)") as info:
+        nh.record(SUM, values=b"\x00" * 8)
+    assert "an int" in str(info.value)
+    values = np.frombuffer(b"\x00" * 8, np.float64)  # read-only: pointed to, and kept
+    assert nh.record(SUM, values=values, n=1).data["values"][0] == values.ctypes.data
+
+
+COMPLEX, DATE, SPAN = np.complex128(1 + 2j), np.datetime64("2020-01-01"), np.timedelta64(5, "s")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "fragment"),
+    [
+        ("x", COMPLEX, "a complex number"),
+        ("i", np.complex64(2 + 0j), "a complex number"),
+        ("out", COMPLEX, "a complex number"),
+        ("xs", [1.0, COMPLEX], "a complex number"),
+        ("x", DATE, "numpy.datetime64"),
+        ("n", np.datetime64("2020-01-01T00:00:00.000000000"), "numpy.datetime64"),
+        ("z", DATE, "numpy.datetime64"),
+        ("n", SPAN, "numpy.timedelta64"),
+        ("i", np.timedelta64(5), "numpy.timedelta64"),
+        ("x", SPAN, "numpy.timedelta64"),
+        ("pair", [SPAN, 1], "numpy.timedelta64"),
+        ("x", None, "None"),
+        ("z", None, "None"),
+        ("out", None, "None"),
+        ("xs", [None, 1.0], "None"),
+        ("out", [3.0], "a list"),
+        ("x", (2.5,), "a tuple"),
+    ],
+)
+def test_record_refuses_a_value_numpy_would_store_as_another_number(field, value, fragment):
+    """numpy stored np.complex128(1+2j) in a float or integer field as 1 (dropping the
+    imaginary part with a ComplexWarning), a datetime64 as its count of units (a
+    float field 18262.0; an int64 one only for some units, else int()'s TypeError
+    naming no field), None in a float or complex field as NaN, and [3.0] in an
+    address field as the address 3."""
+    layout = np.dtype(
+        [
+            ("out", np.uint64),
+            ("n", np.int64),
+            ("i", np.int32),
+            ("x", np.float64),
+            ("z", np.complex64),
+            ("pair", np.int32, (2,)),
+            ("xs", np.float32, (2,)),
+        ]
+    )
+    with pytest.raises(TypeError, match=rf"^record\(\) field '{field}' is .*{fragment}.*: "):
+        nh.record(layout, **{field: value})
+    # What each field takes as numpy does: numeric text, a bool where no address
+    # goes, a ctypes number in a float field, a whole float, complex in complex.
+    rec = nh.record(
+        layout,
+        out=7,
+        n="12",
+        i=True,
+        x=ctypes.c_double(2.5),
+        z=COMPLEX,
+        pair=[np.float64(3.0), "4"],
+        xs=np.array([0.5, np.nan]),
+    )
+    assert rec.data[0]["n"] == 12 and rec.data[0]["i"] == 1 and rec.data[0]["x"] == 2.5
+    assert rec.data[0]["z"] == COMPLEX and rec.data[0]["pair"].tolist() == [3, 4]
+    assert rec.data[0]["xs"][0] == 0.5 and np.isnan(rec.data[0]["xs"][1])
+
+
 def test_a_cycle_through_a_by_ref_is_collected_and_unpins_its_buffer():
     """BufferRef holds its object and export without a tp_traverse, so the cyclic
     collector never saw ByRef -> obj: an array (subclass) that keeps its own by_ref

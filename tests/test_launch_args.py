@@ -6,6 +6,7 @@ import ctypes
 import dataclasses
 import functools
 import gc
+import mmap
 import sys
 import textwrap
 import weakref
@@ -750,6 +751,43 @@ def test_by_ref_rejects_unsuitable_buffers():
         nh.by_ref(np.zeros(0))
     with pytest.raises(TypeError, match="Python objects"):
         nh.by_ref(np.zeros(3, object))
+
+
+def _closed_mmap():
+    closed = mmap.mmap(-1, 4096)
+    closed.close()
+    return closed
+
+
+def _released_view():
+    view = memoryview(bytearray(8))
+    view.release()
+    return view
+
+
+DEAD_BUFFERS = [
+    (_closed_mmap, ValueError, "a closed mmap"),
+    (_released_view, ValueError, "a released memoryview"),
+    (lambda: np.zeros(2, "M8[D]"), TypeError, r"an array of dtype datetime64\[D\]"),
+    (lambda: np.zeros(2, [("t", "m8[s]"), ("n", np.int64)]), TypeError, "an array of dtype"),
+]
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "what"), DEAD_BUFFERS, ids=["mmap", "view", "datetime", "timedelta-field"]
+)
+def test_a_buffer_with_no_memory_to_share_is_refused_as_such(stream, make, error, what):
+    """by_ref(), record() and user_data let the raw error through for a closed mmap
+    ("mmap closed or invalid"), a released memoryview ("operation forbidden on
+    released memoryview object") and an array numpy exports no buffer of ("cannot
+    include dtype 'M' in a buffer"), naming neither the call nor what to pass, where
+    host_copy says "host_copy() dst is a closed mmap"."""
+    with pytest.raises(error, match=rf"^by_ref\(\) got {what}.*: pass "):
+        nh.by_ref(make())
+    layout = np.dtype([("p", np.uint64)])
+    with pytest.raises(error, match=rf"^record\(\) field 'p' got {what}.*: pass "):
+        nh.record(layout, p=make())
+    _rejects(stream, error, rf"^user_data is {what}.*: pass ", touch, user_data=make())
 
 
 def test_a_refused_by_ref_keeps_no_view_it_was_given_while_its_error_lives():
