@@ -507,20 +507,27 @@ class _Waiters(list):
 
     def append(self, waiter: Any) -> None:
         if type(waiter.event) is threading.Event:  # not swapped yet (a waiter of several)
-            batches = _futures
-            if (batches is not None and batches.running_here()) or (
+            if forked():
                 # One done at fork is only a result there: a wait over it and the
-                # child's own futures waits for those (before: it raised).
-                forked() and not self._done()
-            ):
+                # child's own futures waits for those (before: it raised).  So also in
+                # a child forked inside the batch, whose copy runs no batch.
+                swap = not self._done()
+            else:
+                batches = _futures
+                swap = batches is not None and batches.running_here()
+            if swap:
                 waiter.event = _BatchEvent()
         super().append(waiter)
 
     def _done(self) -> bool:
-        """Whether the future is done (its lock, an RLock, is this thread's: wait()
-        and as_completed() install under it)."""
+        """Whether the future is done as wait() and as_completed() count it: finished,
+        or cancelled with its waiters told (one cancelled whose stream has not got
+        there yet is told by the futures thread then, and done() is already true).
+        Its lock, an RLock, is this thread's: wait() and as_completed() install under it."""
+        from concurrent.futures import _base  # imported already: a future exists
+
         future = None if self._future is None else self._future()
-        return future is None or future.done()
+        return future is None or future._state in (_base.CANCELLED_AND_NOTIFIED, _base.FINISHED)
 
 
 class _BatchEvent(threading.Event):

@@ -358,7 +358,8 @@ def record(dtype: Any, **fields: Any) -> Record:
         ``"False"``, whose truth numpy would store; an 8-byte integer field,
         which may hold an address, holds no bool; no integer field holds a
         ctypes number or structure, which numpy would store as its value:
-        ``c_double()`` as 0, ``c_double(2.5)`` as 2), or one that numpy would
+        ``c_double()`` as 0, ``c_double(2.5)`` as 2; nor a ctypes
+        pointer: pass the address it holds as an int), or one that numpy would
         store as another number than was meant, in a number field or an item of
         a subarray of numbers: bytes (``b"123"`` as 123), None (NaN in a float
         field), a complex number in a real field, a ``datetime64`` or
@@ -593,6 +594,15 @@ def _check_address_or_number(name: str, field: np.dtype, value: Any) -> None:
         )
     if isinstance(value, (np.generic, bytes, str)) or not _is_buffer(value):
         return  # numbers, text, no buffer: numpy's to convert or refuse (bytes: above)
+    if isinstance(value, _POINTER_TYPES):
+        # by_ref(x) would store the address of the pointer itself, not the one it holds.
+        raise TypeError(
+            f"record() field {name!r} is {field}, which holds an address or a number, and "
+            f"cannot hold a {type(value).__name__}, a ctypes pointer: pass the address it "
+            "holds as an int, ctypes.cast(x, ctypes.c_void_p).value (what it points to is "
+            "then yours to keep alive), or by_ref() of the buffer it points to "
+            "(by_ref(x.contents)), which the launch keeps"
+        )
     raise TypeError(
         f"record() field {name!r} is {field}, which holds an address or a number, and "
         f"cannot hold a {type(value).__name__}, a buffer that numpy would store as its "

@@ -545,6 +545,97 @@ def test_a_forked_childs_wait_over_a_done_future_done_at_fork_is_not_refused():
     assert "child: as_completed timed out" in out and "parent: 0" in out, out
 
 
+FORK_WITH_A_FUTURE_CANCELLED_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import concurrent.futures, os, warnings
+
+    warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads: the point
+    device.delay(stream, 0.5)
+    future = nh.done_future(stream)
+    # Cancelled, its waiters not told yet: the futures thread tells them when the
+    # stream gets there (concurrent.futures counts it done only then).
+    print("cancelled:", future.cancel(), flush=True)
+    pid = os.fork()
+    if pid == 0:
+        import signal
+
+        signal.alarm(20)  # a wait that hangs ends the child: the parent says so
+        waits = {
+            "wait()": lambda: concurrent.futures.wait([future], timeout=5),
+            "as_completed()": lambda: list(concurrent.futures.as_completed([future], 5)),
+        }
+        for name, wait in waits.items():
+            try:
+                wait()
+                print("child:", name, "returned", flush=True)
+            except concurrent.futures.TimeoutError:
+                print("child:", name, "timed out", flush=True)
+            except RuntimeError as exc:
+                print("child:", name, "refused" if "'spawn'" in str(exc) else exc, flush=True)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    done, _ = concurrent.futures.wait([future], timeout=30)
+    print("parent:", os.waitstatus_to_exitcode(status), done == {future}, flush=True)
+""")
+
+
+def test_a_forked_childs_wait_on_a_done_future_cancelled_before_fork_is_refused():
+    """A done_future cancelled before fork() whose stream had not got there: its
+    waiters are told by the futures thread when the stream gets there, so
+    concurrent.futures.wait() and as_completed() count it as not done until then. In
+    the child no thread will ever tell them: the waits are refused, as for a future
+    not done at fork (before, the waiters list took the cancelled future for a done
+    one, and the waits hung until their timeout, or for ever).  The parent's wait
+    returns once its stream gets there."""
+    out = run_child(FORK_WITH_A_FUTURE_CANCELLED_SCRIPT, timeout=60).splitlines()
+    assert "cancelled: True" in out, out
+    assert "child: wait() refused" in out, out
+    assert "child: as_completed() refused" in out, out
+    assert "parent: 0 True" in out, out
+
+
+FORK_IN_A_DONE_CALLBACK_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import concurrent.futures, os, signal, threading, warnings
+    from _device import Hold
+
+    warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads: the point
+    settled = nh.done_future(stream)
+    settled.result(timeout=30)
+    forked, statuses = threading.Event(), []
+
+    def fork_here(_):  # on the futures thread, inside its batch
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(20)  # a wait that hangs ends the child: the parent says so
+            mine = concurrent.futures.Future()  # the child's own, set by a thread of its own
+            threading.Timer(0.05, mine.set_result, (1,)).start()
+            try:
+                done, not_done = concurrent.futures.wait([settled, mine], timeout=20)
+                print("child: wait", len(done), len(not_done), flush=True)
+            except RuntimeError as exc:
+                print("child: wait raised", exc, flush=True)
+            print("child: result", settled.result() is stream, flush=True)
+            os._exit(0)
+        statuses.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+        forked.set()
+
+    with Hold(stream):  # not done yet: the futures thread runs the done callback
+        nh.done_future(stream).add_done_callback(fork_here)
+    forked.wait(60)
+    print("parent:", statuses, flush=True)
+""")
+
+
+def test_a_child_forked_in_a_done_callback_waits_over_a_done_future_done_at_fork():
+    """A child forked from a done callback (on the futures thread, inside its batch:
+    the child's one thread is a copy of it) is a forked child like any other: a wait
+    over a done_future done at fork and the child's own futures waits for those, as
+    result() there returns.  Before, its waiters list took the copied batch for one
+    running there and gave the wait the event that refuses a forked child's wait."""
+    out = run_child(FORK_IN_A_DONE_CALLBACK_SCRIPT, timeout=60).splitlines()
+    assert "child: wait 2 0" in out and "child: result True" in out, out
+    assert "parent: [0]" in out, out
+
+
 @pytest.mark.gpu
 def test_a_cuda_call_from_a_compiled_body_gets_an_error_code(device, stream):
     """CUDA calls are not allowed in a host function; the driver may, but need not, refuse

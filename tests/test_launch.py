@@ -1225,3 +1225,30 @@ def test_record_refuses_a_flag_or_a_ctypes_value_for_an_address_field(value):
     # A field that holds no address takes a bool as numpy does.
     small = nh.record(np.dtype([("i", np.int32), ("x", np.float64)]), i=True, x=np.True_)
     assert small.data["i"][0] == 1 and small.data["x"][0] == 1.0
+
+
+@pytest.mark.parametrize("kind", ["c_void_p", "c_char_p", "pointer"])
+def test_record_refuses_a_ctypes_pointer_with_the_address_it_holds(kind):
+    """A ctypes pointer for an address field is refused (numpy stores none of them),
+    and the message says how to pass the address it holds.  Before, it said to pass
+    by_ref(x), which would store the address of the pointer itself (a pointer to the
+    pointer, which the host function would read as its data), and called it a buffer
+    that numpy stores as its value."""
+    target = ctypes.c_int64(5)
+    value = {
+        "c_void_p": ctypes.c_void_p(ctypes.addressof(target)),
+        "c_char_p": ctypes.c_char_p(b"text"),
+        "pointer": ctypes.pointer(target),
+    }[kind]
+    with pytest.raises(TypeError) as refused:
+        nh.record(SUM, out=value)
+    message = str(refused.value)
+    assert message.startswith("record() field 'out' is uint64, which holds an address"), message
+    assert "ctypes.cast(x, ctypes.c_void_p).value" in message, message
+    assert "numpy would store as its value" not in message, message
+    # As it says: the address it holds, as an int.
+    held = ctypes.cast(value, ctypes.c_void_p).value
+    assert nh.record(SUM, out=held).data["out"][0] == held
+    if kind == "pointer":  # or the buffer it points to, which the launch then keeps
+        rec = nh.record(SUM, out=nh.by_ref(value.contents))
+        assert rec.data["out"][0] == ctypes.addressof(target)
