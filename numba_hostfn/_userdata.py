@@ -343,7 +343,15 @@ def record(dtype: Any, **fields: Any) -> Record:
         C-contiguous buffer (numpy array, ``bytearray``, ``memoryview``,
         ctypes array) or ``by_ref(buffer)``, whose address is stored.  A field
         not given is zero, as in ``numpy.zeros`` (an address field: NULL), so
-        output fields that the host function fills can be left out.
+        output fields that the host function fills can be left out.  A field
+        that is itself a record (a structured dtype) takes a tuple of its
+        fields' values in their order, each checked as a field of its own
+        (an 8-byte integer one takes a buffer, whose address is stored and
+        kept, as above), a ``numpy.void`` or 0-d array of its dtype as it is,
+        or a structured value of another dtype (a ctypes structure too),
+        whose fields are checked in their order; a subarray of records, a
+        list of such records (or an array).  Errors name a nested field by its
+        path: ``'inner.x'``, ``'pts[1].x'``.
 
     Returns
     -------
@@ -365,13 +373,18 @@ def record(dtype: Any, **fields: Any) -> Record:
         field), a complex number in a real field, a ``datetime64`` or
         ``timedelta64``, a list or tuple for a field of one number (``[3.0]`` as
         the address 3); or a buffer is an array of datetimes, which numpy
-        exports no buffer of.
+        exports no buffer of.  For a record field: a dict (numpy takes none),
+        a list of more than one value, an array of more than one record, a
+        structured value with another number of fields, a buffer (numpy would
+        read it as a number for every field), a ctypes structure numpy has no
+        dtype for.
     ValueError
         If a field is unknown, a buffer is not C-contiguous or is empty, is a
         closed ``mmap`` or a released ``memoryview``, or a value does not fit
         its field (``-1`` in an unsigned one, ``1.5`` in an integer one,
-        ``1e300`` in a ``float32`` one, text that is no number); the message
-        names the field.
+        ``1e300`` in a ``float32`` one, text that is no number), or a tuple for
+        a record field has another number of items than it has fields; the
+        message names the field (a nested one by its path).
 
     Examples
     --------
@@ -394,72 +407,207 @@ def record(dtype: Any, **fields: Any) -> Record:
     if unknown:
         raise ValueError(f"record() got fields {sorted(unknown)} that {layout} does not have")
     data = np.zeros(1, layout)  # a field not given stays zero, as in numpy.zeros
-    keep = []
+    keep: list = []
     for name, value in fields.items():
-        if isinstance(value, _FIELD_BUFFERS) and not (
-            isinstance(value, np.ndarray) and layout.fields[name][0].shape
-        ):  # an array for a subarray field is its value
-            field = layout.fields[name][0]
-            if field.kind not in "iu" or field.itemsize != 8:
-                raise TypeError(
-                    f"record() field {name!r} is {field}: only an 8-byte integer field can "
-                    "hold a buffer's address"
-                )
-            # The export itself, not the object: it keeps the memory in place (a
-            # bytearray cannot be resized while the record or a launch of it lives).
-            ref = value if isinstance(value, ByRef) else _pointed(value, name)
-            if not ref.address:  # a ByRef made with __new__ alone: no buffer exported
-                raise ValueError(
-                    f"record() field {name!r} got a ByRef that holds no buffer; make it "
-                    "with by_ref(array)"
-                )
-            data[name] = ref.address
-            keep.append(ref)
-            keep.extend(base_pins(value) if not isinstance(value, ByRef) else ())
-        else:
-            field, given = layout.fields[name][0], value
-            if field.kind in "iufc":
-                _check_number(name, field, field, value, scalar=True)
-                if field.kind in "iu":
-                    value = _whole_number(name, field, field, value)
-            elif field.kind == "b":
-                value = _truth(name, field, value)
-            elif field.subdtype is not None and field.base.kind in "iubfc":
-                base = field.base
-                if isinstance(value, (np.datetime64, np.timedelta64)) or (
-                    isinstance(value, np.ndarray) and value.dtype.kind in "mM"
-                ):  # before its items become datetime.date, or ints for some units
-                    raise _dates_error(name, field, value)
-                # Each item as a scalar field's: numpy truncates [1.5] and wraps
-                # [np.int64(-1)] into an unsigned subarray as silently, and reads
-                # [b"1", None] into a float one as [1.0, nan].
-                try:
-                    items = np.asarray(value, dtype=object)
-                except ValueError:  # ragged: numpy's own error, below
-                    items = None
-                if items is None:
-                    pass
-                elif base.kind == "b":
-                    checked = [_truth(name, field, v) for v in items.flat]
-                    value = np.array(checked, dtype=object).reshape(items.shape)
-                elif base.kind in "iu":
-                    for v in items.flat:
-                        _check_number(name, field, base, v, scalar=False)
-                    checked = [_whole_number(name, field, base, v) for v in items.flat]
-                    value = np.array(checked, dtype=object).reshape(items.shape)
-                elif not (isinstance(value, np.ndarray) and value.dtype.kind in "biuf"):
-                    for v in items.flat:  # checked, and given to numpy as it was
-                        _check_number(name, field, base, v, scalar=False)
-            try:
-                # A number too large for a floating field would be stored as inf.
-                with np.errstate(over="raise"):
-                    data[name] = value
-            except (TypeError, ValueError, OverflowError, FloatingPointError) as exc:
-                kind = TypeError if isinstance(exc, TypeError) else ValueError
-                raise kind(
-                    f"record() field {name!r} is {field} and cannot hold {given!r} ({exc})"
-                ) from None
+        field = layout.fields[name][0]
+        stored = _field_value(name, field, value, keep)
+        try:
+            # A number too large for a floating field would be stored as inf.
+            with np.errstate(over="raise"):
+                data[name] = stored
+        except (TypeError, ValueError, OverflowError, FloatingPointError) as exc:
+            kind = TypeError if isinstance(exc, TypeError) else ValueError
+            raise kind(
+                f"record() field {name!r} is {field} and cannot hold {value!r} ({exc})"
+            ) from None
     return Record(data, tuple(keep))
+
+
+def _field_value(name: str, field: np.dtype, value: Any, keep: list) -> Any:
+    """``value`` checked for a field of dtype ``field`` (``name``: its path, as
+    messages give it: ``inner.x``, ``pts[1].x``), as numpy is to store it: a
+    buffer's address for an 8-byte integer field (its export appended to
+    ``keep``), a record's fields each checked as a field of its own (recursively),
+    else the value that numpy would store as meant, or an error."""
+    if isinstance(value, _FIELD_BUFFERS) and not (
+        isinstance(value, np.ndarray) and (field.shape or field.names is not None)
+    ):  # an array for a subarray field is its value; one for a record, its record
+        if field.kind not in "iu" or field.itemsize != 8:
+            holds = (
+                ": a record field holds a tuple, one value per field, or a numpy.void of its dtype"
+                if field.names is not None
+                else ""
+            )
+            raise TypeError(
+                f"record() field {name!r} is {field}: only an 8-byte integer field can "
+                f"hold a buffer's address{holds}"
+            )
+        # The export itself, not the object: it keeps the memory in place (a
+        # bytearray cannot be resized while the record or a launch of it lives).
+        ref = value if isinstance(value, ByRef) else _pointed(value, name)
+        if not ref.address:  # a ByRef made with __new__ alone: no buffer exported
+            raise ValueError(
+                f"record() field {name!r} got a ByRef that holds no buffer; make it "
+                "with by_ref(array)"
+            )
+        keep.append(ref)
+        keep.extend(base_pins(value) if not isinstance(value, ByRef) else ())
+        return ref.address
+    if field.names is not None:
+        return _record_value(name, field, value, keep)
+    if field.subdtype is not None and field.base.names is not None:
+        return _records_value(name, field, value, keep)
+    if field.kind in "iufc":
+        _check_number(name, field, field, value, scalar=True)
+        if field.kind in "iu":
+            value = _whole_number(name, field, field, value)
+    elif field.kind == "b":
+        value = _truth(name, field, value)
+    elif field.subdtype is not None and field.base.kind in "iubfc":
+        base = field.base
+        if isinstance(value, (np.datetime64, np.timedelta64)) or (
+            isinstance(value, np.ndarray) and value.dtype.kind in "mM"
+        ):  # before its items become datetime.date, or ints for some units
+            raise _dates_error(name, field, value)
+        # Each item as a scalar field's: numpy truncates [1.5] and wraps
+        # [np.int64(-1)] into an unsigned subarray as silently, and reads
+        # [b"1", None] into a float one as [1.0, nan].
+        try:
+            items = np.asarray(value, dtype=object)
+        except ValueError:  # ragged: numpy's own error, when it is stored
+            items = None
+        if items is None:
+            pass
+        elif base.kind == "b":
+            checked = [_truth(name, field, v) for v in items.flat]
+            value = np.array(checked, dtype=object).reshape(items.shape)
+        elif base.kind in "iu":
+            for v in items.flat:
+                _check_number(name, field, base, v, scalar=False)
+            checked = [_whole_number(name, field, base, v) for v in items.flat]
+            value = np.array(checked, dtype=object).reshape(items.shape)
+        elif not (isinstance(value, np.ndarray) and value.dtype.kind in "biuf"):
+            for v in items.flat:  # checked, and given to numpy as it was
+                _check_number(name, field, base, v, scalar=False)
+    return value
+
+
+def _record_value(name: str, field: np.dtype, value: Any, keep: list) -> Any:
+    """``value`` for a field that is itself a record (a structured dtype, no
+    shape), its fields each checked as a field of its own (``name.x``).  numpy
+    stores a tuple field by field, a structured value of another dtype (a
+    ``numpy.void``, a one-record array, a ctypes structure) by position, cast as
+    silently as a number (1.5 into an int32 field as 1), and one value in every
+    field: all are checked item by item.  A ``numpy.void`` or an array of
+    ``field`` itself is stored as it is (nothing to convert)."""
+    names = field.names
+    order = f"({', '.join(names)})"
+    start = f"record() field {name!r} is {field} and cannot hold"
+    if isinstance(value, list) and len(value) == 1:  # [record]: numpy broadcasts it
+        value = value[0]
+    if isinstance(value, (ctypes.Structure, ctypes.Union)):  # numpy reads its fields
+        value = _ctypes_record(name, field, value)
+    if isinstance(value, (np.void, np.ndarray)) and value.dtype.names is not None:
+        if isinstance(value, np.ndarray) and value.size != 1:
+            raise TypeError(
+                f"{start} an array of {value.size} records: the field holds one (a "
+                "numpy.void, a tuple)"
+            )
+        if value.dtype == field:
+            return value  # the same layout: its bytes, as they are
+        given = value.dtype.names
+        if len(given) != len(names):
+            count = f"{len(given)} field{'s' if len(given) != 1 else ''}"
+            raise TypeError(
+                f"{start} a record of {count} ({', '.join(given)}), for the {len(names)} "
+                f"fields {order}"
+            )
+        if isinstance(value, np.ndarray):
+            value = value.reshape(())[()]
+        value = tuple(value[n] for n in value.dtype.names)  # by position, as numpy does
+    if isinstance(value, dict):
+        raise TypeError(
+            f"{start} a dict, which numpy takes no record from: pass a tuple of the "
+            f"fields' values in their order, {order}"
+        )
+    if isinstance(value, list):
+        raise TypeError(
+            f"{start} a list of {len(value)} items: the field holds one record, a tuple "
+            f"of the fields' values in their order, {order}"
+        )
+    if isinstance(value, tuple):
+        if len(value) != len(names):
+            count = f"{len(value)} item{'s' if len(value) != 1 else ''}"
+            raise ValueError(
+                f"{start} {value!r}, a tuple of {count} for the {len(names)} fields {order}"
+            )
+        return tuple(
+            _item_value(f"{name}.{n}", field.fields[n][0], v, keep)
+            for n, v in zip(names, value, strict=True)
+        )
+    # One value, which numpy stores in every field: each checked (not a buffer:
+    # its address would go into every 8-byte field).
+    if isinstance(value, _FIELD_BUFFERS) or (
+        not isinstance(value, (np.generic, str, bytes)) and _is_buffer(value)
+    ):
+        raise TypeError(
+            f"{start} a buffer ({type(value).__name__}), which numpy would read as a "
+            f"number for every field: pass a tuple of the fields' values, {order}"
+        )
+    return tuple(_item_value(f"{name}.{n}", field.fields[n][0], value, keep) for n in names)
+
+
+def _item_value(name: str, field: np.dtype, value: Any, keep: list) -> Any:
+    """``value`` for a field of a nested record, checked as a top-level field's,
+    then converted as numpy stores it, so that numpy's own refusal (text that is no
+    number, a float too large for a float32 field) names this field, not the
+    top-level one."""
+    stored = _field_value(name, field, value, keep)
+    if field.base.names is not None:  # a record, or records: their fields were
+        return stored
+    converted = np.zeros(field.shape, field.base)
+    try:
+        with np.errstate(over="raise"):  # inf, as for a top-level field
+            converted[...] = stored
+    except (TypeError, ValueError, OverflowError, FloatingPointError) as exc:
+        kind = TypeError if isinstance(exc, TypeError) else ValueError
+        raise kind(
+            f"record() field {name!r} is {field} and cannot hold {value!r} ({exc})"
+        ) from None
+    return converted if field.shape else converted[()]
+
+
+def _records_value(name: str, field: np.dtype, value: Any, keep: list) -> Any:
+    """``value`` for a subarray field of records: each record checked as a record
+    field's (``name[i].x``), in the nested lists that numpy reads as the subarray's
+    dimensions; an array of the field's own records is stored as it is."""
+    base = field.base
+    if isinstance(value, np.ndarray) and value.dtype == base:
+        return value
+
+    def walk(item: Any, path: str) -> Any:
+        if isinstance(item, list) or (isinstance(item, np.ndarray) and item.ndim):
+            return [walk(v, f"{path}[{i}]") for i, v in enumerate(item)]
+        if isinstance(item, np.ndarray) and item.dtype.names is None:
+            item = item[()]  # one number, in every field of every record
+        return _field_value(path, base, item, keep)
+
+    return walk(value, name)
+
+
+def _ctypes_record(name: str, field: np.dtype, value: Any) -> np.void:
+    """A ctypes structure (or union) as the ``numpy.void`` that numpy reads from its
+    memory, of the dtype numpy gives its type (with its padding: numpy's own read
+    of its buffer guesses a layout with padding, with a RuntimeWarning)."""
+    try:
+        layout = np.dtype(type(value))
+    except (TypeError, ValueError) as exc:  # a bitfield, a c_char_p: no numpy dtype
+        raise TypeError(
+            f"record() field {name!r} is {field} and cannot hold a {type(value).__name__}, "
+            f"a ctypes structure that numpy has no dtype for ({exc}): pass a tuple of its "
+            "fields' values"
+        ) from None
+    return np.frombuffer(value, layout)[0].copy()
 
 
 def _is_decimal(value: Any) -> bool:

@@ -1185,6 +1185,207 @@ def test_record_refuses_a_value_numpy_would_store_as_another_number(field, value
     assert rec.data[0]["xs"][0] == 0.5 and np.isnan(rec.data[0]["xs"][1])
 
 
+PAIR = [("x", np.int32), ("y", np.float64)]
+NESTED = np.dtype(
+    [
+        ("inner", PAIR),
+        ("more", [("u", np.uint16), ("flag", np.bool_), ("xs", np.int16, (2,))]),
+        ("pts", PAIR, (2,)),
+        ("outer", [("inner", PAIR), ("n", np.int64)]),
+        ("single", [("f", np.float32)]),
+    ]
+)
+
+
+class _Doubles(ctypes.Structure):
+    _fields_ = (("a", ctypes.c_double), ("b", ctypes.c_double))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "error", "fragment"),
+    [
+        ("inner", (b"1", None), TypeError, r"'inner\.x' is int32 .*bytes"),
+        ("inner", (1, None), TypeError, r"'inner\.y' is float64 .*NaN"),
+        ("inner", (1.5, 2.0), ValueError, r"'inner\.x' is int32 .*not a whole number"),
+        ("inner", (1, 1 + 2j), TypeError, r"'inner\.y' is float64 .*a complex number"),
+        ("inner", (ctypes.c_double(2.5), 0.0), TypeError, r"'inner\.x' is int32 .*c_double"),
+        ("inner", (1, DATE), TypeError, r"'inner\.y' is float64 .*numpy\.datetime64"),
+        ("inner", (1, [2.0]), TypeError, r"'inner\.y' is float64 .*a list"),
+        ("inner", 1.5, ValueError, r"'inner\.x' is int32 .*not a whole number"),
+        ("more", (-1, False, [0, 0]), ValueError, r"'more\.u' is uint16 .*0 to 65535"),
+        ("more", (1, "False", [0, 0]), TypeError, r"'more\.flag' is bool .*True or"),
+        ("more", (1, 2, [0, 0]), ValueError, r"'more\.flag' is bool .*True or"),
+        ("more", (1, True, [1.5, 2]), ValueError, r"'more\.xs' is \('<i2', \(2,\)\) "),
+        ("more", (1, True, [b"1", 2]), TypeError, r"'more\.xs' is \('<i2', \(2,\)\) .*bytes"),
+        ("pts", [(1, 2.0), (1.5, 2.0)], ValueError, r"'pts\[1\]\.x' is int32 .*not a whole"),
+        ("pts", [(b"1", 2.0), (1, None)], TypeError, r"'pts\[0\]\.x' is int32 .*bytes"),
+        ("pts", (1, None), TypeError, r"'pts\.y' is float64 .*NaN"),
+        ("outer", ((1.5, 2.0), 3), ValueError, r"'outer\.inner\.x' is int32 .*not a whole"),
+        ("outer", ((1, 2.0), None), TypeError, r"'outer\.n' is int64 .*None"),
+        # numpy's own refusals name the nested field too.
+        ("inner", ("abc", 1.0), ValueError, r"'inner\.x' is int32 .*'abc' \(invalid literal"),
+        ("pts", [(1, 2.0), (2, "y")], ValueError, r"'pts\[1\]\.y' is float64 .*'y' \("),
+        ("single", (1e300,), ValueError, r"'single\.f' is float32 .*1e\+300 \(overflow"),
+        # Another structured dtype: numpy casts it by position, truncating.
+        (
+            "inner",
+            np.array((1.5, 2.0), [("a", np.float64), ("b", np.float64)])[()],
+            ValueError,
+            r"'inner\.x' is int32 .*np\.float64\(1\.5\) \(not a whole number",
+        ),
+        (
+            "pts",
+            np.array([(1.0, 2.0), (2.5, 3.0)], [("a", np.float64), ("b", np.float64)]),
+            ValueError,
+            r"'pts\[1\]\.x' is int32 .*np\.float64\(2\.5\) \(not a whole number",
+        ),
+        (
+            "inner",
+            _Doubles(3.5, 2.5),
+            ValueError,
+            r"'inner\.x' is int32 .*float64\(3\.5\) \(not a whole",
+        ),
+    ],
+)
+def test_record_checks_each_field_of_a_nested_record(field, value, error, fragment):
+    """A field whose dtype is itself structured (a nested record, or a subarray of
+    records) was not checked at all: numpy stored (b"1", None) as (1, nan), 1.5 in
+    an int32 item as 1, -1 in a uint16 one as 65535, "False" in a bool one as True,
+    and a structured value of another dtype, or a ctypes structure, cast by position
+    (1.5 as 1).  Each item is checked as a top-level field of its dtype is, and the
+    error names it by its path."""
+    with pytest.raises(error, match=rf"^record\(\) field {fragment}"):
+        nh.record(NESTED, **{field: value})
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "fragment"),
+    [
+        ({"x": 1, "y": 2.0}, TypeError, r"a dict.*\(x, y\)"),
+        ([1, 2.0], TypeError, r"a list of 2 items: .*one record.*\(x, y\)"),
+        ((1,), ValueError, r"a tuple of 1 item for the 2 fields \(x, y\)"),
+        ((1, 2.0, 3), ValueError, r"a tuple of 3 items for the 2 fields \(x, y\)"),
+        (np.zeros(2, PAIR), TypeError, r"an array of 2 records"),
+        (
+            np.zeros((), [("a", np.int32)]),
+            TypeError,
+            r"a record of 1 field \(a\), for the 2 fields \(x, y\)",
+        ),
+        (bytearray(16), TypeError, r"holds a tuple"),
+    ],
+)
+def test_record_says_what_a_nested_record_field_holds(value, error, fragment):
+    """numpy refused a dict for a nested record with int()'s "not 'dict'", and a
+    tuple of the wrong length, a list or an array of records with messages that
+    said neither what the field holds nor how to give it."""
+    with pytest.raises(error, match=rf"^record\(\) field 'inner' is .*{fragment}"):
+        nh.record(NESTED, inner=value)
+
+
+class _Padded(ctypes.Structure):  # int32, 4 bytes of padding, double: as PAIR aligned
+    _fields_ = (("x", ctypes.c_int32), ("y", ctypes.c_double))
+
+
+def test_record_stores_a_nested_record_as_numpy_does_where_nothing_changes():
+    """What numpy stored right is stored still: a tuple per record, a numpy.void or
+    0-d array of the field's dtype as is (a 0-d array was refused, as a buffer for
+    an address field), one of another dtype by position, a ctypes structure by
+    position (numpy read one with padding with a RuntimeWarning), a list of records
+    for a subarray, a list of one record for a record, one value for every field
+    (1), numeric text, a whole float."""
+    inner = np.array((3, 4.5), PAIR)
+    aligned = np.dtype(PAIR, align=True)
+    rec = nh.record(
+        NESTED,
+        inner=inner,
+        more=(2.0, 1, np.array([3, 4])),
+        pts=[inner[()], ("5", np.float32(6.5))],
+        outer=(np.array((7.0, 8), [("a", np.float64), ("b", np.int8)])[()], np.int64(9)),
+    )
+    got = rec.data[0]
+    assert got["inner"].tolist() == (3, 4.5) and got["more"]["xs"].tolist() == [3, 4]
+    assert got["more"]["u"] == 2 and got["more"]["flag"]
+    assert got["pts"].tolist() == [(3, 4.5), (5, 6.5)] and got["outer"].tolist() == ((7, 8.0), 9)
+    rec = nh.record(
+        NESTED,
+        inner=inner[()],
+        more=1,
+        pts=np.array([(1, 2.0), (3, 4.0)], aligned),
+        outer=(_Padded(5, 6.5), 0),
+    )
+    got = rec.data[0]
+    assert got["inner"].tolist() == (3, 4.5) and got["more"]["xs"].tolist() == [1, 1]
+    assert got["more"]["u"] == 1 and got["more"]["flag"]
+    assert got["pts"].tolist() == [(1, 2.0), (3, 4.0)] and got["outer"].tolist() == ((5, 6.5), 0)
+    rec = nh.record(NESTED, inner=[_Padded(1, 2.5)], pts=np.zeros(2, PAIR), outer=((1, 2), 3))
+    assert rec.data[0]["inner"].tolist() == (1, 2.5) and not rec.keep
+    rec = nh.record(NESTED, inner=[(1, 2.5)], outer=(np.array([(3, 4.5)], PAIR), 5))
+    assert rec.data[0]["inner"].tolist() == (1, 2.5)
+    assert rec.data[0]["outer"].tolist() == ((3, 4.5), 5)
+
+
+NESTED_SUM = np.dtype([("inner", [("values", np.uint64), ("n", np.int64)]), ("out", np.uint64)])
+
+
+@nh.host_callback(dtype=NESTED_SUM)
+def nested_total(d):
+    values = carray(nh.as_voidptr(d.inner.values), (d.inner.n,), np.float64)
+    carray(nh.as_voidptr(d.out), (1,), np.float64)[0] = values.sum()
+
+
+def test_record_stores_a_buffers_address_in_an_address_field_of_a_nested_record(stream):
+    """An 8-byte integer field of a nested record holds a buffer's address, kept,
+    as a top-level one does: numpy refused an array there ("setting an array
+    element with a sequence"), a by_ref with int()'s message, and read a
+    bytearray of 8 bytes as the number its bytes spell."""
+    values, out = np.arange(4.0), np.zeros(1)
+    rec = nh.record(NESTED_SUM, inner=(values, 4), out=out)
+    assert rec.data[0]["inner"]["values"] == values.ctypes.data and len(rec.keep) == 2
+    nh.host_launch(stream, nested_total, user_data=rec)
+    stream.sync()
+    assert out[0] == 6.0
+    pointed, ref = bytearray(8), nh.by_ref(bytearray(16))
+    layout = np.dtype([("pts", NESTED_SUM["inner"], (2,))])
+    rec = nh.record(layout, pts=[(pointed, 1), (ref, 2)])
+    assert rec.data[0]["pts"]["values"].tolist() == [
+        np.frombuffer(pointed, np.uint8).ctypes.data,
+        ref.address,
+    ]
+    assert not resizable(pointed)  # pinned by the record
+    del rec
+    gc.collect()
+    assert resizable(pointed)
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        ((True, 1), r"'inner\.values' is uint64, which holds an address .*True"),
+        ((ctypes.c_double(2.5), 1), r"'inner\.values' is uint64, .*c_double.*by_ref"),
+        ((b"\x00" * 8, 1), r"'inner\.values' is uint64 .*bytes.*by_ref\(buffer\)"),
+        ((1, np.arange(2)), r"'inner\.n' is int32: only an 8-byte"),
+    ],
+)
+def test_record_refuses_what_a_nested_address_field_cannot_hold(value, fragment):
+    """A nested address field refuses what a top-level one does (a bool, a ctypes
+    number, bytes), and another integer field a buffer, as a top-level one does."""
+    layout = np.dtype([("inner", [("values", np.uint64), ("n", np.int32)])])
+    with pytest.raises(TypeError, match=rf"^record\(\) field {fragment}"):
+        nh.record(layout, inner=value)
+
+
+def test_a_refused_nested_record_keeps_no_buffer_exported():
+    """Invariant 3 for a buffer pointed to from a nested record: a later field refused."""
+    values = bytearray(8)
+    error = None
+    try:
+        nh.record(NESTED_SUM, inner=(values, 1), out=-1)
+    except ValueError as caught:
+        error = caught
+    assert "'out'" in str(error)
+    assert resizable(values)
+
+
 def test_a_cycle_through_a_by_ref_is_collected_and_unpins_its_buffer():
     """BufferRef holds its object and export without a tp_traverse, so the cyclic
     collector never saw ByRef -> obj: an array (subclass) that keeps its own by_ref
