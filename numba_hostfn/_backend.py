@@ -17,7 +17,14 @@ from . import _core
 from ._errors import FAULT_NAMES, CudaDriverError, DeviceFaultError
 from ._records import LaunchRecords
 
-__all__ = ["Backend", "Launch", "StaleLane", "env_switch", "in_host_function_error"]
+__all__ = [
+    "Backend",
+    "Launch",
+    "StaleLane",
+    "env_switch",
+    "executor_refused_error",
+    "in_host_function_error",
+]
 
 _CURESULT_MASK = 0xFFFFFFFF  # nhf.h's NHF_CURESULT_MASK: a driver call's CUresult
 #: How a task that an executor's wait left behind goes on (status KEPT).
@@ -119,13 +126,13 @@ class Backend:
     executor_wait_call = "cuStreamWaitValue32"
 
     def raise_refusal(
-        self, status: int, call: str = "cuLaunchHostFunc", stream: int = 0
+        self, status: int, call: str = "cuLaunchHostFunc", stream: int = 0, executor: Any = None
     ) -> NoReturn:
         """Raise the error for an enqueue function's nonzero status (``refusal_error``)."""
-        raise self.refusal_error(status, call, stream)
+        raise self.refusal_error(status, call, stream, executor)
 
     def refusal_error(
-        self, status: int, call: str = "cuLaunchHostFunc", stream: int = 0
+        self, status: int, call: str = "cuLaunchHostFunc", stream: int = 0, executor: Any = None
     ) -> Exception:
         """The error of an enqueue function's nonzero status word: the one reading of
         nhf.h's status words, for both backends.
@@ -135,7 +142,9 @@ class Backend:
         flags; the combinations each enqueue function of native/ returns, and what each
         raises: tests/test_refusals.py.  A backend supplies only what differs: the
         names of its codes (``error_text``), its driver's error (``driver_error``) and
-        whether its calls are named (``names_driver_calls``).
+        whether its calls are named (``names_driver_calls``).  ``executor``: the
+        HostExecutor whose lane refused, where known, so that its refusal says whether
+        it is closed or stopped (``executor_refused_error``).
         """
         code = status & _CURESULT_MASK
         if status & _core.IN_HOST_FUNCTION:  # the simulator's: before anything else
@@ -147,7 +156,7 @@ class Backend:
                 return self.fault_error(code, f"nothing was enqueued ({call} refused)", stream)
             return self.fault_error(code, "nothing was enqueued", stream)
         if status & _core.EXECUTOR_CLOSED:
-            return RuntimeError("the HostExecutor is closed; create a new one")
+            return executor_refused_error(executor)
         if status & _core.LANE_STALE:
             return StaleLane(
                 "the HostExecutor's lane for this stream's handle still serves an earlier "
@@ -255,7 +264,7 @@ class Backend:
             return False
         if status:  # target is the stream unless the route is an executor's lane
             stream = 0 if route == self.executor_route else target
-            raise self.refusal_error(status, call, stream)
+            raise self.refusal_error(status, call, stream, launch.executor)
         return True
 
     # ---- graphs: the capture path and explicit graphs (``_graphs``) ----
@@ -331,6 +340,38 @@ _ENQUEUED = (
     "signal or a graph launch)",
     "nothing was enqueued",
 )
+
+
+def executor_refused_error(executor: Any = None) -> RuntimeError:
+    """The error of a launch that a HostExecutor refuses (an enqueue's status
+    ``EXECUTOR_CLOSED``, or ``_executor.check_executor`` before any enqueue): the state
+    it is in, and what to do.
+
+    Closed: its close() has returned.  Stopped: a close() began and has not returned
+    (one interrupted by a Ctrl-C or a signal handler's exception, one refused from a
+    host function after a launch raced it, or one still waiting on another thread);
+    its threads run the tasks still outstanding, and close() called again waits for
+    them (LIFETIME.md, invariant 10).  ``executor`` None (a status read where the
+    executor is not known): the text that covers both.  Before, a stopped executor's
+    refusal said it was closed.
+    """
+    if executor is None:
+        return RuntimeError(
+            "the HostExecutor is closed, or stopped by a close() that has not returned; "
+            "it takes no new work: create a new one (a stopped one's close(), called "
+            "again, waits for its outstanding tasks)"
+        )
+    if getattr(executor, "_closed", False):
+        return RuntimeError("the HostExecutor is closed; create a new one")
+    outstanding = executor._outstanding()
+    tasks = f"{outstanding} task{'' if outstanding == 1 else 's'}"
+    return RuntimeError(
+        f"the HostExecutor is stopped, with {tasks} outstanding: a close() began and has "
+        "not returned (it was interrupted, or refused from a host function, or it is "
+        "still waiting on another thread), so it takes no new work while its threads run "
+        "those tasks. Call close() again to wait for them and end its threads, and "
+        "create a new HostExecutor for new work"
+    )
 
 
 def in_host_function_error(did: str = _ENQUEUED[0], left: str = _ENQUEUED[1]) -> RuntimeError:

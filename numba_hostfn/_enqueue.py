@@ -33,11 +33,17 @@ __all__ = [
 
 
 def signal_route(
-    target: Any, executor: Any, refusal: str, default_lane: bool = True, caller: str = "host_launch"
-) -> tuple[tuple[int, int, Any], tuple[int, int, Any] | None]:
-    """Where a signal of ``target`` goes: ``(route, fallback)``, each
+    target: Any,
+    executor: Any,
+    refusal: str,
+    default_lane: bool = True,
+    caller: str = "host_launch",
+    handle: int | None = None,
+) -> tuple[tuple[int, int, Any], tuple[int, int, Any] | None, int]:
+    """Where a signal of ``target`` goes: ``(route, fallback, handle)``, each route
     ``(route, target, owner)`` for the native dispatcher's launch
-    (``native/notify.c``; ``route`` a ``_core.ROUTE_*``).
+    (``native/notify.c``; ``route`` a ``_core.ROUTE_*``), and ``handle`` the
+    stream's, for a renewal (:func:`renewed_route`).
 
     A signal says "the stream got here" once, so it is only for streams: a graph
     target raises ``RuntimeError(refusal)``, having enqueued nothing (a capturing
@@ -47,7 +53,12 @@ def signal_route(
     and the fallback the driver's thread, taken if the lane's enqueue refuses (a
     capturing stream, a closed or faulted lane): the driver's path then refuses or
     accepts as it would without the lane.  Else the fallback is None.  ``caller``
-    names the public function in a wrong target's error.
+    names the public function in a wrong target's error.  ``handle``: the stream's
+    handle where the caller has read it already (``check_target``, for
+    ``host_launch(blocking=False)``'s argument order): ``__cuda_stream__`` is called
+    once per call, so a protocol with side effects, or one that names another stream
+    when asked again, gets the signal on the stream it named first (before, it was
+    asked again here).
     """
     # done_future and async_done take streams only: their errors name no graph
     # (host_launch(blocking=False) shares host_launch's, which takes graphs).
@@ -56,16 +67,17 @@ def signal_route(
     if executor is not None:
         check_executor(executor)
     backend = get_backend()
-    handle = backend.stream_handle(target, stream_handle(target))
+    if handle is None:
+        handle = backend.stream_handle(target, stream_handle(target))
     if executor is None:
         driver = (backend.route, handle, None)
         found = default_lane_of(handle) if default_lane else None
         if found is None:
-            return driver, None
+            return driver, None, handle
         lane, address = found
-        return (backend.executor_route, address, lane), driver
+        return (backend.executor_route, address, lane), driver, handle
     # An executor's task owns the executor: it is collected only with nothing outstanding.
-    return (backend.executor_route, lane_of(executor, handle), executor), None
+    return (backend.executor_route, lane_of(executor, handle), executor), None, handle
 
 
 #: Lanes made in turn for one launch whose lane answers LANE_STALE: a new lane's first
@@ -74,10 +86,10 @@ def signal_route(
 RENEWALS = 3
 
 
-def renewed_route(target: Any, route: tuple[int, int, Any]) -> tuple[int, int, Any]:
+def renewed_route(handle: int, route: tuple[int, int, Any]) -> tuple[int, int, Any]:
     """``route``, an executor's lane whose enqueue answered ``_core.LANE_STALE``, with a
-    new lane of that executor for ``target``'s stream (``_executor.renew_lane``)."""
-    handle = get_backend().stream_handle(target, stream_handle(target))
+    new lane of that executor for stream ``handle`` (``_executor.renew_lane``): the
+    handle ``signal_route`` read, not ``__cuda_stream__`` asked again."""
     return (route[0], renew_lane(route[2], handle, route[1]), route[2])
 
 
@@ -93,7 +105,7 @@ def raise_refused(status: int, executor: Any, stream: int = 0) -> None:
     """Raise for an enqueue function's nonzero status (the native host_launch too);
     ``stream``: the stream's handle, where known (a fault is its context's)."""
     call = "cuLaunchHostFunc" if executor is None else "cuStreamWriteValue32"
-    get_backend().raise_refusal(status, call, stream)
+    get_backend().raise_refusal(status, call, stream, executor)
 
 
 def check_target(target: Any, caller: str = "host_launch") -> tuple[str, int]:

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from . import _core
-from ._backend import in_host_function_error
+from ._backend import executor_refused_error, in_host_function_error
 from ._compat import register_first_atexit
 from ._errors import CudaDriverError
 from ._process import SIMULATOR_ENV, forked, get_backend
@@ -176,7 +176,7 @@ class HostExecutor(_core.ExecutorBase):
         program that starts threads would otherwise add a lane per thread for ever),
         else a new one."""
         if self._closed:
-            raise RuntimeError("the HostExecutor is closed; create a new one")
+            raise executor_refused_error(self)
         if handle <= _DEFAULT_STREAM_HANDLES:
             lane = self._find_lane(handle)  # this thread's stream of that handle
             if lane and lane != stale:
@@ -247,7 +247,7 @@ class HostExecutor(_core.ExecutorBase):
         dealloc: no Python runs in between, so a Ctrl-C cannot leave it armed.
         """
         if self._closed:
-            raise RuntimeError("the HostExecutor is closed; create a new one")
+            raise executor_refused_error(self)
         slot = self._slot_take()
         if slot is None:
             with self._lock:
@@ -270,16 +270,18 @@ class HostExecutor(_core.ExecutorBase):
         outstanding tasks.  Later launches with this executor raise
         RuntimeError.  The pinned words stay allocated: a stream may still
         have to execute a wait on them.  A launch racing it either raises
-        RuntimeError ("closed"), having enqueued nothing, or runs before it
-        returns; an interrupted close can be called again and finishes the job.
+        RuntimeError ("stopped", while close() waits; "closed" once it has
+        returned), having enqueued nothing, or runs before it returns; an
+        interrupted close can be called again and finishes the job.
 
         The wait checks for signals every 50 ms, as
         ``ThreadPoolExecutor.shutdown(wait=True)`` does: a Ctrl-C (or a signal
         handler's exception) raises out of close() while a task is still
-        running.  The executor is then stopped but not :attr:`closed`: new
-        launches raise RuntimeError ("closed"), its threads still run the
-        outstanding tasks and release their owners, and a later close() waits
-        for them again and joins the threads.
+        running.  The executor is then stopped but not :attr:`closed` (its repr
+        says "stopped, N tasks outstanding"): new launches raise RuntimeError
+        saying it is stopped and how many tasks are outstanding, its threads
+        still run those tasks and release their owners, and a later close()
+        waits for them again and joins the threads.
 
         Raises RuntimeError from one of its own tasks, and from any host
         function (a driver's, or another executor's task) while tasks are
@@ -336,9 +338,10 @@ def check_executor(executor: Any) -> HostExecutor:
             "super().__init__())"
         )
     # _stopping: a close() began, and an interrupted one left the executor stopped but
-    # not closed; a call with nothing to enqueue is refused as its launch would be.
+    # not closed; a call with nothing to enqueue is refused as its launch would be.  The
+    # error says which of the two it is (before: "closed" for both).
     if executor._closed or executor._stopping:
-        raise RuntimeError("the HostExecutor is closed; create a new one")
+        raise executor_refused_error(executor)
     if executor._backend is not get_backend():  # pragma: no cover - one backend per process
         raise RuntimeError(
             f"the HostExecutor belongs to another backend; {SIMULATOR_ENV} changed in between"

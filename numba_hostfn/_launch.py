@@ -126,7 +126,9 @@ def host_launch_python(
     if blocking is not True:
         # In argument order, as enqueue checks: the stream, fn, user_data, then the
         # keywords (a Python callable takes no user_data, whatever blocking is).
-        check_target(stream)
+        # The stream's handle, read once: the signal goes on the stream this answer
+        # named (a __cuda_stream__ asked again may name another, or count its calls).
+        _, handle = check_target(stream)
         kind, _, callable_ = classify_function(fn)
         if kind == "python" and user_data is not None:
             raise user_data_with_callable(fn)
@@ -144,7 +146,7 @@ def host_launch_python(
                 f"{getattr(fn, '__qualname__', type(fn).__name__)!r} is compiled code, which "
                 "never takes the GIL and needs no such option: leave blocking=True"
             )
-        launch_nonblocking(stream, callable_, executor)
+        launch_nonblocking(stream, callable_, executor, handle)
         return None
     return enqueue(stream, fn, user_data, None, executor=executor)
 

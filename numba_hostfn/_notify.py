@@ -86,24 +86,29 @@ class _Channel:
         entry: Any,
         default_lane: bool = True,
         caller: str = "host_launch",
+        handle: int | None = None,
     ) -> tuple[int, int]:
         """Register ``entry`` and enqueue its signal on ``target``, as one native step:
         an exception after it (a Ctrl-C) leaves the launch enqueued, and its entry
         acted on when the signal comes; a refused launch keeps nothing.  With no
         executor, on the default lane where it can serve (``default_lane``), else,
         or if the lane refuses, on the driver's thread (``_enqueue.signal_route``).
+        ``handle``: ``target``'s stream handle, where the caller has read it already
+        (its ``__cuda_stream__`` is called once per call).
 
         Returns ``(lane, task)``: for a signal on an executor's lane (the default
         lane's too), the lane's address and the number its stream writes to the
         lane's "reached" word when it gets there (``_core.lane_reached``); else
         ``(0, 0)``."""
-        route, fallback = signal_route(target, executor, refusal, default_lane, caller)
+        route, fallback, handle = signal_route(
+            target, executor, refusal, default_lane, caller, handle
+        )
         status, task = self.dispatcher.launch(*route, entry)
         for _ in range(RENEWALS):
             if status != _core.LANE_STALE or fallback is not None:
                 break
             # The executor's lane serves an earlier stream with this handle.
-            route = renewed_route(target, route)
+            route = renewed_route(handle, route)
             status, task = self.dispatcher.launch(*route, entry)
         if status and fallback is not None:
             if status & _core.KEPT:  # the lane's write is on the stream: it will signal
@@ -149,9 +154,10 @@ class _Callbacks:
         refusal: str,
         default_lane: bool = True,
         caller: str = "host_launch",
+        handle: int | None = None,
     ) -> tuple[int, int]:
         """``_Channel.launch`` of ``fn``: ``(lane, task)``, or ``(0, 0)``."""
-        return self._channel.launch(target, executor, refusal, fn, default_lane, caller)
+        return self._channel.launch(target, executor, refusal, fn, default_lane, caller, handle)
 
     def run(self, block: bool = True) -> int:
         """Run the callables whose signals have run, oldest first; return how many.
@@ -324,11 +330,17 @@ _FUTURE_IN_GRAPH = _IN_GRAPH.format(what="done_future()")
 _ASYNC_IN_GRAPH = _IN_GRAPH.format(what="async_done()")
 
 
-def launch_nonblocking(stream: Any, fn: Any, executor: Any = None) -> None:
-    """``host_launch(stream, fn, blocking=False)`` for a classified Python callable."""
+def launch_nonblocking(
+    stream: Any, fn: Any, executor: Any = None, handle: int | None = None
+) -> None:
+    """``host_launch(stream, fn, blocking=False)`` for a classified Python callable;
+    ``handle``: the stream's, as host_launch's argument check read it (its
+    ``__cuda_stream__`` is not asked again)."""
     # On the driver's thread unless executor= is given: the default lane serves
     # async_done and done_future only.
-    _the_callbacks().launch(stream, fn, executor, _NONBLOCKING_IN_GRAPH, default_lane=False)
+    _the_callbacks().launch(
+        stream, fn, executor, _NONBLOCKING_IN_GRAPH, default_lane=False, handle=handle
+    )
 
 
 def done_future(stream: Any, *, executor: Any = None) -> concurrent.futures.Future:

@@ -131,6 +131,22 @@ def test_a_first_launch_imports_neither_numba_nor_asyncio():
     assert out.splitlines() == ["[1] []", "True"], out
 
 
+def test_a_star_import_binds_every_public_name_and_so_imports_numba():
+    """``from numba_hostfn import *`` binds every name of ``__all__``, ``as_voidptr``
+    too, and so imports numba: ``as_voidptr`` is a numba intrinsic, a name the package
+    resolves lazily, and a star import must bind it.  That is inherent, and documented
+    (docs/api.md, docs/install.md): ``import numba_hostfn`` still imports no numba."""
+    out = run_child(
+        "import sys\n"
+        "import numba_hostfn\n"
+        "before = 'numba' in sys.modules\n"
+        "from numba_hostfn import *\n"
+        f"missing = sorted(n for n in {sorted(PUBLIC)!r} if n not in globals())\n"
+        "print(before, missing, 'numba' in sys.modules)\n"
+    )
+    assert out.splitlines() == ["False [] True"], out
+
+
 def test_a_child_imports_the_package_this_suite_imported():
     """A child (child_env) imports the numba_hostfn this process did: the checkout's in a
     checkout, the installed one in a run against an installed wheel (from a checkout

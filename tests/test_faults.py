@@ -473,6 +473,12 @@ FORK_WITH_A_FUTURE_PENDING_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
             "driver result()": on_driver.result,
             "wait()": lambda: concurrent.futures.wait([future]),
             "as_completed()": lambda: list(concurrent.futures.as_completed([on_driver])),
+            # with a future of the child's own, not done: the wait cannot tell whether
+            # that one would end it, and is refused as documented (errors.md)
+            "mixed wait()": lambda: concurrent.futures.wait(
+                [future, concurrent.futures.Future()],
+                return_when=concurrent.futures.FIRST_COMPLETED,
+            ),
         }
         for name, wait in waits.items():
             try:
@@ -492,13 +498,15 @@ def test_a_forked_child_does_not_watch_the_parents_done_future():
     """A done_future made in the parent and not done at fork, waited on in a forked
     child: no thread there will ever set it, so result(), exception(),
     concurrent.futures.wait() and as_completed() raise the RuntimeError that names
-    'spawn' (before, they waited until their timeout, or for ever), without
+    'spawn' (before, they waited until their timeout, or for ever), a wait over it and
+    a future of the child's own with FIRST_COMPLETED too (as documented), without
     watching the lane's words (no stream of the child writes them, and the parent's
     pinned memory need not be mapped there); one done before fork gives its result,
     and the parent's resolve."""
     out = run_child(FORK_WITH_A_FUTURE_PENDING_SCRIPT, timeout=60).splitlines()
     assert "watched: True" in out, out
-    for name in ("result(0.1)", "result()", "exception()", "driver result()", "wait()"):
+    waits = ("result(0.1)", "result()", "exception()", "driver result()", "wait()", "mixed wait()")
+    for name in waits:
         assert f"child: {name} refused" in out, out
     assert "child: as_completed() refused" in out, out
     assert "child: settled True" in out and "parent: 0 True True" in out, out

@@ -258,7 +258,7 @@ CTRL_C_CLOSE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
         nh.host_launch(stream, increment, user_data=nh.by_ref(cell), executor=executor)
         order.append("launched")
     except RuntimeError as exc:
-        order.append("refused" if "closed" in str(exc) else repr(exc))
+        order.append("refused" if "is stopped" in str(exc) else repr(exc))
     outstanding = executor.outstanding()
     gate.set()
     executor.close()  # again: it waits for the task, runs the one behind it, joins
@@ -283,6 +283,74 @@ def test_ctrl_c_interrupts_a_close_waiting_for_a_task_and_a_later_close_finishes
     (main's native wait checked no signal: close() waited for the task, Ctrl-C ignored)."""
     out = run_child(CTRL_C_CLOSE_SCRIPT, timeout=120)
     assert out.split("\n")[-2] == "['interrupted', 'refused', 'after'] 2 True 0 0 0 0", out
+
+
+STOPPED_REFUSAL_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import signal, threading
+    from _device import ctrl_c_inside
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's, whatever we inherited
+    gate = threading.Event()
+    other = device.create_stream()
+    executor = nh.HostExecutor(threads=1)
+    nh.host_launch(stream, lambda: gate.wait(120), executor=executor)  # until gate is set
+    threading.Thread(target=ctrl_c_inside, args=("close",), daemon=True).start()
+    try:
+        executor.close()
+    except KeyboardInterrupt:
+        pass
+    calls = [
+        # the stream's lane exists: the native host_launch, refused by the enqueue
+        lambda: nh.host_launch(stream, lambda: None, executor=executor),
+        # no lane for this stream: the Python path, refused before a lane is made
+        lambda: nh.host_launch(other, lambda: None, executor=executor),
+        lambda: nh.release_after(stream, executor=executor),
+        lambda: nh.done_future(stream, executor=executor),
+    ]
+
+    def refusals():
+        out = []
+        for call in calls:
+            try:
+                call()
+                out.append("accepted")
+            except RuntimeError as exc:
+                out.append(str(exc))
+        return out
+
+    stopped, state = refusals(), repr(executor)
+    gate.set()
+    executor.close()
+    closed = refusals()
+    stream.sync()
+    nh.drain()
+    for message in stopped:
+        print("stopped:", message)
+    for message in closed:
+        print("closed:", message)
+    print(state)
+""")
+
+
+def test_a_stopped_executor_says_it_is_stopped_and_how_to_finish_closing_it():
+    """An executor whose close() was interrupted is stopped, not closed (its repr says
+    "stopped, 1 task outstanding"): every launch it refuses says so, with the tasks
+    still outstanding and what to do (call close() again to wait for them), on the
+    native host_launch, the Python path and the calls that check the executor first.
+    Once close() has finished, the refusal says it is closed.  Before, all of them
+    said "the HostExecutor is closed; create a new one" while it was stopped."""
+    out = run_child(STOPPED_REFUSAL_SCRIPT, timeout=120)
+    lines = out.splitlines()
+    assert lines[-1] == "<numba_hostfn.HostExecutor threads=1 stopped, 1 task outstanding>", out
+    stopped = [line for line in lines if line.startswith("stopped:")]
+    closed = [line for line in lines if line.startswith("closed:")]
+    assert len(stopped) == len(closed) == 4, out
+    for line in stopped:
+        assert "the HostExecutor is stopped" in line, out
+        assert "1 task outstanding" in line and "Call close() again" in line, out
+        assert "is closed" not in line, out
+    for line in closed:
+        assert line == "closed: the HostExecutor is closed; create a new one", out
 
 
 CTRL_C_DRAIN_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
@@ -522,7 +590,8 @@ CLOSE_RACE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
                                executor=current[0])
                 returned[k] += 1
             except RuntimeError as exc:
-                assert "closed" in str(exc), exc
+                # "stopped" while close() waits, "closed" once it has returned
+                assert "is stopped" in str(exc) or "is closed" in str(exc), exc
                 refused[k] += 1
             time.sleep(0.0001)  # a launch now and then: the streams keep up
 
@@ -550,9 +619,10 @@ CLOSE_RACE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
 
 def test_close_racing_launches_refuses_or_runs_each(request):
     """Two threads launch on their own streams with an executor that the main thread
-    replaces and closes every ~2 ms: each launch either raised RuntimeError ("closed")
-    having enqueued nothing, or ran; every stream syncs (main enqueued tasks on a pool
-    whose threads had quit, and that stream's sync() hung)."""
+    replaces and closes every ~2 ms: each launch either raised RuntimeError ("stopped"
+    while close() waits, "closed" once it returned) having enqueued nothing, or ran;
+    every stream syncs (main enqueued tasks on a pool whose threads had quit, and that
+    stream's sync() hung)."""
     out = run_child(CLOSE_RACE_SCRIPT, timeout=120)
     assert out[: out.index(" refused")].split() == [
         "closes",
@@ -915,7 +985,8 @@ EMPTY_AFTER_CTRL_C_CLOSE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
         try:
             return repr(call())
         except RuntimeError as exc:
-            return "refused" if "closed" in str(exc) else repr(exc)
+            # "stopped" while the interrupted close() has not returned, then "closed"
+            return "refused" if "is stopped" in str(exc) or "is closed" in str(exc) else repr(exc)
 
     executor = nh.HostExecutor(threads=1)
     nh.host_launch(stream, lambda: gate.wait(120), executor=executor)  # until gate is set

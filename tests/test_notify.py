@@ -9,6 +9,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import ctypes
+import functools
 import gc
 import os
 import sys
@@ -1170,6 +1171,65 @@ def test_signals_are_refused_on_a_graph_builder(stream):
 @nh.host_callback
 def _noop(p):
     pass
+
+
+class _CountingStream:
+    """A stream-like object whose ``__cuda_stream__`` counts its calls and gives
+    ``streams[0]``'s handle the first time, ``streams[-1]``'s every later time (a
+    protocol with side effects, or one that names another stream when asked again)."""
+
+    def __init__(self, *streams):
+        self.streams, self.calls = streams, 0
+
+    def __cuda_stream__(self):
+        self.calls += 1
+        return self.streams[min(self.calls, len(self.streams)) - 1].__cuda_stream__()
+
+
+def test_a_nonblocking_launch_asks_the_streams_protocol_once(stream, device):
+    """host_launch(stream, fn, blocking=False) calls ``__cuda_stream__`` exactly once,
+    as every other launch and wait does, and the callback goes on the stream that one
+    answer named.  Before, it asked twice (the argument check, then the signal's
+    route), and launched on the second answer's stream: here ``other``, which is
+    capturing, so the launch was refused though the stream checked was not."""
+    other = device.create_stream()
+    try:
+        with nh.HostExecutor(threads=1) as executor:
+            calls = {
+                "blocking": lambda s: nh.host_launch(s, lambda: None),
+                "nonblocking": lambda s: nh.host_launch(s, lambda: None, blocking=False),
+                "nonblocking, executor": lambda s: nh.host_launch(
+                    s, lambda: None, blocking=False, executor=executor
+                ),
+                "executor": lambda s: nh.host_launch(s, lambda: None, executor=executor),
+                "done_future": nh.done_future,
+                "done_future, executor": lambda s: nh.done_future(s, executor=executor),
+                "release_after": lambda s: nh.release_after(s, np.zeros(1)),
+            }
+            asked = {}
+            for name, call in calls.items():
+                counting = _CountingStream(stream)
+                call(counting)
+                asked[name] = counting.calls
+            assert asked == dict.fromkeys(calls, 1)
+            capture = Capture(other, "relaxed")
+            try:
+                for ex in (None, executor):
+                    ran = []
+                    switching = _CountingStream(stream, other)
+                    nh.host_launch(
+                        switching, functools.partial(ran.append, 1), blocking=False, executor=ex
+                    )
+                    stream.sync()
+                    nh.drain()
+                    assert (ran, switching.calls) == ([1], 1), ex
+            finally:
+                capture.end()
+                capture.close()
+    finally:
+        other.sync()
+        nh.drain()
+        device.close_stream(other)
 
 
 def test_bad_nonblocking_arguments_are_refused(stream):

@@ -122,7 +122,12 @@ static PyObject *graph_slot_arm(PyObject *self_, PyObject *const *args, Py_ssize
     pthread_mutex_lock(&pool->mutex);
     if (atomic_load(&pool->stopping)) {
         pthread_mutex_unlock(&pool->mutex);
-        PyErr_SetString(PyExc_RuntimeError, "the HostExecutor is closed; create a new one");
+        /* _backend.executor_refused_error's text for an executor not known: stopping
+         * covers a stopped pool (a close() that has not returned) and a closed one. */
+        PyErr_SetString(PyExc_RuntimeError,
+                        "the HostExecutor is closed, or stopped by a close() that has not "
+                        "returned; it takes no new work: create a new one (a stopped one's "
+                        "close(), called again, waits for its outstanding tasks)");
         return NULL;
     }
     if (atomic_load(&s->live)) {
