@@ -24,6 +24,7 @@ __all__ = [
     "env_switch",
     "executor_refused_error",
     "in_host_function_error",
+    "not_building_error",
 ]
 
 _CURESULT_MASK = 0xFFFFFFFF  # nhf.h's NHF_CURESULT_MASK: a driver call's CUresult
@@ -371,6 +372,18 @@ def executor_refused_error(executor: Any = None) -> RuntimeError:
         "still waiting on another thread), so it takes no new work while its threads run "
         "those tasks. Call close() again to wait for them and end its threads, and "
         "create a new HostExecutor for new work"
+    )
+
+
+def not_building_error(caller: str = "host_launch") -> RuntimeError:
+    """The error of a launch on a GraphBuilder that is not building (both backends'
+    ``capture_graph``); ``caller`` is the public function called.  It covers a builder
+    not begun, one that ended building and a closed one: before, it told each to call
+    ``begin_building()`` first, which an ended or closed builder refuses."""
+    return RuntimeError(
+        f"{caller}() was given a GraphBuilder that is not building; nothing was enqueued. "
+        "Enqueue on a builder between builder.begin_building() and end_building(): one "
+        "that has ended building or is closed takes no more work (build another)"
     )
 
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from . import _core
-from ._backend import Backend, env_switch
+from ._backend import Backend, env_switch, not_building_error
 from ._errors import FAULT_NAMES, BackendUnavailableError, CudaDriverError
 
 #: Turns the device-fault watchdog off for the CUDA backend when 0, false, no or off
@@ -167,10 +167,7 @@ class CudaBackend(Backend):
                 "End the capture and capture again"
             )
         if builder:
-            raise RuntimeError(
-                f"{caller}() was given a GraphBuilder that is not building; call "
-                "builder.begin_building() first"
-            )
+            raise not_building_error(caller)
         return None  # the capture ended since the enqueue saw it
 
     def graph_record(self, graph: Any, fn: int, arg: int, owner: Any) -> int:

@@ -7,7 +7,7 @@ import weakref
 from typing import Any
 
 from . import _core
-from ._backend import Backend, in_host_function_error
+from ._backend import Backend, in_host_function_error, not_building_error
 
 __all__ = ["SimulatorBackend"]
 
@@ -69,10 +69,7 @@ class SimulatorBackend(Backend):
             raise in_host_function_error()
         capture = self.captures.get(handle)
         if capture is None and builder:
-            raise RuntimeError(
-                f"{caller}() was given a GraphBuilder that is not building; call "
-                "builder.begin_building() first"
-            )
+            raise not_building_error(caller)
         return capture
 
     def check_open(self, handle: int, builder: bool, caller: str = "host_launch") -> None:

@@ -122,8 +122,19 @@ class Stream(_core.SimStreamBase):
             raise self._backend.fault_error(fault, "sync() found it", handle)
 
     def is_done(self) -> bool:
-        """True if all work enqueued so far has run (a device fault raises, as in ``sync``)."""
+        """True if all work enqueued so far has run (a device fault raises, as in ``sync``).
+
+        Raises ``RuntimeError`` on a stream that is capturing, as ``sync()`` does: CUDA
+        forbids querying a capturing stream (before, it answered True while the host
+        functions captured since had not run).
+        """
         handle = self._live()
+        if self.is_capturing:
+            raise RuntimeError(
+                "is_done() on a simulated stream that is capturing: nothing it captured "
+                "runs until the graph is launched, and CUDA forbids querying a capturing "
+                "stream; end the capture first"
+            )
         answer = _core.sim_query(handle)
         if answer not in (0, 600):
             raise self._backend.fault_error(answer, "the stream's query found it", handle)
@@ -377,7 +388,9 @@ class GraphBuilder:
 
     ``begin_building()``, then enqueue work on the builder (``host_launch``,
     ``host_copy``, ...), then ``end_building()`` and ``complete()`` for a
-    :class:`Graph`.  ``close()`` destroys the definition.
+    :class:`Graph`.  ``close()`` destroys the definition.  Closed or collected while
+    building, it ends its own capture (as cuda.core's does), and what that capture
+    owned is released.
     """
 
     def __init__(self, stream: Stream) -> None:
@@ -458,3 +471,22 @@ class GraphBuilder:
             self._stream._end_capture().release()
         self._capture = None
         self._closed = True
+
+    # Collected while building, it ends its capture, as cuda.core's builder does in its
+    # __dealloc__: before, the stream stayed capturing for its life, keeping the partial
+    # graph's owners, and each later launch on it became a node nothing could replay.
+    # Not refused on the host-function thread (a finalizer the collector runs there):
+    # nothing is enqueued, and nothing can be raised.  What it calls is bound here, as
+    # Stream.__del__'s is, for a builder collected at interpreter exit.
+    def __del__(self, _forked: Any = forked, _capturing: Any = _core.sim_set_capturing) -> None:
+        capture = self.__dict__.get("_capture")
+        if capture is None or _forked():  # a forked child: the stream's mutex may be held
+            return
+        stream = self._stream
+        backend = stream._backend
+        with backend.capture_lock:  # its own capture only, never one begun since
+            if backend.captures.get(stream._handle) is not capture:
+                return
+            del backend.captures[stream._handle]
+            _capturing(stream._handle, False)
+        capture.release()

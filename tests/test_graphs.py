@@ -240,6 +240,37 @@ def test_not_building_builder_is_refused(device, stream):
     builder.close()
 
 
+def test_a_builder_that_ended_building_is_refused_without_a_misleading_fix(device, stream):
+    """A launch on a GraphBuilder that had ended building (or, on the simulator, was
+    closed) was told to "call builder.begin_building() first", which then raised
+    (cuda.core: "Cannot resume building after building has ended"). The refusal says
+    now that work goes between begin_building() and end_building(), and that a builder
+    that has ended or is closed takes none: build another. Nothing is enqueued."""
+    counter = np.zeros(1, np.int64)
+    builder = stream.create_graph_builder().begin_building()
+    builder.end_building()
+    targets = [builder]
+    if isinstance(stream, nh.simulator.Stream):  # cuda.core's closed builder has no stream
+        closed = stream.create_graph_builder().begin_building()
+        closed.close()
+        targets.append(closed)
+    for target in targets:
+        for call in (
+            lambda t=target: nh.host_launch(t, increment, user_data=nh.by_ref(counter)),
+            lambda t=target: nh.host_copy(t, np.zeros(1), np.ones(1)),
+        ):
+            with pytest.raises(RuntimeError) as refused:
+                call()
+            said = str(refused.value)
+            assert "was given a GraphBuilder that is not building" in said
+            assert "between builder.begin_building() and end_building()" in said
+            assert "build another" in said and "first" not in said
+    stream.sync()
+    nh.drain()
+    assert counter[0] == 0 and nh.pending() == 0
+    builder.close()
+
+
 def test_a_subclass_of_a_graph_builder_is_a_graph_builder(request):
     """A GraphBuilder subclass (a wrapper of a library's own) was told from a stream by
     its class's exact name, not its bases (as an explicit graph's node is): it passed as
@@ -366,6 +397,78 @@ def test_simulated_capture_rules(request):
         assert nh.pending() == 1
     nh.drain()
     assert nh.pending() == 0, "closing a stream abandons its capture and releases it"
+
+
+def test_a_graph_builder_dropped_while_building_ends_its_capture(request):
+    """A GraphBuilder collected while building (never ended, never closed: an
+    exception between begin_building() and end_building()) left its stream capturing
+    for the stream's life: the partial graph's owners were kept, sync() raised, and
+    every later launch on the stream became a node of a graph nothing could replay,
+    silently never run.  cuda.core's builder ends its capture when it is collected
+    (its __dealloc__, as its close()); the simulator's does too now, releasing what
+    the partial graph owned, and leaves another capture of the stream alone."""
+    if rerun_on_simulator(request):
+        return
+    counter = np.zeros(1, np.int64)
+    alive = weakref.ref(counter)
+    with nh.simulator.Stream() as s, nh.HostExecutor(threads=1) as executor:
+        builder = s.create_graph_builder().begin_building()
+        nh.host_launch(builder, increment, user_data=nh.by_ref(counter))
+        nh.host_launch(builder, lambda: None)
+        nh.host_launch(builder, increment, user_data=nh.by_ref(counter), executor=executor)
+        assert nh.pending() == 3 and executor.graph_nodes() == 1
+        del builder, counter
+        gc.collect()
+        nh.drain()
+        assert alive() is None, "the abandoned partial graph must release what it owned"
+        assert nh.pending() == 0
+        assert executor.graph_nodes() == 0, "its executor node's slot must be disarmed"
+        assert not s.is_capturing
+        ran = np.zeros(1, np.int64)
+        nh.host_launch(s, increment, user_data=nh.by_ref(ran))
+        s.sync()
+        assert ran[0] == 1, "a launch after the builder is gone runs on the stream"
+        # Only its own capture: one begun on the stream since its own ended stays.
+        unused = s.create_graph_builder()
+        ended = s.create_graph_builder().begin_building()
+        s.end_capture().close()  # ended by someone else
+        s.begin_capture()
+        nh.host_launch(s, increment, user_data=nh.by_ref(ran))
+        del unused, ended
+        gc.collect()
+        assert s.is_capturing and nh.pending() == 1
+        graph = s.end_capture()
+        graph.launch(s)
+        s.sync()
+        graph.close()
+        assert ran[0] == 2
+    nh.drain()
+    assert nh.pending() == 0
+
+
+def test_is_done_on_a_capturing_simulated_stream_is_refused_as_sync_is(request):
+    """is_done() on a capturing simulated stream answered True, "all work enqueued so
+    far has run", while the host functions captured since had not run (and sync()
+    was refused): CUDA forbids querying a stream that is capturing (cuStreamQuery
+    fails and the capture is invalidated).  It raises RuntimeError now, as sync()
+    does, and the capture goes on as it was."""
+    if rerun_on_simulator(request):
+        return
+    counter = np.zeros(1, np.int64)
+    with nh.simulator.Stream() as s:
+        builder = s.create_graph_builder().begin_building()
+        nh.host_launch(builder, increment, user_data=nh.by_ref(counter))
+        for call in (s.is_done, s.sync):
+            with pytest.raises(RuntimeError, match="capturing"):
+                call()
+        assert builder.is_building
+        graph = builder.end_building().complete()
+        assert s.is_done()
+        graph.launch(s)
+        s.sync()
+        assert s.is_done() and counter[0] == 1
+        graph.close()
+        builder.close()
 
 
 EXIT_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""

@@ -128,10 +128,11 @@ def test_a_host_function_that_enqueues_is_refused(request, unraisables):
         s.sync()
         nh.drain()
         assert seen == [(name, True) for name in calls] and not unraisables
-        assert other.is_done() and third.is_done()
+        assert other.is_done()
         assert counter[0] == 0 and dst == bytearray(4)
         # Nothing was captured either, and the stream, graph and executor still work.
         builder.end_building()
+        assert third.is_done()  # asked once the capture ended: CUDA forbids it before
         built = builder.complete()
         built.launch(other)
         graph.launch(other)
