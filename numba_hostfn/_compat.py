@@ -269,10 +269,11 @@ def numba_hooks() -> SimpleNamespace:
     """numba's internals that a host function is compiled with, built once, on
     first use (importing numba): ``NamedCFunc``, ``carray``, ``types``,
     ``intrinsic``, ``cgutils``, ``njit``, ``signature`` (``void(voidptr)``) and
-    ``cache_dumps`` (numba's pickling of a closure for its cache keys)."""
+    ``cache_dumps`` (numba's pickling of a closure for its cache keys), ``keyed_cache``
+    and ``cache_keyed`` (an on-disk cache keyed by the options too), and ``config``."""
     import numba
     from numba import carray, types
-    from numba.core import cgutils, compiler, serialize
+    from numba.core import cgutils, compiler, config, serialize
     from numba.core.caching import FunctionCache
     from numba.core.ccallback import CFunc, _CFuncCompiler
     from numba.core.compiler_lock import global_compiler_lock
@@ -354,10 +355,16 @@ def numba_hooks() -> SimpleNamespace:
         def _index_key(self, sig, codegen):
             return (*super()._index_key(sig, codegen), self._numba_hostfn_key)
 
-    def cache_keyed(dispatcher: Any, py_func: Callable, key: str) -> None:
-        """Cache ``dispatcher`` (a jitted function or cfunc of ``py_func``) on disk
-        with ``OptionsKeyedCache``: what ``enable_caching`` sets, keyed by ``key``."""
-        dispatcher._cache = OptionsKeyedCache(py_func, key)
+    def keyed_cache(py_func: Callable, key: str) -> OptionsKeyedCache:
+        """numba's on-disk cache of ``py_func``, keyed by ``key`` too; it raises
+        (numba's RuntimeError, or an ImportError or OSError from a locator) where
+        numba finds no place to cache a function of ``py_func``'s file."""
+        return OptionsKeyedCache(py_func, key)
+
+    def cache_keyed(dispatcher: Any, cache: OptionsKeyedCache) -> None:
+        """Cache ``dispatcher`` (a jitted function or cfunc) on disk in ``cache``
+        (:func:`keyed_cache` of its function): what ``enable_caching`` sets."""
+        dispatcher._cache = cache
 
     class NamedCFunc(CFunc):
         """numba's cfunc, named after the host function, with its Environment registered.
@@ -402,7 +409,9 @@ def numba_hooks() -> SimpleNamespace:
         njit=numba.njit,
         signature=signature,
         cache_dumps=serialize.dumps,
+        keyed_cache=keyed_cache,
         cache_keyed=cache_keyed,
+        config=config,
     )
 
 

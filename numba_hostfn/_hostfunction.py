@@ -19,6 +19,8 @@ from __future__ import annotations
 import builtins
 import ctypes
 import dis
+import enum
+import functools
 import inspect
 import pickle
 import sys
@@ -29,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from . import _core
-from ._compat import numba_hooks
+from ._compat import numba_cfunc_type, numba_hooks
 from ._errors import HostCallbackCompileError, keeps_nothing_on_refusal
 from ._userdata import resolve_user_data
 
@@ -56,7 +58,10 @@ def _direct_caller(target: Callable, options: dict) -> Callable[[int], None]:
     from ._intrinsics import as_voidptr
 
     njit = numba_hooks().njit
-    body = njit(target, nogil=True, **options)
+    # Only the entry point releases the GIL: nogil on the body too made numba warn,
+    # for a body with an objmode block, that object mode "won't allow parallel
+    # execution despite nogil=True" (a failure under warnings-as-errors).
+    body = njit(target, **options)
 
     @njit(nogil=True, **options)
     def direct(address):
@@ -99,14 +104,128 @@ def _cache_key(py_func: Callable, options: dict) -> str:
     import hashlib  # here, not at import: OpenSSL's load is 3 ms of a 2-core start-up
 
     code = py_func.__code__
-    parts = (_stable(options), _stable(code.co_consts), _stable(code.co_names))
+    parts = (
+        _stable(options),
+        _stable(code.co_consts),
+        _stable(code.co_names),
+        _frozen_globals(py_func, hashlib),
+    )
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+#: Values numba compiles into the machine code as constants when a body reads them
+#: from a global (their repr is the same in every process).
+_PLAIN = (bool, int, float, complex, str, bytes, type(None), np.generic, np.dtype)
+
+
+def _jitted(value: Any) -> bool:
+    """Whether ``value`` is a jitted function (its ``py_func`` a Python function),
+    asking so that an object whose ``__getattr__`` raises is just not one."""
+    try:
+        return inspect.isfunction(getattr(value, "py_func", None))
+    except Exception:  # a proxy's __getattr__ may raise anything
+        return False
+
+
+def _frozen_globals(py_func: Callable, hashlib: Any) -> str:
+    """The values of the globals ``py_func`` reads, as numba freezes them into its
+    machine code, as a string that is the same in every process for the same values.
+
+    numba reads a global's value once, when it compiles, and keys its cache by the
+    bytecode alone: a host function made again (in this process, or the next) after a
+    global it reads changed would load the old value's code.  So the key holds, for
+    each name the code (and code nested in it) names: a number, string, numpy scalar
+    or dtype, enum member, tuple of those, or array (by its bytes), a module's
+    attribute of those kinds read as ``module.NAME``, a class's or function's name,
+    and for a jitted function it calls, its own code, options and globals, so that a
+    callee edited in another file (which numba's cache does not notice) is compiled
+    anew too.  Other objects count by their type's name only.
+    """
+    seen: set[int] = set()
+    parts: list[str] = []
+
+    def names_of(code: pytypes.CodeType) -> set[str]:
+        names = set(code.co_names)
+        for const in code.co_consts:
+            if isinstance(const, pytypes.CodeType):
+                names |= names_of(const)
+        return names
+
+    def describe(value: Any) -> str:
+        if isinstance(value, _PLAIN):
+            return f"{type(value).__qualname__}:{value!r}"
+        if isinstance(value, enum.Enum):
+            return f"{type(value).__module__}.{type(value).__qualname__}:{value.value!r}"
+        if isinstance(value, tuple):
+            return f"tuple({', '.join(map(describe, value))})"
+        if isinstance(value, np.ndarray) and not value.dtype.hasobject:
+            digest = hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest()
+            return f"ndarray:{value.dtype!r}{value.shape}:{digest}"
+        if isinstance(value, pytypes.ModuleType):
+            return f"module:{value.__name__}"
+        if _jitted(value):  # a numba dispatcher
+            visit(value.py_func)
+            options = _stable(getattr(value, "targetoptions", None))
+            return f"jitted:{_stable(value.py_func.__code__)}:{options}"
+        kind = type(value)
+        if isinstance(value, (type, pytypes.FunctionType, pytypes.BuiltinFunctionType)):
+            return f"{kind.__qualname__}:{value.__module__}.{value.__qualname__}"
+        return f"object:{kind.__module__}.{kind.__qualname__}"
+
+    def visit(func: Callable) -> None:
+        if id(func) in seen:
+            return
+        seen.add(id(func))
+        scope = func.__globals__
+        names = sorted(names_of(func.__code__))
+        for name in names:
+            if name not in scope:
+                continue  # a builtin, or an attribute's name
+            value = scope[name]
+            parts.append(f"{name}={describe(value)}")
+            if isinstance(value, pytypes.ModuleType):
+                attributes = vars(value)  # not getattr: no module __getattr__ runs
+                for attribute in names:
+                    found = attributes.get(attribute, _MISSING)
+                    if isinstance(found, (*_PLAIN, enum.Enum, tuple, np.ndarray)):
+                        parts.append(f"{name}.{attribute}={describe(found)}")
+        for cell in func.__closure__ or ():
+            try:
+                contents = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if _jitted(contents):
+                describe(contents)  # a jitted callee's globals (numba keys the closure)
+
+    visit(py_func)
+    return "\n".join(parts)
 
 
 def _keyed_cache(dispatcher: Any, target: Callable, key: str) -> None:
     """Cache ``dispatcher`` (a jitted function or cfunc of ``target``) on disk, its
     entries keyed by ``key`` (:func:`_cache_key`) as well as numba's own key."""
-    numba_hooks().cache_keyed(dispatcher, target, key)
+    hooks = numba_hooks()
+    hooks.cache_keyed(dispatcher, hooks.keyed_cache(target, key))
+
+
+def _check_cacheable(py_func: Callable) -> None:
+    """Refuse ``cache=True`` for a function that numba finds no place to cache (made
+    by ``exec`` or ``python -c``, or in a notebook cell without IPython): numba
+    raised only when the cache was set up, and its "no locator available", "No module
+    named 'IPython'" or "could not get source code" came as a compile error of a
+    body that compiles."""
+    try:
+        numba_hooks().keyed_cache(py_func, "")
+    except Exception as exc:  # numba's RuntimeError, a locator's ImportError or OSError
+        code = py_func.__code__
+        raise ValueError(
+            f"host_callback(cache=True) cannot cache host function "
+            f"{py_func.__qualname__!r}, defined in {code.co_filename!r}: numba caches "
+            "the machine code of a function defined in a file (a module or script; an "
+            f"IPython cell, with IPython) beside it, and found no place for this one "
+            f"({type(exc).__name__}: {exc}). Make it without cache=True, or define it in "
+            "a module"
+        ) from None
 
 
 def _view_key(py_func: Callable, layout: np.dtype) -> str:
@@ -144,9 +263,13 @@ def _view_wrapper(py_func: Callable, body: Callable, layout: np.dtype, cache: bo
     qualname = f"{py_func.__qualname__}.host_view"
     if cache:
         qualname += f"_{_view_key(py_func, layout)}"
+    # The template's call of the body is on its second line: placed one line up, so
+    # that the call is on py_func's first line (its def, or its first decorator),
+    # numba's "typing of call at" ends a compile error there, not on the body's first
+    # line, which it quoted under a caret as if the error were there.
     code = template.__code__.replace(
         co_filename=origin.co_filename,
-        co_firstlineno=origin.co_firstlineno,
+        co_firstlineno=origin.co_firstlineno - 1,
         co_name=py_func.__name__,
     )
     if sys.version_info >= (3, 11):
@@ -217,6 +340,43 @@ def _result_refusal(py_func: Callable, target: Callable, options: dict) -> str |
         "it discards any result. Write results into user_data instead (a field of the "
         "record with dtype=, or an element of numba.carray(user_data, ...)) and drop the "
         "return value"
+    )
+
+
+def _missing_field(exc: BaseException) -> str | None:
+    """What numba's bare ``KeyError: 'name'`` means, if it comes from typing a record's
+    field that the record lacks (a misspelled ``user_data.name``): the field, the
+    line, and the fields the record has; else None."""
+    if not isinstance(exc, KeyError) or len(exc.args) != 1 or not isinstance(exc.args[0], str):
+        return None
+    record_type = numba_hooks().types.Record
+    record = where = None
+    traceback = exc.__traceback__
+    while traceback is not None and record is None:
+        owner = traceback.tb_frame.f_locals.get("self")
+        if isinstance(owner, record_type):
+            record = owner
+        elif all(hasattr(getattr(owner, "loc", None), n) for n in ("filename", "line")):
+            where = owner.loc  # the innermost typing constraint: the field's line
+        traceback = traceback.tb_next
+    if record is None:
+        return None
+    at = "" if where is None else f" ({where.filename}:{where.line})"
+    fields = ", ".join(map(repr, record.fields))
+    return (
+        f"a record has no field {exc.args[0]!r}{at}: its fields are {fields} "
+        f"(numba said only KeyError: {exc.args[0]!r})"
+    )
+
+
+def _calls_a_host_function(exc: BaseException) -> str:
+    """A hint for numba's "Cannot determine Numba type of <class '...HostFunction'>":
+    a body that calls another host function (numba cannot type one)."""
+    if f"{HostFunction.__module__}.HostFunction'>" not in str(exc):
+        return ""
+    return (
+        "\nA host function cannot call another host function: put the code they share "
+        "in a @numba.njit function, and call that from both"
     )
 
 
@@ -360,6 +520,26 @@ def _not_a_function(given: Any) -> TypeError:
         hint = f": {given!r} is compiled already; launch it as it is"
     elif inspect.isfunction(getattr(given, "py_func", None)):
         hint = ": decorate the plain Python function instead (this one's .py_func)"
+    elif isinstance(given, numba_cfunc_type()):
+        hint = (
+            ": a numba cfunc is compiled already; host_launch launches a void(voidptr) one "
+            "as it is, or decorate the plain Python function (its __wrapped__) instead"
+        )
+    elif isinstance(given, (staticmethod, classmethod)):
+        hint = (
+            ": decorate the function under it, and drop it (a HostFunction in a class "
+            "binds no self: call it as cls.fn or self.fn all the same)"
+        )
+    elif inspect.ismethod(given):
+        hint = (
+            ": a method takes self, and a host function only user_data: decorate a "
+            "plain function of one parameter, and pass what it needs as user_data"
+        )
+    elif isinstance(given, functools.partial):
+        hint = (
+            ": a host function binds no arguments; pass what it needs as user_data "
+            "(a record with dtype=, or nh.record(...))"
+        )
     return TypeError(f"host_callback expected a Python function, got {kind}{hint}")
 
 
@@ -439,16 +619,26 @@ class HostFunction(_core.CompiledBase):
         options = _numba_options(fastmath, boundscheck, debug, error_model, cache)
         cache = bool(cache)
         numba = _numba()
+        if numba.config.DISABLE_JIT:
+            raise RuntimeError(
+                f"cannot make host function {py_func.__qualname__!r}: NUMBA_DISABLE_JIT "
+                "is set (numba.config.DISABLE_JIT), so numba compiles nothing, and a host "
+                "function is machine code that the driver calls (numba's own cfunc fails "
+                "under it too). Unset it to make host functions"
+            )
+        if cache:
+            _check_cacheable(py_func)
+            key = _cache_key(py_func, options)
         target = py_func
         try:
             if layout is not None:
                 body = numba.njit(py_func, **options)
                 if cache:
-                    _keyed_cache(body, py_func, _cache_key(py_func, options))
+                    _keyed_cache(body, py_func, key)
                 target = _view_wrapper(py_func, body, layout, cache)
             cfunc = numba.NamedCFunc(target, label, {"nopython": True, **options})
             if cache:  # the wrapper's key is py_func's: its own code is the template's
-                _keyed_cache(cfunc, target, _cache_key(py_func, options))
+                _keyed_cache(cfunc, target, key)
             cfunc.compile()
         except Exception as exc:  # numba raises more than NumbaError (TypeError, ...)
             refusal = _result_refusal(py_func, target, options)
@@ -457,7 +647,7 @@ class HostFunction(_core.CompiledBase):
             error = HostCallbackCompileError(
                 f"cannot compile host function {py_func.__qualname__!r} "
                 f"({py_func.__code__.co_filename}:{py_func.__code__.co_firstlineno}) "
-                f"with numba:\n{exc}"
+                f"with numba:\n{_missing_field(exc) or exc}{_calls_a_host_function(exc)}"
             )
             error.numba_error = exc
             raise error from None
@@ -491,10 +681,29 @@ class HostFunction(_core.CompiledBase):
     @property
     def cache_hits(self) -> int:
         """How many times the machine code was loaded from numba's on-disk cache."""
-        return self._cfunc.cache_hits
+        return self._cfunc.cache_hits if self.address else 0
 
     def inspect_llvm(self) -> str:
-        """Return the LLVM IR of the compiled function and its C wrapper."""
+        """Return the LLVM IR of the compiled function and its C wrapper.
+
+        Raises
+        ------
+        RuntimeError
+            If its machine code was loaded from numba's cache (``cache_hits``),
+            which keeps no IR (numba returned an invalid text, with a warning).
+        """
+        if not self.address:
+            raise ValueError(
+                "a HostFunction with no machine code (made with HostFunction.__new__, never "
+                "compiled) has no LLVM IR; make it with @numba_hostfn.host_callback"
+            )
+        if self.cache_hits:
+            raise RuntimeError(
+                f"host function {self.__qualname__!r} was loaded from numba's cache, "
+                "which keeps machine code but no LLVM IR. To read its IR, make it again "
+                "without cache=True: host_callback(fn.py_func, dtype=fn.dtype, ...) "
+                "with its other options"
+            )
         return self._cfunc.inspect_llvm()
 
     @keeps_nothing_on_refusal
@@ -670,7 +879,15 @@ def host_callback(
         numba cannot compile.
     cache : bool, optional
         Cache the machine code on disk (numba's cache), so a later process
-        loads it instead of compiling.
+        loads it instead of compiling.  numba compiles the value of each global
+        the body reads into the code; the cache entry is keyed by those values
+        (numbers, strings, numpy scalars, dtypes and arrays, tuples of them, a
+        module's such attributes read as ``module.NAME``) and by the code,
+        options and globals of the jitted functions it calls, so a changed value
+        compiles anew instead of loading the old one's code.  An object of any
+        other kind counts by its type only: pass what changes as user data.
+        The function must be defined in a file (a module or script; an IPython
+        cell, with IPython installed).
     fastmath : bool or set of str, optional
         Passed to numba: allow floating-point reassociation and the like.
         ``True`` for all of it, or a set of LLVM's fast-math flags: ``'nnan'``,
@@ -698,7 +915,11 @@ def host_callback(
     Raises
     ------
     HostCallbackCompileError
-        If numba cannot compile the body; the message names the function.
+        If numba cannot compile the body; the message names the function (and a
+        record field the body names that its record lacks, where numba said only
+        ``KeyError``).
+    RuntimeError
+        If ``NUMBA_DISABLE_JIT`` is set: numba compiles nothing then.
     TypeError
         If ``func`` is not a Python function of exactly one parameter (no
         default, ``*args``, keyword-only or ``**kwargs`` one beside it), is a
@@ -716,7 +937,8 @@ def host_callback(
         order of their offsets or overlapping (numpy cannot share those either),
         ``fastmath`` names a
         flag numba does not know, or ``error_model`` is neither ``'numpy'``
-        nor ``'python'``.
+        nor ``'python'``; or ``cache=True`` for a function numba finds no place
+        to cache (one made by ``exec`` or ``python -c``).
 
     Examples
     --------
