@@ -353,7 +353,8 @@ def done_future(stream: Any, *, executor: Any = None) -> concurrent.futures.Futu
     Where the signal is on an executor's lane (the default lane's too), a thread
     blocked in the future's ``result()`` or ``exception()`` watches the stream
     itself, with the GIL released, and sets the result as soon as the stream
-    gets there (its done callbacks then run on that thread).
+    gets there (its done callbacks then run on that thread; a ``KeyboardInterrupt``
+    in one is raised once the others have run).
 
     Parameters
     ----------
@@ -446,6 +447,19 @@ def _stream_future_type() -> type[concurrent.futures.Future]:
                 except concurrent.futures.InvalidStateError:
                     pass  # the other thread's settle, from RUNNING too, came first
 
+            def _invoke_callbacks(self) -> None:
+                """Call the done callbacks, oldest first, as concurrent.futures does
+                (an Exception logged, the next called), in one native call: this
+                future's are called on whichever thread settles it, main's result()
+                or drain() too, where a Ctrl-C lands.  A KeyboardInterrupt (or a
+                signal handler's exception) in one is raised once the rest have run:
+                nothing calls them later, as the future is settled once, and
+                concurrent.futures stopped at it (an ``asyncio.wrap_future`` bridge
+                after it never ran, its coroutine waited for ever).  LIFETIME.md,
+                invariant 21.  (Overrides concurrent.futures' own, which set_result,
+                set_exception and cancel call.)"""
+                _core.call_done_callbacks(self._done_callbacks, self, _callback_failed)
+
             def result(self, timeout: float | None = None) -> Any:
                 return super().result(self._watch_stream(timeout))
 
@@ -500,6 +514,16 @@ def _stream_future_type() -> type[concurrent.futures.Future]:
 
         _stream_future = StreamFuture
     return _stream_future
+
+
+def _callback_failed(future: Any, error: BaseException) -> None:
+    """A done callback of a done_future raised ``error`` (an Exception): logged as
+    concurrent.futures logs it, with the same logger and message."""
+    import logging  # imported already: concurrent.futures imports it
+
+    logging.getLogger("concurrent.futures").error(
+        "exception calling callback for %r", future, exc_info=error
+    )
 
 
 class _Waiters(list):

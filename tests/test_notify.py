@@ -1783,6 +1783,54 @@ def test_a_ctrl_c_at_any_line_of_a_done_futures_settle_leaves_it_settleable(stre
     assert stuck == [], f"futures left pending by a Ctrl-C at lines {stuck} of _settle"
 
 
+def test_a_ctrl_c_in_a_done_callback_strands_none_of_the_rest(stream, caplog):
+    """Invariants 21 and 25: main's result() watches the lane and settles the future
+    itself, so the done callbacks run on main, where a Ctrl-C lands (here: raised by
+    the first callback, as a Ctrl-C landing in it raises).  The callbacks after it
+    still run, an asyncio.wrap_future bridge's included, and the KeyboardInterrupt
+    then reaches result()'s caller.  Before, concurrent.futures stopped at it: no
+    later callback ever ran (nothing settles a future twice), and the coroutine
+    awaiting the bridge hung.  An Exception is logged, as concurrent.futures logs it."""
+    release = threading.Event()
+    # Keep the futures thread busy inside an earlier future's done callback, so the
+    # watching thread (main) is the one that settles.
+    with Hold(stream):
+        first = nh.done_future(stream)
+        first.add_done_callback(lambda _: release.wait(60))
+    loop = asyncio.new_event_loop()
+    ran = []
+
+    def failed(_):
+        ran.append("failed")
+        raise ValueError("a done callback's own error")
+
+    def interrupted(_):
+        ran.append("interrupted")
+        raise KeyboardInterrupt
+
+    try:
+        assert not concurrent.futures.wait([first], timeout=30).not_done  # held now
+        with Hold(stream):
+            future = nh.done_future(stream)
+            assert future._watch[1], "the wait is on the default lane"
+            future.add_done_callback(failed)
+            future.add_done_callback(interrupted)
+            future.add_done_callback(lambda _: ran.append("after"))
+            bridged = asyncio.wrap_future(future, loop=loop)
+        with caplog.at_level("ERROR", logger="concurrent.futures"):
+            with pytest.raises(KeyboardInterrupt):
+                future.result(timeout=30)
+        assert ran == ["failed", "interrupted", "after"]
+        [record] = caplog.records
+        assert record.getMessage().startswith("exception calling callback for")
+        assert isinstance(record.exc_info[1], ValueError)
+        assert loop.run_until_complete(asyncio.wait_for(bridged, 30)) is stream
+        assert future.result(timeout=0) is stream
+    finally:
+        release.set()
+        loop.close()
+
+
 NESTED_FIRST_USE = CHILD_PREAMBLE + textwrap.dedent("""
     import signal, sys
     from numba_hostfn import _notify

@@ -681,6 +681,70 @@ static PyTypeObject dispatcher_type = {
     .tp_methods = dispatcher_methods,
 };
 
+/* ---- a done_future's done callbacks ------------------------------------------ */
+
+/* Keep the exception set now as the call's first BaseException (*kept), or, if one
+ * is kept already, report it to sys.unraisablehook with culprit: never swallowed. */
+static void keep_first(PyObject *kept[3], PyObject *culprit) {
+    if (kept[0] == NULL)
+        PyErr_Fetch(&kept[0], &kept[1], &kept[2]);
+    else
+        PyErr_WriteUnraisable(culprit);
+}
+
+/* call_done_callbacks(callbacks, future, report): GIL held, on the thread that
+ * settles (or cancels) a done_future.  Its done callbacks, oldest first, each
+ * called with the future, as concurrent.futures calls them, but in one native
+ * call: an Exception a callback raises goes to report(future, error) (which logs
+ * it, as concurrent.futures does) and the next callback runs; a BaseException (a
+ * Ctrl-C landing in a callback, a signal handler's exception) is raised once every
+ * callback has run, the first of them (a later one goes to sys.unraisablehook).
+ * No bytecode lies between two callbacks, so an asynchronous exception lands
+ * inside a callback or after the last: it strands none of the rest, which nothing
+ * would call later, as a future is settled once (LIFETIME.md, invariant 21). */
+static PyObject *py_call_done_callbacks(PyObject *self, PyObject *const *args,
+                                        Py_ssize_t nargs) {
+    (void)self;
+    if (nhf_check_nargs("call_done_callbacks(callbacks, future, report)", nargs, 3) < 0)
+        return NULL;
+    PyObject *callbacks = args[0], *future = args[1], *report = args[2];
+    if (!PyList_Check(callbacks)) {
+        PyErr_Format(PyExc_TypeError, "call_done_callbacks() expected a list, got %.100s",
+                     Py_TYPE(callbacks)->tp_name);
+        return NULL;
+    }
+    PyObject *kept[3] = {NULL, NULL, NULL};
+    /* The list read afresh at each step, as concurrent.futures iterates it. */
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(callbacks); i++) {
+        PyObject *callback = Py_NewRef(PyList_GET_ITEM(callbacks, i));
+        PyObject *result = PyObject_CallOneArg(callback, future);
+        if (result == NULL && PyErr_ExceptionMatches(PyExc_Exception)) {
+            PyObject *type, *value, *traceback;
+            PyErr_Fetch(&type, &value, &traceback);
+            PyErr_NormalizeException(&type, &value, &traceback);
+            if (traceback != NULL)
+                PyException_SetTraceback(value, traceback);
+            result = PyObject_CallFunctionObjArgs(report, future, value, NULL);
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(traceback);
+            if (result == NULL && PyErr_ExceptionMatches(PyExc_Exception))
+                PyErr_WriteUnraisable(report);
+            else if (result == NULL)
+                keep_first(kept, report);
+        } else if (result == NULL) {
+            keep_first(kept, callback);
+        }
+        Py_XDECREF(result);
+        Py_DECREF(callback);
+    }
+    if (kept[0] != NULL) {
+        PyErr_Restore(kept[0], kept[1], kept[2]);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 /* set_notify_callable(callable): what the pending call calls; kept for the
  * process's life. */
 static PyObject *py_set_notify_callable(PyObject *self, PyObject *callable) {
@@ -712,6 +776,10 @@ static PyMethodDef methods[] = {
     {"channel_release", py_channel_release, METH_O,
      "channel_release($module, channel, /)\n--\n\n"
      "Drop one reference to the channel."},
+    {"call_done_callbacks", (PyCFunction)(void (*)(void))py_call_done_callbacks, METH_FASTCALL,
+     "call_done_callbacks($module, callbacks, future, report, /)\n--\n\n"
+     "Call a done_future's done callbacks, each with the future; raise the first "
+     "BaseException after the last."},
     {"set_notify_callable", py_set_notify_callable, METH_O,
      "set_notify_callable($module, callable, /)\n--\n\n"
      "The callable the notification pending call calls."},
