@@ -86,14 +86,16 @@ static PyMethodDef methods[] = {
 #: the segments are listed in the order a launch reaches their probes.
 PROBES = [
     (0, "the return, the Python loop and the call into host_launch", "host_launch.c",
-     "    (void)self;\n    PyObject *data = Py_None, *executor = Py_None;",
-     "    (void)self;\n    PROBE(0);\n    PyObject *data = Py_None, *executor = Py_None;"),
+     "    (void)self;\n    PyObject *data = Py_None, *executor = Py_None, *answer = NULL;",
+     "    (void)self;\n    PROBE(0);\n"
+     "    PyObject *data = Py_None, *executor = Py_None, *answer = NULL;"),
     (1, "host_launch's argument checks", "host_launch.c",
-     "    switch (fast_launch(args[0], args[1], data, executor)) {",
-     "    PROBE(1);\n    switch (fast_launch(args[0], args[1], data, executor)) {"),
+     "    switch (fast_launch(args[0], args[1], data, executor, &answer)) {",
+     "    PROBE(1);\n    switch (fast_launch(args[0], args[1], data, executor, &answer)) {"),
     (2, "function_kind, user_data, the executor", "host_launch.c",
-     "    if (!stream_handle(stream, &handle))\n        goto done;",
-     "    PROBE(2);\n    if (!stream_handle(stream, &handle))\n        goto done;\n    PROBE(3);"),
+     "    if (!stream_handle(stream, &handle, answer))\n        goto done;",
+     "    PROBE(2);\n    if (!stream_handle(stream, &handle, answer))\n        goto done;\n"
+     "    PROBE(3);"),
     (3, "stream.__cuda_stream__() (stream_handle)", "host_launch.c", None, None),
     (4, "the lane, nhf_launch_owner", "host_launch.c",
      "    nhf_hostfn trampoline = info->run;",
@@ -140,8 +142,8 @@ PROBES = [
      "    Py_XDECREF(owner);\n    Py_XDECREF(data_owner);\n    return outcome;",
      "    Py_XDECREF(owner);\n    Py_XDECREF(data_owner);\n    PROBE(18);\n    return outcome;"),
     (19, "to host_launch's return", "host_launch.c",
-     "    case 0:\n        Py_RETURN_NONE;",
-     "    case 0:\n        PROBE(19);\n        Py_RETURN_NONE;"),
+     "    case 0:\n        Py_XDECREF(answer);\n        Py_RETURN_NONE;",
+     "    case 0:\n        Py_XDECREF(answer);\n        PROBE(19);\n        Py_RETURN_NONE;"),
     (None, "the builtins", "host_launch.c",
      "static PyMethodDef methods[] = {\n", BUILTINS),
 ]  # fmt: skip

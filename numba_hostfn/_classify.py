@@ -87,6 +87,12 @@ class KindsByType:
             return
         kinds[key] = (kind, ref)
 
+    def forget(self, cls: type) -> None:
+        """Drop what was remembered of ``cls`` (a verdict that no longer holds)."""
+        entry = self._kinds.get(id(cls))
+        if entry is not None and entry[1]() is cls:
+            del self._kinds[id(cls)]
+
 
 def _forget(kinds: dict, key: int, ref: weakref.ref) -> None:
     entry = kinds.get(key)

@@ -137,6 +137,7 @@ def format_holds_objects(format: str, /) -> bool: ...
 def configure_launch(
     *,
     fallback: Callable[..., None] | None = ...,
+    answered: Callable[..., None] | None = ...,
     raise_status: Callable[[int, Any], object] | None = ...,
     route: int = ...,
     executor_route: int = ...,

@@ -16,7 +16,7 @@ from ._classify import KINDS, classify_function, compiled_layout
 from ._executor import check_executor, copy_context_of, default_lane_of, lane_of, renew_lane
 from ._graphs import add_captured_node, add_graph_node, explicit_graph
 from ._process import get_backend
-from ._streams import stream_handle, target_kind
+from ._streams import UNASKED, stream_handle, target_kind
 from ._userdata import resolve_user_data
 
 __all__ = [
@@ -62,13 +62,14 @@ def signal_route(
     """
     # done_future and async_done take streams only: their errors name no graph
     # (host_launch(blocking=False) shares host_launch's, which takes graphs).
-    if target_kind(target, caller, graphs=caller == "host_launch") != "stream":
+    graphs = caller == "host_launch"
+    if target_kind(target, caller, graphs) != "stream":
         raise RuntimeError(refusal)
+    backend = get_backend()
+    if handle is None:  # the stream's handle before the executor, as a launch checks
+        handle = backend.stream_handle(target, stream_handle(target, caller, graphs))
     if executor is not None:
         check_executor(executor)
-    backend = get_backend()
-    if handle is None:
-        handle = backend.stream_handle(target, stream_handle(target))
     if executor is None:
         driver = (backend.route, handle, None)
         found = default_lane_of(handle) if default_lane else None
@@ -108,14 +109,19 @@ def raise_refused(status: int, executor: Any, stream: int = 0) -> None:
     get_backend().raise_refusal(status, call, stream, executor)
 
 
-def check_target(target: Any, caller: str = "host_launch") -> tuple[str, int]:
+def check_target(
+    target: Any, caller: str = "host_launch", answer: Any = UNASKED
+) -> tuple[str, int]:
     """``(kind, handle)`` of a launch's target (handle 0 for an explicit graph),
     checked first: a wrong stream is reported before a wrong fn or user_data, in an
-    error that names ``caller``, the public function called."""
+    error that names ``caller``, the public function called.  ``answer``: what the
+    target's ``__cuda_stream__`` gave, where the native host_launch asked it before
+    handing the call over (``_streams.stream_handle``: it is not asked again)."""
     kind = target_kind(target, caller)
     if kind == "node":
         return kind, 0
-    return kind, get_backend().stream_handle(target, stream_handle(target))
+    handle = stream_handle(target, caller, answer=answer)
+    return kind, get_backend().stream_handle(target, handle)
 
 
 def check_empty(target: Any, caller: str) -> Any:
@@ -144,19 +150,22 @@ def enqueue(
     executor: Any = None,
     parallel_copy: bool = False,
     caller: str = "host_launch",
+    answer: Any = UNASKED,
 ) -> Any:
     """host_launch, plus ``also_owns``: more objects the launch owns until it has run.
 
     ``as_device_work`` (simulator only) enqueues simulated device work instead of a
     host function.  ``parallel_copy`` says that ``fn`` is the compiled copy with
     MEMCPY_LAYOUT user data, which an executor shares out among its threads.
-    ``caller`` is the public function a wrong target's error names.  A refusal
+    ``caller`` is the public function a wrong target's error names.  ``answer``:
+    what the target's ``__cuda_stream__`` gave, where the native host_launch asked
+    it before handing the call over (:func:`check_target`).  A refusal
     keeps nothing: every caller, a public entry point, is decorated with
     ``_errors.keeps_nothing_on_refusal``, which clears this frame too.
     """
     # Checked in argument order, so the first wrong one is the one reported: the
     # target (its type, then its handle), fn, user_data, then the executor.
-    kind_of_target, handle = check_target(target, caller)
+    kind_of_target, handle = check_target(target, caller, answer)
     backend = get_backend()
     kind, address, fn_owned = classify_function(fn)
     launch_kind = KINDS[kind]  # the native table: its trampoline, what it owns

@@ -25,7 +25,13 @@ from ._notify import launch_nonblocking
 from ._process import on_backend
 from ._userdata import ByRef, resolve_user_data
 
-__all__ = ["host_launch", "host_launch_python", "launch_counts", "python_path"]
+__all__ = [
+    "host_launch",
+    "host_launch_answered",
+    "host_launch_python",
+    "launch_counts",
+    "python_path",
+]
 
 
 @keeps_nothing_on_refusal
@@ -151,6 +157,24 @@ def host_launch_python(
     return enqueue(stream, fn, user_data, None, executor=executor)
 
 
+@keeps_nothing_on_refusal
+def host_launch_answered(
+    answer: Any,
+    stream: Any,
+    fn: Any,
+    *,
+    user_data: Any = None,
+    executor: Any = None,
+    blocking: bool = True,
+) -> Any:
+    """:func:`host_launch_python` for a call the native host_launch hands over after
+    asking the stream's ``__cuda_stream__`` (a registered stream type's), which gave
+    ``answer``: launched with that answer, the protocol not asked again (a
+    protocol asked twice may count its calls, or name another stream the second
+    time).  The native path takes only ``blocking=True``, so ``blocking`` is True."""
+    return enqueue(stream, fn, user_data, None, executor=executor, answer=answer)
+
+
 def _configure_native(backend: Any) -> None:
     """Point the native host_launch at ``backend`` (when the backend is made)."""
     _core.configure_launch(
@@ -181,7 +205,7 @@ def python_path() -> Iterator[None]:
         _core.configure_launch(wanted=True)
 
 
-_core.configure_launch(fallback=host_launch_python)
+_core.configure_launch(fallback=host_launch_python, answered=host_launch_answered)
 on_backend(_configure_native)
 host_launch = _core.make_host_launch(
     "host_launch(stream, fn, *, user_data=None, executor=None, blocking=True)\n--\n\n"

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from . import _core
 from ._compat import any_thread_pending_call, running_loop
 from ._enqueue import RENEWALS, refuse_signal, renewed_route, signal_route
+from ._errors import keeps_nothing_on_refusal
 from ._process import forked, get_backend
 
 if TYPE_CHECKING:  # imported where used: a first launch needs neither (start-up time)
@@ -343,6 +344,7 @@ def launch_nonblocking(
     )
 
 
+@keeps_nothing_on_refusal
 def done_future(stream: Any, *, executor: Any = None) -> concurrent.futures.Future:
     """A ``concurrent.futures.Future`` that resolves when ``stream`` reaches this point.
 
@@ -683,6 +685,7 @@ class _LoopWaits:
 _loops: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+@keeps_nothing_on_refusal
 def async_done(stream: Any, *, executor: Any = None) -> asyncio.Future:
     """An awaitable that resolves when ``stream`` reaches this point.
 

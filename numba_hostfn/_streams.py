@@ -8,12 +8,16 @@ explicit graph (``_graphs``).
 
 from __future__ import annotations
 
+import ctypes
 import weakref
 from typing import Any
 
 from ._classify import KindsByType
 
-__all__ = ["stream_handle", "target_kind"]
+__all__ = ["UNASKED", "stream_handle", "target_kind"]
+
+#: ``stream_handle``'s ``answer`` when nothing has asked the stream yet.
+UNASKED: Any = object()
 
 # id(type) -> "stream" | "builder" | "node", filled on first sight
 _TARGET_KINDS = KindsByType()
@@ -92,23 +96,74 @@ def target_kind(target: Any, caller: str = "host_launch", graphs: bool = True) -
         )
         raise TypeError(
             f"{caller}() expected {expected} or an object with the __cuda_stream__ "
-            f"protocol, got {type(target).__name__}"
+            f"protocol, got {type(target).__name__}{_raw_handle_hint(target)}"
         )
-    if type(target) not in _PROXY_TYPES:
+    # The verdict of its class, remembered for every object of it: not where the
+    # protocol is this object's own (an attribute set on it, a __getattr__'s), which
+    # another object of the class lacks.
+    if type(target) not in _PROXY_TYPES and (
+        kind != "stream" or hasattr(type(target), "__cuda_stream__")
+    ):
         _TARGET_KINDS.remember(type(target), kind)
     return kind
 
 
-def stream_handle(stream: Any) -> int:
+#: Where a stream object of a library without the protocol (older torch, CuPy and
+#: numba-cuda streams) keeps its raw CUstream handle.
+_RAW_HANDLES = ("cuda_stream", "ptr", "handle")
+
+
+def _raw_handle_hint(target: Any) -> str:
+    """How to pass ``target`` if it holds a raw stream handle: Stream.from_handle of
+    it (an int, a ctypes c_void_p's value, or anything int() reads); else ""."""
+    for name in _RAW_HANDLES:
+        try:
+            value = getattr(target, name, None)
+        except Exception:  # what its own property raises: no hint from it
+            continue
+        if isinstance(value, ctypes.c_void_p):
+            expression = f"stream.{name}.value"
+        elif isinstance(value, int) and not isinstance(value, bool):
+            expression = f"stream.{name}"
+        elif hasattr(type(value), "__int__") and not isinstance(value, (bool, float)):
+            expression = f"int(stream.{name})"
+        else:
+            continue
+        return (
+            f"; if its .{name} is a raw CUstream handle, wrap that: "
+            f"cuda.core.Stream.from_handle({expression}), and keep the "
+            f"{type(target).__name__} alive while the stream is used"
+        )
+    return ""
+
+
+def stream_handle(
+    stream: Any, caller: str = "host_launch", graphs: bool = True, answer: Any = UNASKED
+) -> int:
     """The handle ``stream.__cuda_stream__()`` gives, checked.
 
     What ``__cuda_stream__`` raises propagates as itself, as ``len()`` lets what
     ``__len__`` raises (and cuda.core does): a signal handler's exception raised
     inside it (an alarm) reaches the program as that exception.  Only a wrong
     return value is this function's ``TypeError`` (or ``ValueError``).
+
+    ``answer``: what ``__cuda_stream__`` gave, where it was asked already (the native
+    host_launch, which then handed the call over): it is not asked again, so each
+    call asks once.  ``caller`` and ``graphs`` are :func:`target_kind`'s, for an
+    object that turns out to have no protocol after all.
     """
-    protocol = stream.__cuda_stream__
-    value = protocol() if callable(protocol) else protocol
+    if answer is UNASKED:
+        try:
+            protocol = stream.__cuda_stream__
+        except AttributeError:
+            # Its class was remembered as a stream's, and has since lost its
+            # __cuda_stream__: the verdict is dropped, and the object judged anew
+            # (target_kind's TypeError, which names the protocol).
+            _TARGET_KINDS.forget(type(stream))
+            target_kind(stream, caller, graphs)
+            raise
+        answer = protocol() if callable(protocol) else protocol
+    value = answer
     if (
         type(value) is not tuple
         or len(value) != 2

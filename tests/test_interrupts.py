@@ -138,7 +138,9 @@ WAITS_SCRIPT = (
         await nh.async_done(stream)  # the loop's channel exists from here
         waits = _notify._loops[asyncio.get_running_loop()]()
         futures = []
-        for fn in (_notify.async_done, _notify._LoopWaits.resolve, _notify._LoopWaits._ready,
+        # async_done: the keeps_nothing_on_refusal wrapper, and the body it wraps.
+        for fn in (_notify.async_done, _notify.async_done.__wrapped__,
+                   _notify._LoopWaits.resolve, _notify._LoopWaits._ready,
                    _notify._Channel.launch, _notify._pending_call):
             for line in lines_of(fn):
                 box = []

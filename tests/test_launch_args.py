@@ -1245,3 +1245,133 @@ def test_a_callable_that_cannot_be_called_is_refused_at_launch(stream, fn, match
     the stream, reported to sys.unraisablehook)."""
     _rejects(stream, TypeError, match, fn)
     assert unraisables == []
+
+
+def _wait(name, stream, **kwargs):
+    """done_future(stream) or async_done(stream) (called in a running loop), with
+    what it raised: its ExceptionInfo, whose traceback holds this frame, which then
+    holds neither argument."""
+
+    async def main(target, options):
+        with pytest.raises(Exception) as error:
+            nh.async_done(target, **options)
+        del target, options
+        return error
+
+    if name == "done_future":
+        with pytest.raises(Exception) as error:
+            nh.done_future(stream, **kwargs)
+    else:
+        error = asyncio.run(main(stream, kwargs))
+    del stream, kwargs
+    return error
+
+
+@pytest.mark.parametrize("name", ["done_future", "async_done"])
+def test_a_wait_reports_a_wrong_stream_before_a_wrong_executor(name):
+    """As host_launch does (stream first), done_future and async_done report a stream
+    whose __cuda_stream__ gives a wrong answer before a wrong executor= (main
+    complained about the executor, and then the stream)."""
+    error = _wait(name, _WrongProtocol(), executor="not an executor")
+    assert error.type is TypeError and "expected (0, handle)" in str(error.value)
+    assert nh.pending() == 0
+
+
+class _StreamWrapper:
+    def __init__(self, stream):
+        self.stream = stream
+
+    def __cuda_stream__(self):
+        return self.stream.__cuda_stream__()
+
+
+@pytest.mark.parametrize("name", ["done_future", "async_done"])
+@pytest.mark.parametrize("wrong", ["answer", "executor"])
+def test_a_refused_wait_keeps_no_stream_while_its_error_lives(stream, name, wrong):
+    """A refused done_future or async_done keeps nothing, as a refused host_launch:
+    main's error kept the stream (and a future of it) alive in its frames for as
+    long as the error lived (a caught one, sys.last_exc)."""
+    target = _WrongProtocol() if wrong == "answer" else _StreamWrapper(stream)
+    alive = weakref.ref(target)
+    error = _wait(name, target, executor="not an executor" if wrong == "executor" else None)
+    del target
+    gc.collect()
+    assert error.type is TypeError and alive() is None
+    assert nh.pending() == 0
+
+
+class _InstanceOnly:
+    """A class whose instances may have a __cuda_stream__ of their own."""
+
+
+class _LosesItsProtocol:
+    def __cuda_stream__(self):
+        return self.answer
+
+
+_BAD_TARGET_CALLS = {
+    "host_launch": lambda s: nh.host_launch(s, touch),
+    "host_launch blocking=False": lambda s: nh.host_launch(s, print, blocking=False),
+    "host_copy": lambda s: nh.host_copy(s, np.zeros(1), np.ones(1)),
+    "release_after": lambda s: nh.release_after(s, object()),
+    "done_future": lambda s: nh.done_future(s),
+    "add_callback": lambda s: nh.add_callback(s, lambda stream, status, arg: None),
+}
+
+
+@pytest.mark.parametrize("call", list(_BAD_TARGET_CALLS))
+def test_a_protocol_that_only_one_object_of_a_class_had_is_not_its_classs(stream, call):
+    """The verdict "a stream" is remembered per class: one instance with a
+    __cuda_stream__ of its own (or a class that later lost its method) made every
+    object of the class a stream, and one without the protocol then met an
+    AttributeError from reading it, not the TypeError that names the protocol."""
+    launch = _BAD_TARGET_CALLS[call]
+    owned = _InstanceOnly()
+    owned.__cuda_stream__ = stream.__cuda_stream__
+    lost = _LosesItsProtocol()
+    lost.answer = stream.__cuda_stream__()
+    for target in (owned, lost):
+        launch(target)
+        stream.sync()
+        nh.drain()
+    method = _LosesItsProtocol.__cuda_stream__
+    del _LosesItsProtocol.__cuda_stream__
+    try:
+        for target in (_InstanceOnly(), _LosesItsProtocol()):
+            with pytest.raises(TypeError, match=r"object with the __cuda_stream__ protocol"):
+                launch(target)
+    finally:
+        _LosesItsProtocol.__cuda_stream__ = method
+    assert nh.pending() == 0
+
+
+class _TorchLike:  # a torch.cuda.Stream before the protocol: its handle as .cuda_stream
+    cuda_stream = 0x1000
+
+
+class _CupyLike:  # a cupy.cuda.Stream before the protocol: .ptr
+    ptr = 0x1000
+
+
+class _NumbaLike:  # a numba.cuda stream before the protocol: .handle, a ctypes c_void_p
+    handle = ctypes.c_void_p(0x1000)
+
+
+@pytest.mark.parametrize(
+    "target, how",
+    [
+        (_TorchLike(), "from_handle(stream.cuda_stream)"),
+        (_CupyLike(), "from_handle(stream.ptr)"),
+        (_NumbaLike(), "from_handle(stream.handle.value)"),
+    ],
+)
+@pytest.mark.parametrize("call", list(_BAD_TARGET_CALLS))
+def test_a_stream_without_the_protocol_is_told_how_to_wrap_its_handle(target, how, call):
+    """An object that holds a raw stream handle but has no __cuda_stream__ (a torch,
+    CuPy or numba-cuda stream of a version without the protocol) is refused, as
+    before, but the message now says how to pass it: Stream.from_handle of its
+    handle attribute, as a bare int's does."""
+    with pytest.raises(TypeError, match=r"__cuda_stream__") as error:
+        _BAD_TARGET_CALLS[call](target)
+    assert f"cuda.core.Stream.{how}" in str(error.value), error.value
+    assert nh.pending() == 0

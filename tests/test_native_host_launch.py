@@ -868,3 +868,55 @@ def test_configure_launch_refuses_a_type_the_fast_path_cannot_cast_to(keyword, v
     export: any other type (bytes) was taken, and a bytes user_data read as one."""
     with pytest.raises(TypeError, match=keyword):
         _core.configure_launch(**{keyword: value})
+
+
+class _Handle(int):
+    """A handle of an int subclass: the native path leaves it to Python."""
+
+
+@pytest.mark.parametrize("case", ["int subclass", "executor, no lane yet", "capturing"])
+def test_a_call_the_native_path_hands_over_asks_cuda_stream_once(request, monkeypatch, case):
+    """Where the native path has read a registered stream's __cuda_stream__ and then
+    leaves the launch to Python (a handle of an int subclass, an executor with no
+    lane for the stream yet, a stream that is capturing), Python launches with that
+    answer: main asked again, so a protocol that counts its calls was called twice,
+    and the launch went where the second answer named (here nowhere: refused).
+    (On the simulator, whose Stream is a Python class.)"""
+    if rerun_on_simulator(request):
+        return
+    stream = nh.create_stream()
+    protocol = type(stream).__cuda_stream__
+    asked = []
+
+    def once(self):  # the stream's own handle first; then nothing a launch could use
+        asked.append(self)
+        if len(asked) > 1:
+            return (0, 0x10)
+        handle = protocol(self)[1]
+        return (0, _Handle(handle) if case == "int subclass" else handle)
+
+    ran = np.zeros(1, np.int64)
+    executor = nh.HostExecutor(threads=1) if case == "executor, no lane yet" else None
+    builder = stream.create_graph_builder().begin_building() if case == "capturing" else None
+    monkeypatch.setattr(type(stream), "__cuda_stream__", once)
+    before = _launch.launch_counts()["fell_through"]
+    nh.host_launch(stream, _increment, user_data=nh.by_ref(ran), executor=executor)
+    monkeypatch.undo()
+    assert len(asked) == 1 and _launch.launch_counts()["fell_through"] == before + 1
+    if builder is not None:
+        graph = builder.end_building().complete()
+        graph.launch(stream)
+    stream.sync()
+    nh.drain()
+    assert ran[0] == 1
+    if builder is not None:
+        graph.close()
+        builder.close()
+    if executor is not None:
+        executor.close()
+    stream.close()
+
+
+@nh.host_callback
+def _increment(p):
+    carray(p, (1,), np.int64)[0] += 1

@@ -792,3 +792,57 @@ def test_graph_builder_and_graph_refuse_what_they_cannot_use(request, given):
         builder.close()
         s.begin_capture()
         s.end_capture().close()
+
+
+def test_a_handle_of_no_open_simulated_stream_is_refused_by_every_call(request):
+    """An object whose __cuda_stream__ gives CUDA's legacy (0) or per-thread (2)
+    default stream, or the handle of a simulated stream since collected, is refused
+    by every call that takes a stream with the TypeError that says why the
+    simulator is in use; one naming a stream closed but alive, with the closed
+    stream's RuntimeError. Nothing enqueued, and no crash on the stale handle."""
+    import asyncio
+
+    if rerun_on_simulator(request):
+        return
+
+    class Answering:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def __cuda_stream__(self):
+            return (0, self.handle)
+
+    async def await_done(stream):
+        await nh.async_done(stream)
+
+    closed = nh.simulator.Stream()
+    closed.close()
+    collected = nh.simulator.Stream()
+    gone = collected.handle
+    collected.close()
+    del collected
+    gc.collect()
+    calls = [
+        lambda s: nh.host_launch(s, increment, user_data=nh.by_ref(np.zeros(1, np.int64))),
+        lambda s: nh.host_launch(s, lambda: None),
+        lambda s: nh.host_launch(s, lambda: None, blocking=False),
+        lambda s: nh.host_copy(s, np.zeros(1), np.ones(1)),
+        lambda s: nh.host_copy(s, np.zeros(0), np.zeros(0)),
+        lambda s: nh.release_after(s, object()),
+        lambda s: nh.release_after(s),
+        lambda s: nh.done_future(s),
+        lambda s: asyncio.run(await_done(s)),
+        lambda s: nh.add_callback(s, lambda stream, status, arg: None),
+    ]
+    with nh.HostExecutor(threads=1) as executor:
+        calls.append(lambda s: nh.host_launch(s, increment, user_data=5, executor=executor))
+        for handle, error, match in [
+            (0, TypeError, "only on numba_hostfn.simulator.Stream"),
+            (2, TypeError, "only on numba_hostfn.simulator.Stream"),
+            (gone, TypeError, "only on numba_hostfn.simulator.Stream"),
+            (closed.handle, RuntimeError, "closed"),
+        ]:
+            for call in calls:
+                with pytest.raises(error, match=match):
+                    call(Answering(handle))
+    assert nh.pending() == 0

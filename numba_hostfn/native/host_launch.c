@@ -26,7 +26,11 @@
  * not know, a HostFunction never compiled (address 0), a CompiledBase of
  * another kind or none, and any ordinary error
  * of a check (a bad value) fall through: nothing enqueued, nothing kept, no
- * error set.  What __cuda_stream__ raises (its own error, or a signal
+ * error set.  A call that falls through after asking the stream's
+ * __cuda_stream__ goes, with its answer, to _launch.host_launch_answered, which
+ * launches with that answer: the protocol is asked once per call (asked again,
+ * it may count its calls, or name another stream).  What __cuda_stream__
+ * raises (its own error, or a signal
  * handler's exception raised inside it) is raised as it is, with nothing
  * enqueued, as the Python path raises it; so is an exception that is not an
  * Exception (a KeyboardInterrupt) from any other check (LIFETIME.md,
@@ -192,26 +196,35 @@ static bool user_data(PyObject *data, nhf_compiled_object *compiled, uintptr_t *
     return false;
 }
 
-/* With a TypeError set by calling stream.__cuda_stream__: whether that attribute is
- * callable (a method that raised it); false, the TypeError kept, if it is not, or if
- * reading it fails. */
-static bool cuda_stream_callable(PyObject *stream) {
+/* With a TypeError set by calling stream.__cuda_stream__: the attribute, if it is a
+ * value and not a method (a new reference, the TypeError cleared): the protocol's
+ * answer, as _streams.stream_handle reads it; else NULL, the TypeError kept (a
+ * method raised it), also if reading the attribute fails. */
+static PyObject *cuda_stream_value(PyObject *stream) {
     PyObject *type, *value, *traceback;
     PyErr_Fetch(&type, &value, &traceback);
     PyObject *attribute = PyObject_GetAttr(stream, nhf_launch.s_cuda_stream);
-    bool callable = attribute == NULL || PyCallable_Check(attribute);
+    if (attribute != NULL && !PyCallable_Check(attribute)) {
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(traceback);
+        return attribute;
+    }
     Py_XDECREF(attribute);
     PyErr_Clear();
     PyErr_Restore(type, value, traceback);
-    return callable;
+    return NULL;
 }
 
 /* The handle from stream.__cuda_stream__() (version 0 of the protocol), for a
  * stream type the backend registered; false for anything else.  What
  * __cuda_stream__ raises stays set, to be raised as itself (the Python path,
- * _streams.stream_handle, lets it propagate too); a wrong value falls through,
- * with no error set, to the Python path's TypeError. */
-static bool stream_handle(PyObject *stream, void **handle) {
+ * _streams.stream_handle, lets it propagate too); a value it does not decide
+ * falls through, with no error set, to the Python path (its TypeError, or a
+ * launch).  *answer: what the protocol gave, a new reference, wherever it was
+ * asked and gave something (else left NULL), for the Python path to read
+ * instead of asking again. */
+static bool stream_handle(PyObject *stream, void **handle, PyObject **answer) {
     PyTypeObject *type = Py_TYPE(stream);
     void *own = NULL; /* a simulated stream's: the handle must be this one */
     if ((PyObject *)type == nhf_launch.sim_stream_type) {
@@ -226,15 +239,15 @@ static bool stream_handle(PyObject *stream, void **handle) {
         /* A value, not a method (a subclass's attribute): _streams.stream_handle reads
          * it as the protocol's answer; the Python path decides.  Looked at only here,
          * so a launch pays no attribute lookup of its own. */
-        if (PyErr_ExceptionMatches(PyExc_TypeError) && !cuda_stream_callable(stream))
-            PyErr_Clear();
+        if (PyErr_ExceptionMatches(PyExc_TypeError))
+            *answer = cuda_stream_value(stream);
         return false; /* else its exception, raised as it is */
     }
+    *answer = value; /* the caller's: released, or handed to the Python path */
     uint64_t version, h;
     bool ok = PyTuple_CheckExact(value) && PyTuple_GET_SIZE(value) == 2 &&
               exact_u64(PyTuple_GET_ITEM(value, 0), &version) && version == 0 &&
               exact_u64(PyTuple_GET_ITEM(value, 1), &h);
-    Py_DECREF(value);
     if (!ok || (own != NULL && (void *)(uintptr_t)h != own))
         return false; /* not its own handle: Python's registry refuses it */
     *handle = (void *)(uintptr_t)h;
@@ -242,9 +255,12 @@ static bool stream_handle(PyObject *stream, void **handle) {
 }
 
 /* host_launch(stream, fn, user_data=..., executor=...) for the cases above.
- * Returns 0 (launched), 1 (fall through: nothing enqueued, nothing kept, no
- * error set) or -1 (an error is set: raise it). */
-static int fast_launch(PyObject *stream, PyObject *fn, PyObject *data, PyObject *executor) {
+ * Returns 0 (launched), 1 (fall through: nothing enqueued, nothing kept but
+ * *answer, no error set) or -1 (an error is set: raise it).  *answer: what the
+ * stream's __cuda_stream__ gave, where it was asked (a new reference, else NULL),
+ * whatever the outcome: the caller's to hand over or release. */
+static int fast_launch(PyObject *stream, PyObject *fn, PyObject *data, PyObject *executor,
+                       PyObject **answer) {
     uintptr_t address = 0, arg = 0;
     nhf_compiled_object *compiled = NULL;
     enum nhf_kind kind = function_kind(fn, &address, &compiled);
@@ -270,7 +286,7 @@ static int fast_launch(PyObject *stream, PyObject *fn, PyObject *data, PyObject 
         if (pool == NULL)
             goto done;
     }
-    if (!stream_handle(stream, &handle))
+    if (!stream_handle(stream, &handle, answer))
         goto done;
     target = handle;
     if (pool != NULL && (target = nhf_exec_find_lane(pool, handle)) == NULL)
@@ -372,11 +388,31 @@ static int check_arguments(Py_ssize_t nargs, PyObject *kwnames) {
     return 0;
 }
 
+/* The Python path for a call that fell through after __cuda_stream__ gave answer:
+ * host_launch_answered(answer, stream, fn, **keywords), the call's own arguments
+ * after the answer. */
+static PyObject *fall_answered(PyObject *answer, PyObject *const *args, Py_ssize_t nargs,
+                               PyObject *kwnames) {
+    PyObject *stack[1 + 2 + 3]; /* the answer, stream and fn, at most three keywords */
+    Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    if (1 + nargs + nkw > (Py_ssize_t)(sizeof stack / sizeof stack[0])) {
+        /* Never: the fast path runs for stream, fn and the three keywords only. */
+        PyErr_SetString(PyExc_SystemError, "host_launch: too many arguments to hand over");
+        return NULL;
+    }
+    stack[0] = answer;
+    memcpy(stack + 1, args, (size_t)(nargs + nkw) * sizeof(PyObject *));
+    PyObject *answered = Py_NewRef(nhf_launch.answered); /* configure may swap it */
+    PyObject *result = PyObject_Vectorcall(answered, stack, (size_t)(1 + nargs), kwnames);
+    Py_DECREF(answered);
+    return result;
+}
+
 /* numba_hostfn.host_launch(stream, fn, *, user_data=None, executor=None, blocking=True) */
 PyObject *nhf_host_launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                           PyObject *kwnames) {
     (void)self;
-    PyObject *data = Py_None, *executor = Py_None;
+    PyObject *data = Py_None, *executor = Py_None, *answer = NULL;
     if ((nargs != 2 || kwnames != NULL) && check_arguments(nargs, kwnames) < 0)
         return NULL;
     if (!nhf_launch.configured || !nhf_launch.wanted || nhf_forked() || nargs != 2)
@@ -391,14 +427,21 @@ PyObject *nhf_host_launch(PyObject *self, PyObject *const *args, Py_ssize_t narg
         else if (name != nhf_launch.s_blocking || value != Py_True)
             goto fall; /* blocking=False, a name not interned, an unknown keyword */
     }
-    switch (fast_launch(args[0], args[1], data, executor)) {
+    switch (fast_launch(args[0], args[1], data, executor, &answer)) {
     case 0:
+        Py_XDECREF(answer);
         Py_RETURN_NONE;
     case -1:
+        Py_XDECREF(answer);
         return NULL;
     }
 fall:
     nhf_count_launch(NHF_COUNT_FELL_THROUGH);
+    if (answer != NULL) { /* the stream was asked: Python launches with its answer */
+        PyObject *handed = fall_answered(answer, args, nargs, kwnames);
+        Py_DECREF(answer);
+        return handed;
+    }
     if (nhf_launch.fallback == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "numba_hostfn._launch is not imported");
         return NULL;

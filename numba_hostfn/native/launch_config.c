@@ -66,7 +66,7 @@ static int set_prototype(PyObject *value) {
     return 0;
 }
 
-/* configure_launch(*, fallback=, raise_status=, route=, executor_route=,
+/* configure_launch(*, fallback=, answered=, raise_status=, route=, executor_route=,
  * sim_stream_type=, cuda_stream_type=, cuhostfn_type=, byref_type=, c_void_p=, prototype=,
  * wanted=):
  * each given keyword sets what host_launch uses; the fast path is on once all
@@ -87,6 +87,8 @@ PyObject *nhf_py_configure_launch(PyObject *self, PyObject *const *args, Py_ssiz
             goto out;
         if (!strcmp(name, "fallback"))
             set_object(&nhf_launch.fallback, value);
+        else if (!strcmp(name, "answered"))
+            set_object(&nhf_launch.answered, value);
         else if (!strcmp(name, "raise_status"))
             set_object(&nhf_launch.raise_status, value);
         else if (!strcmp(name, "sim_stream_type"))
@@ -129,7 +131,8 @@ PyObject *nhf_py_configure_launch(PyObject *self, PyObject *const *args, Py_ssiz
 out:
     /* Recomputed on every exit: the keywords before a bad one are set (a cleared
      * raise_status too), and the fast path must not run with one of them unset. */
-    nhf_launch.configured = nhf_launch.fallback != NULL && nhf_launch.raise_status != NULL &&
+    nhf_launch.configured = nhf_launch.fallback != NULL && nhf_launch.answered != NULL &&
+                        nhf_launch.raise_status != NULL &&
                         nhf_launch.route != NHF_ROUTE_NONE &&
                         nhf_launch.executor_route != NHF_ROUTE_NONE &&
                         nhf_launch.cuhostfn_type != NULL && nhf_launch.byref_type != NULL &&
@@ -163,6 +166,7 @@ static PyMethodDef methods[] = {
     {"configure_launch", (PyCFunction)(void (*)(void))nhf_py_configure_launch,
      METH_FASTCALL | METH_KEYWORDS,
      "configure_launch($module, /, *, fallback=<unrepresentable>, "
+     "answered=<unrepresentable>, "
      "raise_status=<unrepresentable>, route=<unrepresentable>, "
      "executor_route=<unrepresentable>, sim_stream_type=<unrepresentable>, "
      "cuda_stream_type=<unrepresentable>, cuhostfn_type=<unrepresentable>, "

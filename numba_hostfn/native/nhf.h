@@ -567,6 +567,9 @@ int nhf_buffer_ref_init(PyObject *module);
 
 struct nhf_launch_config {
     PyObject *fallback;         /* the Python host_launch */
+    /* host_launch_answered(answer, stream, fn, **keywords): the Python host_launch
+     * for a call handed over after the stream's __cuda_stream__ gave answer */
+    PyObject *answered;
     PyObject *raise_status;     /* raise_status(status, executor): raises */
     PyObject *sim_stream_type;  /* numba_hostfn.simulator.Stream (exactly) */
     PyObject *cuda_stream_type; /* cuda.core's Stream (and its subclasses) */
