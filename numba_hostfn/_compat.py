@@ -22,7 +22,9 @@ hook                                   why
                                        after those threads end and before any other library's
                                        handler, which may block in a driver call holding the
                                        GIL while the driver's thread waits for the GIL
-                                       (LIFETIME.md, inv. 6); a plain ``atexit`` is the fallback
+                                       (LIFETIME.md, inv. 6); a plain ``atexit`` is the fallback.
+                                       Also the run of the non-blocking callbacks that are due,
+                                       just before the close (inv. 18)
 ``__text_signature__``                 what a builtin needs, read as ``inspect.signature``
                                        reads it (:func:`text_signature`)
 ``asyncio._get_running_loop``          in a pending call, the loop running on this thread,

@@ -300,11 +300,17 @@ class HostExecutor(_core.ExecutorBase):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self) -> None:
+    # What __del__ calls is bound here, as Stream.__del__'s is: an executor collected
+    # at interpreter exit may be collected after the modules' globals were set to None,
+    # and it must still stop its threads (close() looks up forked(), which raised
+    # TypeError: "Exception ignored in HostExecutor.__del__", the pool left running).
+    def __del__(self, _forked: Any = forked) -> None:
         # Launch records own their executor: it is collected only when no task
         # of it is outstanding, so this never waits for a stream.
         if self._pool and not self._closed:  # a pool started, not closed
-            self.close()
+            if not _forked():  # a forked child has none of the pool's threads
+                self._close()
+            self._closed = True
 
     def __repr__(self) -> str:
         # Lanes, not streams: a stream whose handle the driver gave out again, or a

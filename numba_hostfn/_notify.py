@@ -32,7 +32,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from . import _core
-from ._compat import any_thread_pending_call, running_loop
+from ._compat import any_thread_pending_call, register_first_atexit, running_loop
 from ._enqueue import RENEWALS, refuse_signal, renewed_route, signal_route
 from ._errors import keeps_nothing_on_refusal
 from ._process import forked, get_backend
@@ -319,6 +319,31 @@ def run_callbacks() -> int:
     runners = [c for c in (_callbacks, _futures) if c is not None]
     inside = any(c.running_here() for c in runners)
     return sum(c.run(block=not inside) for c in runners)
+
+
+def _run_due_at_exit() -> None:
+    """At exit, once the non-daemon threads have ended, and before the interpreter
+    guard closes: run the non-blocking callbacks and ``done_future`` results that are
+    due (their signals have run: the streams got there), with their done callbacks,
+    waiting first for a batch under way on a helper thread.  Those threads are
+    daemons: the interpreter's finalization stopped a batch there in the middle, and
+    what was due after it never ran, though the program had synchronized its streams
+    (docs/asyncio.md, "Interpreter exit").  Exit still waits for no stream: a signal
+    that runs after this is not waited for.  The wait, GIL released, checks for
+    signals: a Ctrl-C ends it.  In a forked child nothing is due (invariant 22)."""
+    if forked():
+        return
+    for batches in (_callbacks, _futures):
+        if batches is not None:
+            batches.run()
+
+
+# Registered at import, before the backend's records register their close: the
+# handler registered first is put in front last (_compat.register_first_atexit), so
+# this runs first, while the guard is still open (a callback run here, and what it
+# waits for, runs as before exit), then the guard closes, before any other library's
+# atexit handler (LIFETIME.md, invariant 6).
+register_first_atexit(_run_due_at_exit)
 
 
 _IN_GRAPH = (

@@ -94,7 +94,8 @@ def forked() -> bool:
 def _after_fork_in_child() -> None:
     # The child has the parent's memory but none of its threads: no driver
     # thread or pool thread will ever run a copied launch.  Refuse every later
-    # use, and let the child exit without waiting for them (LIFETIME.md, Scope).
+    # use (LIFETIME.md, Scope); the child's exit waits for none of them (the native
+    # close reads the fork flag: invariant 22).
     # A thread of the parent may have been making the backend (holding _lock): it
     # is gone here, and the lock with it; the parent used the package.
     global _forked, _lock
@@ -102,8 +103,6 @@ def _after_fork_in_child() -> None:
     _lock = threading.Lock()
     if _backend is not None or making:
         _forked = True
-    if _backend is not None:
-        _backend.records.abandon()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -13,6 +13,8 @@ LIFETIME.md states the invariants.
 
 from __future__ import annotations
 
+import functools
+
 from . import _core
 from ._compat import register_first_atexit
 
@@ -25,7 +27,6 @@ class LaunchRecords:
     """The launch records of this process (one set, shared by both backends)."""
 
     def __init__(self) -> None:
-        self._closed = False
         # Invariant 6.  Close after the non-daemon threads have ended: until then
         # their blocking Python callables and executor tasks must run (threading's
         # own exit hooks run before those threads are joined: closing there
@@ -33,11 +34,16 @@ class LaunchRecords:
         # one may block in a driver call with the GIL held (releasing a context,
         # say) while the driver's thread waits for the GIL in a Python trampoline.
         # So the close is the first atexit handler (_compat.register_first_atexit).
+        # The handler is the native close itself (close_guard bound to its wait): no
+        # line of Python runs before the guard is closed, so a Ctrl-C that lands as
+        # the handlers begin cannot skip it (it skipped a Python method here whole,
+        # leaving the guard open for good).  It closes the guard so that no
+        # trampoline takes the GIL or schedules a drain from then on, and waits
+        # (GIL released) for those inside; records still pending keep their owners'
+        # references for ever: leaked, never released under a driver thread that
+        # may yet run them.  In a forked child it waits for nothing (invariant 22).
+        self._at_exit = functools.partial(_core.close_guard, _CLOSE_WAIT_MS)
         register_first_atexit(self._at_exit)
-
-    def abandon(self) -> None:
-        """In a forked child: nothing copied will run, so exit waits for nothing."""
-        self._closed = True
 
     def drain(self) -> int:
         """Release the records that have run; return how many."""
@@ -46,14 +52,3 @@ class LaunchRecords:
     def pending(self) -> int:
         """How many records are held (not yet run, or run and not released)."""
         return _core.held()
-
-    def _at_exit(self) -> None:
-        if self._closed:
-            return
-        # Invariant 6: close the interpreter guard so that no trampoline takes
-        # the GIL or schedules a drain from now on, and wait (GIL released) for
-        # those inside.  Records still pending keep their owners' references
-        # for ever: leaked, never released under a driver thread that may yet
-        # run them.
-        self._closed = True
-        _core.close_guard(_CLOSE_WAIT_MS)

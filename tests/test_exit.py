@@ -6,6 +6,9 @@ import textwrap
 import pytest
 from _device import CHILD_PREAMBLE, run_child
 
+import numba_hostfn as nh
+from numba_hostfn import _executor
+
 EXIT_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     counter = np.zeros(1, np.int64)
     calls = []
@@ -193,3 +196,158 @@ def test_a_first_use_inside_an_atexit_handler_still_closes_the_guard():
     assert out[:2] == ["main returns", "first use synced"], out
     assert out[-1] == "later handler synced", out
     assert "later handler's callable ran" not in out, "the guard was never closed"
+
+
+DUE_CALLBACKS_AT_EXIT_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import os, sys, threading, time
+
+    def say(line):  # one write: two threads print here
+        os.write(1, (line + "\\n").encode())
+
+    def once_exit_began(what):
+        # On numba_hostfn's helper thread, a daemon, still running when exit begins:
+        # the interpreter's finalization stopped it in the middle.  (On the main
+        # thread, where a pending call may run it, exit has not begun.)
+        if threading.current_thread() is not threading.main_thread():
+            while threading.main_thread().is_alive():
+                time.sleep(0.01)
+            time.sleep(0.3)
+        say(what + " done")
+
+    device.delay(stream, 0.1)
+    nh.host_launch(stream, lambda: once_exit_began("non-blocking callback"), blocking=False)
+    for i in range(3):
+        nh.host_launch(stream, lambda i=i: say(f"quick callback {{i}}"), blocking=False)
+    future = nh.done_future(stream)
+    future.add_done_callback(lambda f: once_exit_began("done callback"))
+    device.delay(stream, 0.2)  # the helper threads take their batches meanwhile
+    stream.sync()  # the stream got there: each of them is due
+    say("main returns")
+    if {exit!r}:
+        sys.exit(0)
+""")
+
+
+@pytest.mark.parametrize("exit", [False, True], ids=["main-returns", "sys-exit"])
+def test_callbacks_whose_stream_got_there_before_exit_all_run(exit):
+    """docs/asyncio.md, "Interpreter exit": non-blocking callbacks and done_future
+    results whose stream got there (synchronized) before the program ended run, and
+    their done callbacks too.  They ran on numba_hostfn's helper threads, daemons, and
+    exit did not wait for them: a callback still running was stopped in the middle,
+    and those not yet started never ran.  Exit now runs what is due, after the
+    non-daemon threads, waiting for a batch under way first."""
+    out = run_child(DUE_CALLBACKS_AT_EXIT_SCRIPT.format(exit=exit), timeout=90).splitlines()
+    assert sorted(out) == sorted(
+        ["main returns", "non-blocking callback done", "done callback done"]
+        + [f"quick callback {i}" for i in range(3)]
+    ), out
+    assert out.index("quick callback 2") > out.index("quick callback 1"), out
+
+
+CTRL_C_AS_EXIT_BEGINS_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import atexit, sys, threading
+
+    def another_librarys_handler():  # registered after numba_hostfn's: runs after the close
+        nh.host_launch(stream, lambda: print("later handler's callable ran", flush=True))
+        stream.sync()
+        print("later handler synced", flush=True)
+
+    def first_handler():  # registered last: the first after numba_hostfn's
+        print("first handler ran", flush=True)
+
+    atexit.register(another_librarys_handler)
+    atexit.register(first_handler)
+    calls = []
+
+    def ctrl_c_as_an_atexit_handler_begins(frame, event, arg):
+        # A Ctrl-C that lands as a handler begins (a signal that arrived while the
+        # interpreter ran C code between two handlers, or between threading's
+        # _shutdown and the first): raised where the {nth}th Python function that the
+        # interpreter calls itself once exit began, outside threading's _shutdown,
+        # starts.
+        if (
+            event == "call"
+            and frame.f_back is None
+            and not threading.main_thread().is_alive()
+            and frame.f_code.co_filename != threading.__file__
+        ):
+            calls.append(frame.f_code.co_name)
+            if len(calls) == {nth}:
+                print("ctrl-c in", frame.f_code.co_name, flush=True)
+                raise KeyboardInterrupt
+        return None
+
+    sys.settrace(ctrl_c_as_an_atexit_handler_begins)
+    print("main returns", flush=True)
+""")
+
+
+def test_a_ctrl_c_as_exit_begins_still_closes_the_guard():
+    """Invariant 6 under a Ctrl-C at exit: the exit hook is the native close itself, so
+    no line of Python runs before the guard is closed.  A Python method there, raised
+    into at its first line, was skipped whole: the guard stayed open through every
+    later atexit handler and the interpreter's finalization (a later handler's Python
+    callable ran, where a trampoline could wait for the GIL behind a handler holding it).
+    A Ctrl-C at the start of each Python function that exit calls, in turn, up to the
+    first handler of the program's own, leaves the guard closed."""
+    interrupted = []
+    for nth in range(1, 6):
+        script = CTRL_C_AS_EXIT_BEGINS_SCRIPT.replace("{nth}", str(nth))
+        out = run_child(script, timeout=90, quiet=False).splitlines()
+        assert "later handler's callable ran" not in out, f"the guard was never closed: {out}"
+        assert out[0] == "main returns" and out[-1] == "later handler synced", out
+        interrupted += [line for line in out if line.startswith("ctrl-c in")]
+        if interrupted[-1:] == ["ctrl-c in first_handler"]:
+            break
+    assert interrupted[-1:] == ["ctrl-c in first_handler"], interrupted
+
+
+FORK_WITH_A_CALLABLE_INSIDE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import os, threading, warnings
+    from numba_hostfn import _process
+    from _device import wait_or_kill
+
+    warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads: the point
+    inside, release = threading.Event(), threading.Event()
+
+    def inside_at_fork():  # a trampoline inside CPython when the parent forks
+        inside.set()
+        release.wait(60)
+
+    nh.host_launch(stream, inside_at_fork)
+    inside.wait(60)
+    pid = os.fork()
+    if pid == 0:
+        # The exit hook, as atexit calls it: how many threads it found still inside.
+        print("child: exit hook left", _process._backend.records._at_exit(), flush=True)
+        os._exit(0)
+    status = wait_or_kill(pid)
+    release.set()
+    stream.sync()
+    print("parent:", None if status is None else os.waitstatus_to_exitcode(status), flush=True)
+""")
+
+
+def test_a_forked_childs_exit_hook_waits_for_no_thread_of_the_parent():
+    """Invariant 22 through the native exit hook: a child forked while a Python callable
+    of the parent was inside CPython copies the count of threads inside, but none of
+    those threads; its close finds the fork flag and waits for nothing (else 2 s for a
+    thread that does not exist, then reports it still inside)."""
+    out = run_child(FORK_WITH_A_CALLABLE_INSIDE_SCRIPT, timeout=90).splitlines()
+    assert out == ["child: exit hook left 0", "parent: 0"], out
+
+
+def test_an_executor_collected_after_its_modules_globals_are_cleared_still_closes(
+    monkeypatch,
+):
+    """At interpreter exit an open HostExecutor may be collected after the modules'
+    globals were set to None (one that still holds the executor module is cleared
+    first): its __del__ still stops its threads.  It raised TypeError ("Exception
+    ignored in HostExecutor.__del__ ... 'NoneType' object is not callable"), as
+    Stream.__del__ did (issue 31), and left the pool running."""
+    executor = nh.HostExecutor(threads=2)
+    monkeypatch.setattr(_executor, "forked", None)
+    monkeypatch.setattr(_executor, "get_backend", None)
+    executor.__del__()  # as the collector calls it at exit
+    monkeypatch.undo()
+    assert executor.closed, executor

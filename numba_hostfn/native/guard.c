@@ -36,10 +36,14 @@ void nhf_guard_leave(void) { atomic_fetch_sub(&inside.count, 1); }
 /* Any thread. */
 bool nhf_guard_open(void) { return !atomic_load(&guard.closing); }
 
-/* GIL held: called by the exit hook (LIFETIME.md, invariant 6). */
+/* GIL held: called by the exit hook (LIFETIME.md, invariant 6).  In a forked child
+ * it closes without waiting: whatever was inside at fork ran on the parent's threads,
+ * none of which exists here (invariant 22). */
 long nhf_guard_close(long ms) {
     long left;
     atomic_store(&guard.closing, 1);
+    if (nhf_forked())
+        return 0;
     Py_BEGIN_ALLOW_THREADS
     for (long waited = 0;; waited++) {
         left = atomic_load(&inside.count);
@@ -151,13 +155,20 @@ bool nhf_forked(void) { return atomic_load(&fork_state.forked); }
 
 /* ---- from Python ---------------------------------------------------------------- */
 
-/* close_guard(ms) -> how many threads were still inside CPython after ms. */
+/* close_guard(ms) -> how many threads were still inside CPython after ms.  The exit
+ * hook itself (_records.LaunchRecords, a functools.partial of this): no line of Python
+ * runs before the close, so a Ctrl-C that lands as exit begins cannot skip it, as it
+ * skipped a Python method there whole.  A Ctrl-C during the wait is raised here, once
+ * the guard is closed, rather than into the next handler, which it would skip. */
 static PyObject *py_close_guard(PyObject *self, PyObject *arg) {
     (void)self;
     long ms = PyLong_AsLong(arg);
     if (ms == -1 && PyErr_Occurred())
         return NULL;
-    return PyLong_FromLong(nhf_guard_close(ms));
+    long left = nhf_guard_close(ms);
+    if (PyErr_CheckSignals() < 0)
+        return NULL;
+    return PyLong_FromLong(left);
 }
 
 static PyMethodDef methods[] = {
