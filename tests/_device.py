@@ -89,6 +89,45 @@ def ctrl_c_inside(name: str) -> None:
     signal.pthread_kill(main, signal.SIGINT)
 
 
+def stopped_executor(nh, stream):
+    """For a child script: a one-thread HostExecutor stopped, not closed, by a Ctrl-C
+    inside its ``close()``, with one task on ``stream`` outstanding until the returned
+    event is set.  Python's SIGINT handler is installed first, whatever the child
+    inherited.  Returns ``(executor, gate)``."""
+    import signal
+    import threading
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    gate = threading.Event()
+    executor = nh.HostExecutor(threads=1)
+    nh.host_launch(stream, lambda: gate.wait(120), executor=executor)  # until gate is set
+    threading.Thread(target=ctrl_c_inside, args=("close",), daemon=True).start()
+    try:
+        executor.close()
+    except KeyboardInterrupt:
+        pass
+    return executor, gate
+
+
+def fork_child_waits_over(future) -> None:
+    """For a forked child of a child script: ``concurrent.futures.wait`` over
+    ``future`` (the parent's) and a future of the child's own, set by a thread of the
+    child 50 ms later; prints ``child: wait DONE NOT_DONE``, or ``child: wait raised``
+    and the error.  An alarm in 20 s ends a child whose wait hangs."""
+    import concurrent.futures
+    import signal
+    import threading
+
+    signal.alarm(20)  # a wait that hangs ends the child: the parent says so
+    mine = concurrent.futures.Future()
+    threading.Timer(0.05, mine.set_result, (1,)).start()
+    try:
+        done, not_done = concurrent.futures.wait([future, mine], timeout=20)
+        print("child: wait", len(done), len(not_done), flush=True)
+    except RuntimeError as exc:
+        print("child: wait raised", exc, flush=True)
+
+
 #: The folder above tests/: a checkout, or a copy of one without the package.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: The checkout whose files the tests marked ``checkout`` read: :data:`ROOT`, or the

@@ -513,23 +513,15 @@ def test_a_forked_child_does_not_watch_the_parents_done_future():
 
 
 FORK_WITH_A_FUTURE_DONE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
-    import concurrent.futures, os, threading, warnings
+    import concurrent.futures, os, warnings
+    from _device import fork_child_waits_over
 
     warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads: the point
     settled = nh.done_future(stream)
     settled.result(timeout=30)
     pid = os.fork()
     if pid == 0:
-        import signal
-
-        signal.alarm(20)  # a wait that hangs ends the child: the parent says so
-        mine = concurrent.futures.Future()  # the child's own, set by a thread of its own
-        threading.Timer(0.05, mine.set_result, (1,)).start()
-        try:
-            done, not_done = concurrent.futures.wait([settled, mine], timeout=20)
-            print("child: wait", len(done), len(not_done), flush=True)
-        except RuntimeError as exc:
-            print("child: wait raised", exc, flush=True)
+        fork_child_waits_over(settled)
         try:
             list(concurrent.futures.as_completed([settled, concurrent.futures.Future()], 0.1))
         except concurrent.futures.TimeoutError:
@@ -602,8 +594,8 @@ def test_a_forked_childs_wait_on_a_done_future_cancelled_before_fork_is_refused(
 
 
 FORK_IN_A_DONE_CALLBACK_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
-    import concurrent.futures, os, signal, threading, warnings
-    from _device import Hold
+    import os, threading, warnings
+    from _device import Hold, fork_child_waits_over
 
     warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads: the point
     settled = nh.done_future(stream)
@@ -613,14 +605,7 @@ FORK_IN_A_DONE_CALLBACK_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     def fork_here(_):  # on the futures thread, inside its batch
         pid = os.fork()
         if pid == 0:
-            signal.alarm(20)  # a wait that hangs ends the child: the parent says so
-            mine = concurrent.futures.Future()  # the child's own, set by a thread of its own
-            threading.Timer(0.05, mine.set_result, (1,)).start()
-            try:
-                done, not_done = concurrent.futures.wait([settled, mine], timeout=20)
-                print("child: wait", len(done), len(not_done), flush=True)
-            except RuntimeError as exc:
-                print("child: wait raised", exc, flush=True)
+            fork_child_waits_over(settled)
             print("child: result", settled.result() is stream, flush=True)
             os._exit(0)
         statuses.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))

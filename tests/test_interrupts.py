@@ -288,19 +288,10 @@ def test_ctrl_c_interrupts_a_close_waiting_for_a_task_and_a_later_close_finishes
 
 
 STOPPED_REFUSAL_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
-    import signal, threading
-    from _device import ctrl_c_inside
+    from _device import stopped_executor
 
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's, whatever we inherited
-    gate = threading.Event()
     other = device.create_stream()
-    executor = nh.HostExecutor(threads=1)
-    nh.host_launch(stream, lambda: gate.wait(120), executor=executor)  # until gate is set
-    threading.Thread(target=ctrl_c_inside, args=("close",), daemon=True).start()
-    try:
-        executor.close()
-    except KeyboardInterrupt:
-        pass
+    executor, gate = stopped_executor(nh, stream)  # its task outstanding until gate is set
     calls = [
         # the stream's lane exists: the native host_launch, refused by the enqueue
         lambda: nh.host_launch(stream, lambda: None, executor=executor),
@@ -975,13 +966,10 @@ def test_an_interrupt_at_any_line_of_add_slot_nodes_leaves_the_node_whole_or_abs
 
 
 EMPTY_AFTER_CTRL_C_CLOSE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
-    import signal, threading
     from numba_hostfn import _core
-    from _device import ctrl_c_inside
+    from _device import stopped_executor
 
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's, whatever we inherited
     held = _core.held()
-    gate = threading.Event()
 
     def answer(call):
         try:
@@ -990,13 +978,7 @@ EMPTY_AFTER_CTRL_C_CLOSE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
             # "stopped" while the interrupted close() has not returned, then "closed"
             return "refused" if "is stopped" in str(exc) or "is closed" in str(exc) else repr(exc)
 
-    executor = nh.HostExecutor(threads=1)
-    nh.host_launch(stream, lambda: gate.wait(120), executor=executor)  # until gate is set
-    threading.Thread(target=ctrl_c_inside, args=("close",), daemon=True).start()
-    try:
-        executor.close()
-    except KeyboardInterrupt:
-        pass
+    executor, gate = stopped_executor(nh, stream)  # its task outstanding until gate is set
     empty, one = np.zeros(0, np.uint8), np.zeros(1, np.uint8)
     calls = [
         lambda: nh.host_copy(stream, empty, empty.copy(), executor=executor),
