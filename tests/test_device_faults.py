@@ -497,6 +497,62 @@ def test_a_non_blocking_callback_and_a_loop_wait_behind_a_fault(request, unraisa
 
 
 @pytest.mark.usefixtures("faulted_context")
+def test_a_ctrl_c_inside_a_loop_waits_failure_leaves_no_wait_unresolved(request, monkeypatch):
+    """A Ctrl-C whose handler runs inside the loop's on_fault, before it fails the
+    awaited future (the interrupt made to land in ``_fault_error``): the future still
+    gets the DeviceFaultError, and the KeyboardInterrupt reaches the main thread once
+    (before, the dispatcher delivered the interrupt and dropped the entry: the
+    coroutine awaiting ``async_done`` waited for ever)."""
+    if rerun_on_simulator(request):
+        return
+    from numba_hostfn import _notify
+
+    real, calls = _notify._fault_error, []
+
+    def interrupted_once(code, stream):
+        calls.append(code)
+        if len(calls) == 1:
+            raise KeyboardInterrupt  # as the SIGINT handler raises between two bytecodes
+        return real(code, stream)
+
+    monkeypatch.setattr(_notify, "_fault_error", interrupted_once)
+    s = nh.simulator.Stream()
+    loop = asyncio.new_event_loop()
+    interrupts = 0
+    try:
+
+        async def wait_behind_a_fault():
+            s.sleep(0.2)
+            s.fault()
+            return nh.async_done(s)
+
+        future = loop.run_until_complete(wait_behind_a_fault())
+        deadline = time.monotonic() + 10
+        while not future.done() and time.monotonic() < deadline:
+            try:
+                loop.run_until_complete(asyncio.sleep(0.01))
+            except KeyboardInterrupt:
+                interrupts += 1
+        for _ in range(3):  # an interrupt delivered after the future was failed
+            try:
+                loop.run_until_complete(asyncio.sleep(0.01))
+            except KeyboardInterrupt:
+                interrupts += 1
+        assert future.done(), "the loop's wait was left unresolved"
+        assert isinstance(future.exception(), nh.DeviceFaultError), future.exception()
+    finally:
+        loop.close()
+    assert len(calls) == 2 and interrupts == 1, (calls, interrupts)
+    for _ in range(1000):
+        nh.drain()
+        if nh.pending() == 0:
+            break
+        time.sleep(0.01)
+    assert nh.pending() == 0
+    s.close()
+
+
+@pytest.mark.usefixtures("faulted_context")
 def test_a_failed_launch_is_released_on_the_main_thread(request):
     """The watchdog's thread fails a launch; its owners are released by the drain on
     the main thread (invariant 2), never on the watchdog's."""

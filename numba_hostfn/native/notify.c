@@ -342,24 +342,38 @@ static int act(dispatcher *d, PyObject *entry) {
     return -1;
 }
 
+/* How many times fail() calls on_fault for one entry that KeyboardInterrupts stop. */
+#define FAIL_TRIES 4
+
 /* A device fault failed the entry's launch (invariant 23): on_fault(entry,
  * code) fails its wait; without on_fault (non-blocking callbacks) it is
  * dropped.  Counted either way.  What on_fault raises is reported, except a
- * KeyboardInterrupt, delivered again to the main thread. */
+ * KeyboardInterrupt: a Ctrl-C's handler that ran between two of its bytecodes
+ * may have stopped it before it failed the wait, which nothing would fail
+ * later (the entry is taken: an awaiting coroutine waited for ever).  So
+ * on_fault is called again (it fails a wait once: one failed already is left
+ * as it is), FAIL_TRIES times at most, and the interrupt delivered again to
+ * the main thread after. */
 static int fail(dispatcher *d, PyObject *entry, unsigned code) {
     atomic_fetch_add(&d->faulted, 1);
     if (d->on_fault == NULL)
         return 0;
-    PyObject *result = PyObject_CallFunction(d->on_fault, "OI", entry, code);
-    if (result == NULL) {
-        if (PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
-            PyErr_Clear();
-            PyErr_SetInterrupt();
-        } else {
-            PyErr_WriteUnraisable(d->on_fault);
+    bool interrupted = false;
+    for (int tries = 0; tries < FAIL_TRIES; tries++) {
+        PyObject *result = PyObject_CallFunction(d->on_fault, "OI", entry, code);
+        if (result != NULL) {
+            Py_DECREF(result);
+            break;
         }
+        if (!PyErr_ExceptionMatches(PyExc_KeyboardInterrupt)) {
+            PyErr_WriteUnraisable(d->on_fault);
+            break;
+        }
+        PyErr_Clear();
+        interrupted = true;
     }
-    Py_XDECREF(result);
+    if (interrupted)
+        PyErr_SetInterrupt();
     return 0;
 }
 
