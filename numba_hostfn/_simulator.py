@@ -352,6 +352,8 @@ class Graph:
 
     def close(self) -> None:
         """Destroy the executable graph (its queued replays still run)."""
+        if self._native.held:  # cuGraphExecDestroy: refused to a host function
+            _refuse_in_host_function("close", "a simulated Graph", "the graph is as it was")
         self._native.release()
 
 
@@ -369,14 +371,16 @@ def new_context() -> None:
     _core.sim_new_context()
 
 
-def _refuse_in_host_function(call: str) -> None:
-    """RuntimeError where a host function calls ``call``: a stream capture's begin
-    or end is a CUDA call (cuStreamBeginCapture, cuStreamEndCapture), which CUDA
-    forbids a host function, as the simulator's sync and enqueues refuse it."""
+def _refuse_in_host_function(
+    call: str, on: str = "a simulated stream", left: str = "the stream's capture is as it was"
+) -> None:
+    """RuntimeError where a host function calls ``call`` on ``on``: a stream capture's
+    begin or end is a CUDA call (cuStreamBeginCapture, cuStreamEndCapture), as a
+    graph's instantiation and destruction are (cuGraphInstantiate, cuGraphDestroy,
+    cuGraphExecDestroy), which CUDA forbids a host function, as the simulator's sync
+    and enqueues refuse it.  ``left``: what became of the object."""
     if _core.sim_in_host_function():
-        raise in_host_function_error(
-            f"called {call}() on a simulated stream", "the stream's capture is as it was"
-        )
+        raise in_host_function_error(f"called {call}() on {on}", left)
 
 
 # cuda.core's GraphBuilder.begin_building modes (CUstreamCaptureMode's three).
@@ -459,12 +463,14 @@ class GraphBuilder:
             raise RuntimeError("complete() on a closed GraphBuilder; build the graph again")
         if self._definition is None or not self._definition.held:
             raise RuntimeError("complete() needs a GraphBuilder that has ended building")
+        _refuse_in_host_function("complete", "a simulated GraphBuilder", "no graph was made")
         return Graph(self._definition.share())
 
     def close(self) -> None:
         """Destroy the graph definition (executable graphs keep what they need)."""
         if self._closed:
             return
+        _refuse_in_host_function("close", "a simulated GraphBuilder", "the builder is as it was")
         if self._definition is not None:
             self._definition.release()
         elif self.is_building:  # its own capture only, never another's on the stream

@@ -713,6 +713,42 @@ def test_a_host_function_that_begins_or_ends_a_capture_is_refused(request, unrai
         busy.end_capture().close()  # from the program's thread: taken
 
 
+def test_a_host_function_that_instantiates_or_destroys_a_graph_is_refused(request, unraisables):
+    """A graph's instantiation and destruction are CUDA calls too (cuGraphInstantiate,
+    cuGraphDestroy, cuGraphExecDestroy), which CUDA forbids a host function (the driver
+    may refuse them or deadlock): the simulator took them, so code that closed a graph
+    in a host function passed here.  They raise RuntimeError now, with the graph and the
+    builder as they were; the program's thread then completes, replays and closes them."""
+    if rerun_on_simulator(request):
+        return
+    seen = []
+    with nh.simulator.Stream() as s, nh.simulator.Stream() as work:
+        builder = work.create_graph_builder().begin_building()
+        counter = np.zeros(1, np.int64)
+        nh.host_launch(builder, lambda: counter.__setitem__(0, counter[0] + 1))
+        builder.end_building()
+        graph = builder.complete()
+
+        def in_host_function():
+            for call in (builder.complete, builder.close, graph.close):
+                try:
+                    call()
+                    seen.append(f"{call.__qualname__} taken")
+                except RuntimeError as exc:
+                    seen.append("CUDA forbids a host function" in str(exc))
+
+        nh.host_launch(s, in_host_function)
+        s.sync()
+        assert seen == [True] * 3 and not unraisables, seen
+        assert not graph.is_closed
+        graph.launch(work)
+        builder.complete().close()  # from the program's thread: taken
+        builder.close()
+        graph.close()
+        work.sync()
+        assert counter[0] == 1 and graph.is_closed
+
+
 def test_a_host_function_that_makes_a_host_executor_is_refused(request, monkeypatch, unraisables):
     """HostExecutor() allocates its words in pinned memory (cuMemHostAlloc on CUDA), a
     CUDA call, which CUDA forbids a host function: the simulator started the pool's
