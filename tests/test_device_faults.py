@@ -20,6 +20,7 @@ longer than any delay.
 
 import asyncio
 import gc
+import signal
 import textwrap
 import threading
 import time
@@ -519,6 +520,9 @@ def test_a_ctrl_c_inside_a_loop_waits_failure_leaves_no_wait_unresolved(request,
     s = nh.simulator.Stream()
     loop = asyncio.new_event_loop()
     interrupts = 0
+    # Python's handler, whatever this process inherited (a background job's SIGINT is
+    # ignored, and the interrupt delivered again would then do nothing).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
 
         async def wait_behind_a_fault():
@@ -541,6 +545,7 @@ def test_a_ctrl_c_inside_a_loop_waits_failure_leaves_no_wait_unresolved(request,
         assert future.done(), "the loop's wait was left unresolved"
         assert isinstance(future.exception(), nh.DeviceFaultError), future.exception()
     finally:
+        signal.signal(signal.SIGINT, previous)
         loop.close()
     assert len(calls) == 2 and interrupts == 1, (calls, interrupts)
     for _ in range(1000):
