@@ -124,13 +124,15 @@ def check_target(
     return kind, get_backend().stream_handle(target, handle)
 
 
-def check_empty(target: Any, caller: str) -> Any:
+def check_empty(target: Any, caller: str, checked: tuple[str, int] | None = None) -> Any:
     """What a call that adds nothing returns (an explicit graph's node itself, else
     None), its target checked as a launch's is: its type, its handle, then the
     backend's refusals that need no enqueue (``Backend.check_open``: a closed
     simulated stream, a GraphBuilder that is not building), so that a target a
-    launch would refuse is refused whether or not there was anything to enqueue."""
-    kind, handle = check_target(target, caller)
+    launch would refuse is refused whether or not there was anything to enqueue.
+    ``checked``: what :func:`check_target` gave, where the caller checked the target
+    first (:func:`enqueue`'s ``checked``)."""
+    kind, handle = check_target(target, caller) if checked is None else checked
     if kind == "node":
         # The simulator's refusal of explicit graphs (SimulatorUnsupportedError), as
         # a call that adds a node meets it; on CUDA, the graph the node would join.
@@ -151,6 +153,7 @@ def enqueue(
     parallel_copy: bool = False,
     caller: str = "host_launch",
     answer: Any = UNASKED,
+    checked: tuple[str, int] | None = None,
 ) -> Any:
     """host_launch, plus ``also_owns``: more objects the launch owns until it has run.
 
@@ -159,13 +162,16 @@ def enqueue(
     MEMCPY_LAYOUT user data, which an executor shares out among its threads.
     ``caller`` is the public function a wrong target's error names.  ``answer``:
     what the target's ``__cuda_stream__`` gave, where the native host_launch asked
-    it before handing the call over (:func:`check_target`).  A refusal
+    it before handing the call over (:func:`check_target`).  ``checked``: what
+    :func:`check_target` gave, where the caller checked the target before its own
+    arguments (host_copy and release_after: the stream, then ``executor=``, then the
+    buffers), so that ``__cuda_stream__`` is asked once per call.  A refusal
     keeps nothing: every caller, a public entry point, is decorated with
     ``_errors.keeps_nothing_on_refusal``, which clears this frame too.
     """
     # Checked in argument order, so the first wrong one is the one reported: the
     # target (its type, then its handle), fn, user_data, then the executor.
-    kind_of_target, handle = check_target(target, caller, answer)
+    kind_of_target, handle = check_target(target, caller, answer) if checked is None else checked
     backend = get_backend()
     kind, address, fn_owned = classify_function(fn)
     launch_kind = KINDS[kind]  # the native table: its trampoline, what it owns

@@ -21,7 +21,7 @@ import numpy as np
 
 from . import _core
 from ._compat import numba_hooks
-from ._enqueue import check_empty, enqueue
+from ._enqueue import check_empty, check_target, enqueue
 from ._errors import keeps_nothing_on_refusal
 from ._executor import check_executor
 from ._hostfunction import HostFunction, host_callback
@@ -361,9 +361,13 @@ def host_copy(stream: Any, dst: Any, src: Any, *, executor: Any = None) -> Any:
     Raises
     ------
     TypeError
-        If a buffer is not host memory with the buffer protocol, holds
-        Python objects, or is a numpy array of a dtype numpy exports no buffer
-        of (datetime64, timedelta64: pass ``.view(np.int64)`` of both).
+        If ``stream`` is not a stream, GraphBuilder or explicit graph (as for
+        :func:`host_launch`), ``executor`` is not a HostExecutor, or a buffer is
+        not host memory with the buffer protocol, holds Python objects, or is a
+        numpy array of a dtype numpy exports no buffer of (datetime64,
+        timedelta64: pass ``.view(np.int64)`` of both).  Checked in that order:
+        the stream (its ``__cuda_stream__`` asked once), ``executor``, the
+        buffers.
     ValueError
         If two typed buffers have different dtypes (numpy arrays, or the number
         types a buffer's format names: ``array.array("q")``, ``memoryview(a)``, a
@@ -375,6 +379,10 @@ def host_copy(stream: Any, dst: Any, src: Any, *, executor: Any = None) -> Any:
         a buffer is a released ``memoryview`` or a closed ``mmap``, or a cuda.core
         ``Buffer`` is device memory.  Nothing was enqueued.
     """
+    # The stream first (its type, then its handle, read once), then executor=, then
+    # the buffers, as host_launch, done_future and async_done check theirs: the
+    # executor before the buffers, so that a zero-byte copy refuses a closed one.
+    checked = check_target(stream, "host_copy")
     if executor is not None:
         check_executor(executor)
     d_view, s_view = _open(dst, "dst"), _open(src, "src")
@@ -399,7 +407,7 @@ def host_copy(stream: Any, dst: Any, src: Any, *, executor: Any = None) -> Any:
     if d.nbytes != s.nbytes:
         raise ValueError(f"host_copy() sizes differ: dst holds {d.nbytes} bytes, src {s.nbytes}")
     if d.nbytes == 0:
-        return check_empty(stream, "host_copy")
+        return check_empty(stream, "host_copy", checked)
     if _overlap(d, s):
         raise ValueError("host_copy() dst and src overlap; copy through a temporary")
     keep = (d.owner, s.owner)  # the memory, not only the objects (LIFETIME.md, invariant 1)
@@ -413,6 +421,7 @@ def host_copy(stream: Any, dst: Any, src: Any, *, executor: Any = None) -> Any:
             executor=executor,
             parallel_copy=True,
             caller="host_copy",
+            checked=checked,
         )
     rows = d.rows if not d.contiguous else s.rows
     row_bytes = d.nbytes // rows
@@ -425,7 +434,15 @@ def host_copy(stream: Any, dst: Any, src: Any, *, executor: Any = None) -> Any:
     d_pitch = d.pitch if not d.contiguous else row_bytes
     s_pitch = s.pitch if not s.contiguous else row_bytes
     data = _PACK_2D.pack(d.address, s.address, rows, row_bytes, d_pitch, s_pitch)
-    return enqueue(stream, host_memcpy_2d(), data, keep, executor=executor, caller="host_copy")
+    return enqueue(
+        stream,
+        host_memcpy_2d(),
+        data,
+        keep,
+        executor=executor,
+        caller="host_copy",
+        checked=checked,
+    )
 
 
 @keeps_nothing_on_refusal
@@ -455,11 +472,29 @@ def release_after(stream: Any, *objs: Any, executor: Any = None) -> Any:
     cuda.core.graph.HostCallbackNode or None
         For an explicit graph, the new node (``stream`` itself if nothing was
         added); else None.
+
+    Raises
+    ------
+    TypeError
+        If ``stream`` is not a stream, GraphBuilder or explicit graph (as for
+        :func:`host_launch`), or ``executor`` is not a HostExecutor, checked in
+        that order (the stream's ``__cuda_stream__`` asked once).
+    RuntimeError
+        If the executor is closed, or the target refuses a launch.  Nothing was
+        enqueued.
     """
+    # The stream first (its handle read once), then executor=, as host_copy checks.
+    checked = check_target(stream, "release_after")
     if executor is not None:
         check_executor(executor)
     if not objs:
-        return check_empty(stream, "release_after")
+        return check_empty(stream, "release_after", checked)
     return enqueue(
-        stream, _compiled("release_point"), None, objs, executor=executor, caller="release_after"
+        stream,
+        _compiled("release_point"),
+        None,
+        objs,
+        executor=executor,
+        caller="release_after",
+        checked=checked,
     )

@@ -14,7 +14,7 @@ import weakref
 import numba
 import numpy as np
 import pytest
-from _device import CHILD_PREAMBLE, Hold, child_env, run_child
+from _device import CHILD_PREAMBLE, Hold, child_env, resizable, run_child
 from numba import cfunc
 
 import numba_hostfn as nh
@@ -1297,6 +1297,102 @@ def test_a_refused_wait_keeps_no_stream_while_its_error_lives(stream, name, wron
     del target
     gc.collect()
     assert error.type is TypeError and alive() is None
+    assert nh.pending() == 0
+
+
+class _NotAStream:
+    """No __cuda_stream__: not a stream (and, unlike object(), weakly referable)."""
+
+
+#: host_copy and release_after, each with what it would enqueue and with nothing to
+#: enqueue (a zero-byte copy, no objects): the function and its arguments after the
+#: stream, over the bytearray ``buf`` (called from the test itself, so that no frame
+#: of the test's but its own is in a refusal's traceback, keeping the stream).
+_COPY_CALLS = {
+    "host_copy": lambda buf: (nh.host_copy, memoryview(buf)[:4], memoryview(buf)[4:]),
+    "host_copy 0 bytes": lambda buf: (nh.host_copy, memoryview(buf)[:0], memoryview(buf)[4:4]),
+    "host_copy rows": lambda buf: (
+        nh.host_copy,
+        np.frombuffer(buf, np.uint8).reshape(2, 4)[:, :2],
+        np.frombuffer(buf, np.uint8).reshape(2, 4)[:, 2:],
+    ),
+    "release_after": lambda buf: (nh.release_after, memoryview(buf)),
+    "release_after nothing": lambda buf: (nh.release_after,),
+}
+
+
+@pytest.mark.parametrize("call", list(_COPY_CALLS))
+@pytest.mark.parametrize("target", ["None", "int", "no protocol", "wrong answer"])
+@pytest.mark.parametrize("wrong_executor", ["object", "closed"])
+def test_host_copy_and_release_after_report_a_wrong_stream_before_a_wrong_executor(
+    call, target, wrong_executor
+):
+    """As host_launch, done_future and async_done do (the stream first: its type,
+    then its answer), host_copy and release_after report a wrong stream before a
+    wrong executor=, in host_launch's words with their own name, having enqueued
+    and kept nothing (main checked executor= first, and reported the executor)."""
+    name = call.split()[0]
+    make = {
+        "None": lambda: None,
+        "int": lambda: 12345,
+        "no protocol": _NotAStream,
+        "wrong answer": _WrongProtocol,
+    }[target]
+    with pytest.raises(TypeError) as launched:
+        nh.host_launch(make(), touch)
+    expected = str(launched.value).replace("host_launch()", f"{name}()")
+    if wrong_executor == "closed":
+        executor = nh.HostExecutor(threads=1)
+        executor.close()
+    else:
+        executor = object()
+    buf, bad = bytearray(8), make()
+    alive = weakref.ref(bad) if target in ("no protocol", "wrong answer") else None
+    pending = nh.pending()
+    function, *args = _COPY_CALLS[call](buf)
+    with pytest.raises(Exception) as error:
+        function(bad, *args, executor=executor)
+    del bad, args
+    gc.collect()
+    assert error.type is TypeError and str(error.value) == expected
+    assert nh.pending() == pending
+    assert resizable(buf)  # no export of it kept, while the error lives
+    assert alive is None or alive() is None
+
+
+class _CountingProtocol:
+    """A stream-like object whose ``__cuda_stream__`` counts its calls (a protocol
+    with side effects) and gives ``stream``'s answer the first time, a handle no
+    launch could use after that (one that names another stream when asked again)."""
+
+    def __init__(self, stream):
+        self.stream, self.calls = stream, 0
+
+    def __cuda_stream__(self):
+        self.calls += 1
+        return self.stream.__cuda_stream__() if self.calls == 1 else (0, 0x10)
+
+
+@pytest.mark.parametrize("call", list(_COPY_CALLS))
+@pytest.mark.parametrize("with_executor", [False, True], ids=["driver", "executor"])
+def test_host_copy_and_release_after_ask_cuda_stream_once(stream, call, with_executor):
+    """host_copy and release_after call ``__cuda_stream__`` exactly once, as
+    host_launch and the waits do, also now that the stream is checked before
+    executor= and the buffers: its handle, read first, is the one the launch (or
+    a call with nothing to enqueue) goes to, not the protocol asked again."""
+    buf = bytearray(range(8))
+    with nh.HostExecutor(threads=1) as executor:
+        counting = _CountingProtocol(stream)
+        function, *args = _COPY_CALLS[call](buf)
+        function(counting, *args, **({"executor": executor} if with_executor else {}))
+        del args
+        assert counting.calls == 1
+        stream.sync()
+        nh.drain()
+    if call == "host_copy":
+        assert buf == bytearray([4, 5, 6, 7, 4, 5, 6, 7])
+    elif call == "host_copy rows":
+        assert buf == bytearray([2, 3, 2, 3, 6, 7, 6, 7])
     assert nh.pending() == 0
 
 
