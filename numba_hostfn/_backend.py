@@ -303,8 +303,11 @@ class Backend:
 
     def add_captured_node(
         self, graph: Any, handle: int, fn: int, arg: int, device: bool = False
-    ) -> None:
-        """Add the host node ``fn(arg)`` to the capture on stream ``handle``."""
+    ) -> bool:
+        """Add the host node ``fn(arg)`` to the capture on stream ``handle``; False,
+        adding nothing, if that capture (``graph``) has ended since it was read: the
+        simulator's, which another thread ended meanwhile.  (On CUDA the driver's own
+        cuLaunchHostFunc decides, and then enqueues on the stream.)"""
         raise NotImplementedError  # pragma: no cover
 
     # ---- the HostExecutor (``_executor``) ----
@@ -331,8 +334,9 @@ class Backend:
         lane's first pinned words).  Nothing to do on the simulator."""
         return contextlib.nullcontext()
 
-    def add_slot_nodes(self, graph: Any, handle: int, slot: Any) -> None:
-        """Capture a graph slot's three operations on stream ``handle`` (``_graphs``)."""
+    def add_slot_nodes(self, graph: Any, handle: int, slot: Any) -> bool:
+        """Capture a graph slot's three operations on stream ``handle`` (``_graphs``);
+        False, adding none, as ``add_captured_node``."""
         raise NotImplementedError  # pragma: no cover
 
 

@@ -175,8 +175,9 @@ class CudaBackend(Backend):
 
     def add_captured_node(
         self, graph: Any, handle: int, fn: int, arg: int, device: bool = False
-    ) -> None:
+    ) -> bool:
         self._answer(_core.cuda_captured_host_node(handle, fn, arg))
+        return True
 
     def check_executor(self) -> None:
         if self._executor_checked:
@@ -233,7 +234,7 @@ class CudaBackend(Backend):
         finally:
             _core.cuda_exchange_capture_mode(before)  # the thread's mode as it was
 
-    def add_slot_nodes(self, graph: Any, handle: int, slot: Any) -> None:
+    def add_slot_nodes(self, graph: Any, handle: int, slot: Any) -> bool:
         _, rc, call = _core.cuda_slot_nodes(handle, slot.words)
         if rc:
             raise CudaDriverError(
@@ -242,6 +243,7 @@ class CudaBackend(Backend):
                 "decides): end it and capture again",
                 rc,
             )
+        return True
 
     def slot_graph(self, slot: Any) -> Any:
         """A cuda.core GraphDefinition holding a graph slot's three operations."""

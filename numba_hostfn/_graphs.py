@@ -67,20 +67,20 @@ def add_captured_node(
     """Add ``launch`` to the graph being captured on stream ``handle``, owned by it
     (on its executor: a graph slot's three operations).
 
-    Returns False, having done nothing, if the stream is not capturing (and
-    ``builder`` is false).  Raises RuntimeError, with nothing added and
-    nothing kept, if the capture cannot own a node.  A failure after the graph
-    owns the node's record leaves it there, released with the graph.
+    Returns False, having added nothing, if the stream is not capturing (and
+    ``builder`` is false), or if its capture ended (on another thread) after it was
+    read: the caller enqueues on the stream then, or a builder's launch is refused.
+    Raises RuntimeError, with nothing added and nothing kept, if the capture cannot
+    own a node.  A failure after the graph owns the node's record (an ended capture
+    too) leaves it there, released with the graph.
     """
     graph = backend.capture_graph(handle, builder, caller)
     if graph is None:
         return False
     if launch.executor is not None:
-        backend.add_slot_nodes(graph, handle, _slot_record(backend, graph, launch))
-        return True
+        return backend.add_slot_nodes(graph, handle, _slot_record(backend, graph, launch))
     node_fn, node_arg, _ = _graph_record(backend, graph, launch)
-    backend.add_captured_node(graph, handle, node_fn, node_arg, device)
-    return True
+    return backend.add_captured_node(graph, handle, node_fn, node_arg, device)
 
 
 def explicit_graph(backend: Backend, after: Any) -> tuple[type, int]:

@@ -82,16 +82,16 @@ class SimulatorBackend(Backend):
 
     def add_captured_node(
         self, graph: Any, handle: int, fn: int, arg: int, device: bool = False
-    ) -> None:
-        _core.sim_graph_add_node(graph, device, fn, arg)
+    ) -> bool:
+        return _core.sim_graph_add_node(graph, device, fn, arg)
 
-    def add_slot_nodes(self, graph: Any, handle: int, slot: Any) -> None:
+    def add_slot_nodes(self, graph: Any, handle: int, slot: Any) -> bool:
         # The three operations in one native call, all of them or none: a part of them
         # (an interrupt between two) would run the slot's work at every replay with no
         # wait for it, after the graph may have released what it uses (invariant 21).
         ops = (_core.EXEC_SIM_SET, _core.EXEC_SIM_AWAIT, _core.EXEC_SIM_SET)
         pairs = [x for i, fn in enumerate(ops) for x in (fn, _core.exec_slot_op(slot.address, i))]
-        _core.sim_graph_add_node(graph, True, *pairs)
+        return _core.sim_graph_add_node(graph, True, *pairs)
 
     def in_host_function(self) -> bool:
         return _core.sim_in_host_function()

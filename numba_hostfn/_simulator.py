@@ -180,8 +180,9 @@ class Stream(_core.SimStreamBase):
                 break
             capture = self._backend.captures.get(handle)
             if capture is not None:
-                _core.sim_graph_add_node(capture, True, _core.SIM_DELAY, micros)
-                return
+                # False: another thread ended the capture since it was read (end()).
+                if _core.sim_graph_add_node(capture, True, _core.SIM_DELAY, micros):
+                    return
             # Another thread ended the capture since: the work goes to the stream.
         if status:
             self._backend.raise_refusal(status, stream=handle)
@@ -215,10 +216,12 @@ class Stream(_core.SimStreamBase):
         """Start capturing: work enqueued from now on is recorded, not run (CuPy's shape)."""
         self._begin_capture()
 
-    def _begin_capture(self) -> Any:
-        """Start capturing; the capture this call began (a SimGraph), the stream's."""
+    def _begin_capture(self, *called: str) -> Any:
+        """Start capturing; the capture this call began (a SimGraph), the stream's.
+        ``called``: the call a host function's refusal names (_refuse_in_host_function),
+        where it is not begin_capture() on the stream."""
         handle = self._live()
-        _refuse_in_host_function("begin_capture")
+        _refuse_in_host_function(*(called or ("begin_capture",)))
         capture = _core.SimGraph()
         # The check and the record in one step: a begin on another thread in between
         # passed the same check, and both began (the later record replaced the other).
@@ -234,6 +237,7 @@ class Stream(_core.SimStreamBase):
             taken = self._backend.captures.pop(handle, None)
             if taken is not None:
                 _core.sim_set_capturing(handle, False)
+                taken.end()
                 taken.release()
             self._live()  # its error
         return capture
@@ -243,14 +247,18 @@ class Stream(_core.SimStreamBase):
         self._live()
         return Graph(self._end_capture())
 
-    def _end_capture(self) -> Any:
-        """Stop capturing; the capture's reference to its graph, now the caller's."""
-        _refuse_in_host_function("end_capture")
+    def _end_capture(self, *called: str) -> Any:
+        """Stop capturing; the capture's reference to its graph, now the caller's.
+        ``called``: as ``_begin_capture``'s."""
+        _refuse_in_host_function(*(called or ("end_capture",)))
         with self._backend.capture_lock:  # one end takes it; no begin in between
             capture = self._backend.captures.get(self._handle)
             if capture is not None:
                 _core.sim_set_capturing(self._handle, False)
                 del self._backend.captures[self._handle]
+                # A node whose launch read the capture before this takes no place in
+                # it now: it goes to the stream, as after cuStreamEndCapture.
+                capture.end()
         if capture is None:
             raise RuntimeError("end_capture() on a simulated stream that is not capturing")
         return capture
@@ -286,6 +294,7 @@ class Stream(_core.SimStreamBase):
         capture = self._backend.captures.pop(self._handle, None)  # one close takes it
         if capture is not None:
             _core.sim_set_capturing(self._handle, False)
+            capture.end()
             capture.release()
 
     def __enter__(self) -> Stream:
@@ -303,6 +312,7 @@ class Stream(_core.SimStreamBase):
             self._closed = True
             capture = self._backend.captures.pop(self._handle, None)
             if capture is not None:
+                capture.end()
                 capture.release()
             _close(self._handle, False)  # the thread ends on its own
 
@@ -383,6 +393,10 @@ def _refuse_in_host_function(
         raise in_host_function_error(f"called {call}() on {on}", left)
 
 
+#: What a host function's refused begin_building() or end_building() names: the
+#: builder, as it was (not the stream's begin_capture() or end_capture()).
+_BUILDER_AS_IT_WAS = ("a simulated GraphBuilder", "the builder is as it was")
+
 # cuda.core's GraphBuilder.begin_building modes (CUstreamCaptureMode's three).
 _BUILD_MODES = ("global", "thread_local", "relaxed")
 
@@ -412,6 +426,11 @@ class GraphBuilder:
     def stream(self) -> Stream:
         """The stream the builder captures."""
         return self._stream
+
+    @property
+    def is_closed(self) -> bool:
+        """True once :meth:`close` has run (cuda.core's ``GraphBuilder.is_closed``)."""
+        return self._closed
 
     @property
     def is_building(self) -> bool:
@@ -446,14 +465,15 @@ class GraphBuilder:
             )
         if self._closed or self._definition is not None:
             raise RuntimeError("this GraphBuilder has already built its graph or is closed")
-        self._capture = self._stream._begin_capture()  # its own: read in the same step
+        # Its own capture, read in the same step; a host function's refusal names this call.
+        self._capture = self._stream._begin_capture("begin_building", *_BUILDER_AS_IT_WAS)
         return self
 
     def end_building(self) -> GraphBuilder:
         """Stop capturing: what was enqueued since :meth:`begin_building` is the graph."""
         if not self.is_building:
             raise RuntimeError("end_building() on a GraphBuilder that is not building")
-        self._definition = self._stream._end_capture()
+        self._definition = self._stream._end_capture("end_building", *_BUILDER_AS_IT_WAS)
         self._capture = None
         return self
 
@@ -495,4 +515,5 @@ class GraphBuilder:
                 return
             del backend.captures[stream._handle]
             _capturing(stream._handle, False)
+        capture.end()
         capture.release()

@@ -20,6 +20,7 @@ from _device import (
 from numba import carray
 
 import numba_hostfn as nh
+import numba_hostfn._graphs
 import numba_hostfn._simulator
 from numba_hostfn import _core
 
@@ -569,6 +570,68 @@ def test_a_sleep_whose_capture_another_thread_ends_goes_to_the_stream(request):
         s.close()
 
 
+def test_work_whose_capture_another_thread_ends_before_its_node_is_added_goes_to_the_stream(
+    request,
+):
+    """A launch (or sleep) on a capturing stream read the capture, then added its node
+    to it: a capture another thread ended in between (end_capture(), end_building())
+    still took the node, after the graph was made, so it ran at every later replay and
+    never on the stream (on a GPU, cuLaunchHostFunc after the capture's end enqueues on
+    the stream; a GraphBuilder refuses it).  An ended capture takes no node now: the
+    work goes to the stream, as CUDA's would, or a builder's launch is refused."""
+    if rerun_on_simulator(request):
+        return
+    counter = np.zeros(1, np.int64)
+    s = nh.simulator.Stream()
+    try:
+        s.begin_capture()
+        _, graph = _run_at_line(
+            numba_hostfn._graphs.add_captured_node,
+            "node_fn, node_arg, _ = _graph_record(backend, graph, launch)",
+            lambda: nh.host_launch(s, increment, user_data=nh.by_ref(counter)),
+            s.end_capture,
+        )
+        assert not s.is_capturing
+        s.sync()
+        assert counter[0] == 1, "the launch runs once on the stream"
+        graph.launch(s)
+        s.sync()
+        assert counter[0] == 1, "and is no node of the graph made before it"
+        graph.close()
+        s.begin_capture()
+        _, graph = _run_at_line(
+            nh.simulator.Stream.sleep,
+            "if capture is not None:",
+            lambda: s.sleep(2),
+            s.end_capture,
+        )
+        assert not s.is_done()  # the 2 s run on the stream, not in the graph
+        s.sync()
+        start = time.monotonic()
+        graph.launch(s)
+        s.sync()
+        assert time.monotonic() - start < 1.5, "the sleep is no node of the graph"
+        graph.close()
+        builder = s.create_graph_builder().begin_building()
+        with pytest.raises(RuntimeError, match="not building"):
+            _run_at_line(
+                numba_hostfn._graphs.add_captured_node,
+                "node_fn, node_arg, _ = _graph_record(backend, graph, launch)",
+                lambda: nh.host_launch(builder, increment, user_data=nh.by_ref(counter)),
+                builder.end_building,
+            )
+        graph = builder.complete()
+        builder.close()
+        graph.launch(s)
+        s.sync()
+        graph.close()
+        assert counter[0] == 1
+    finally:
+        s.close()
+    nh.drain()
+    assert nh.pending() == 0
+
+
 def test_a_capture_begun_as_another_thread_closes_the_stream_is_not_left_behind(request):
     """begin_capture() racing close() on another thread (after its closed check,
     before it records the capture) left a capture of a closed stream that nothing
@@ -711,6 +774,58 @@ def test_a_host_function_that_begins_or_ends_a_capture_is_refused(request, unrai
         assert seen == [True] * 6 and not unraisables
         assert not idle.is_capturing and busy.is_capturing
         busy.end_capture().close()  # from the program's thread: taken
+
+
+def test_a_host_functions_refused_building_names_the_builder_call(request, unraisables):
+    """A host function's begin_building() or end_building() was refused as "called
+    begin_capture() (end_capture()) on a simulated stream", calls the program never
+    made, on an object it never named: the refusal names the GraphBuilder's own call
+    now, and the builder is as it was."""
+    if rerun_on_simulator(request):
+        return
+    seen = []
+    with nh.simulator.Stream() as s, nh.simulator.Stream() as work:
+        idle = work.create_graph_builder()
+        building = nh.simulator.Stream().create_graph_builder().begin_building()
+
+        def builds():
+            for call in (idle.begin_building, building.end_building):
+                try:
+                    call()
+                    seen.append(f"{call.__qualname__} taken")
+                except RuntimeError as exc:
+                    seen.append(str(exc).split(":")[0])
+
+        nh.host_launch(s, builds)
+        s.sync()
+        assert not unraisables
+        assert seen == [
+            "a host function called begin_building() on a simulated GraphBuilder",
+            "a host function called end_building() on a simulated GraphBuilder",
+        ], seen
+        assert not idle.is_building and building.is_building
+        building.end_building().close()
+        building.stream.close()
+
+
+def test_a_graph_builder_says_whether_it_is_closed_as_cuda_cores_does(request):
+    """cuda.core 1.2's GraphBuilder has is_closed, as its Graph does: the simulator's
+    builder had none, so code that asked it (before closing one twice, say) passed on
+    a GPU and raised AttributeError here."""
+    if rerun_on_simulator(request):
+        return
+    with nh.simulator.Stream() as s:
+        builder = s.create_graph_builder()
+        assert builder.is_closed is False
+        builder.begin_building().end_building()
+        graph = builder.complete()
+        assert builder.is_closed is False
+        builder.close()
+        assert builder.is_closed is True and graph.is_closed is False
+        graph.close()
+        unused = s.create_graph_builder()
+        unused.close()
+        assert unused.is_closed is True
 
 
 def test_a_host_function_that_instantiates_or_destroys_a_graph_is_refused(request, unraisables):

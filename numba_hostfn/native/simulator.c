@@ -354,6 +354,7 @@ typedef struct sim_graph {
     nhf_record *records;  /* linked through their next field */
     node *nodes;
     size_t count, capacity;
+    int ended; /* the capture ended: it takes no more nodes (guarded by lock) */
     /* Replays are ordered as CUDA orders the launches of one executable graph
      * (cuGraphLaunch: behind its previous launches), whatever their streams: an
      * executor node's slot words serve one replay at a time (invariant 16).  A
@@ -847,9 +848,11 @@ static PyObject *py_graph_record(PyObject *self, PyObject *const *args, Py_ssize
     return PyLong_FromVoidPtr(record);
 }
 
-/* graph_add_node(graph, device, fn, arg[, fn, arg, ...]): captured nodes, replayed
- * in order, added all of them or none (a graph slot's three operations: a part of
- * them would run the slot's work with no wait for it, invariant 21). */
+/* graph_add_node(graph, device, fn, arg[, fn, arg, ...]) -> added: captured nodes,
+ * replayed in order, added all of them or none (a graph slot's three operations: a
+ * part of them would run the slot's work with no wait for it, invariant 21).  False,
+ * adding none, once the capture has ended (SimGraph.end(): another thread ended it
+ * after the caller read it), as cuLaunchHostFunc then enqueues on the stream. */
 static PyObject *py_graph_add_node(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     enum { MOST = 3 };
@@ -870,6 +873,10 @@ static PyObject *py_graph_add_node(PyObject *self, PyObject *const *args, Py_ssi
             nhf_address_arg(args[3 + 2 * i], &arg[i]) < 0)
             return NULL;
     pthread_mutex_lock(&k->lock);
+    if (k->ended) {
+        pthread_mutex_unlock(&k->lock);
+        Py_RETURN_FALSE;
+    }
     if (k->count + n > k->capacity) {
         size_t capacity = k->capacity ? 2 * k->capacity : 16;
         while (capacity < k->count + n)
@@ -885,7 +892,7 @@ static PyObject *py_graph_add_node(PyObject *self, PyObject *const *args, Py_ssi
     for (size_t i = 0; i < n; i++)
         k->nodes[k->count++] = (node){device, (nhf_hostfn)(uintptr_t)fn[i], arg[i]};
     pthread_mutex_unlock(&k->lock);
-    Py_RETURN_NONE;
+    Py_RETURN_TRUE;
 }
 
 /* replay(stream, graph) -> status: one replay of a simulated graph. */
@@ -964,6 +971,20 @@ static PyObject *sim_graph_ref_release(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+/* end(): the capture of this graph has ended; a node added from now on is refused
+ * (graph_add_node answers False).  Under the graph's lock: an add that took it
+ * first is a node of the capture, made before its end. */
+static PyObject *sim_graph_ref_end(PyObject *self, PyObject *unused) {
+    (void)unused;
+    sim_graph *k = graph_arg(self);
+    if (k == NULL)
+        return NULL;
+    pthread_mutex_lock(&k->lock);
+    k->ended = 1;
+    pthread_mutex_unlock(&k->lock);
+    Py_RETURN_NONE;
+}
+
 static PyObject *sim_graph_ref_held(PyObject *self, void *closure) {
     (void)closure;
     return PyBool_FromLong(atomic_load(&((sim_graph_ref *)self)->k) != NULL);
@@ -981,6 +1002,8 @@ static PyMethodDef sim_graph_ref_methods[] = {
      "Give the reference back (once)."},
     {"share", sim_graph_ref_share, METH_NOARGS, "share($self, /)\n--\n\n"
      "Another reference to the same graph."},
+    {"end", sim_graph_ref_end, METH_NOARGS, "end($self, /)\n--\n\n"
+     "The capture has ended: the graph takes no more nodes."},
     {NULL, NULL, 0, NULL},
 };
 
