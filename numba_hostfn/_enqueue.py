@@ -152,7 +152,6 @@ def enqueue(
     executor: Any = None,
     parallel_copy: bool = False,
     caller: str = "host_launch",
-    answer: Any = UNASKED,
     checked: tuple[str, int] | None = None,
 ) -> Any:
     """host_launch, plus ``also_owns``: more objects the launch owns until it has run.
@@ -160,18 +159,17 @@ def enqueue(
     ``as_device_work`` (simulator only) enqueues simulated device work instead of a
     host function.  ``parallel_copy`` says that ``fn`` is the compiled copy with
     MEMCPY_LAYOUT user data, which an executor shares out among its threads.
-    ``caller`` is the public function a wrong target's error names.  ``answer``:
-    what the target's ``__cuda_stream__`` gave, where the native host_launch asked
-    it before handing the call over (:func:`check_target`).  ``checked``: what
-    :func:`check_target` gave, where the caller checked the target before its own
-    arguments (host_copy and release_after: the stream, then ``executor=``, then the
-    buffers), so that ``__cuda_stream__`` is asked once per call.  A refusal
+    ``caller`` is the public function a wrong target's error names.  ``checked``:
+    what :func:`check_target` gave, where the caller checked the target first
+    (host_copy and release_after: the stream, then ``executor=``, then the buffers;
+    a call the native host_launch handed over with the stream's answer), so that
+    ``__cuda_stream__`` is asked once per call.  A refusal
     keeps nothing: every caller, a public entry point, is decorated with
     ``_errors.keeps_nothing_on_refusal``, which clears this frame too.
     """
     # Checked in argument order, so the first wrong one is the one reported: the
     # target (its type, then its handle), fn, user_data, then the executor.
-    kind_of_target, handle = check_target(target, caller, answer) if checked is None else checked
+    kind_of_target, handle = check_target(target, caller) if checked is None else checked
     backend = get_backend()
     kind, address, fn_owned = classify_function(fn)
     launch_kind = KINDS[kind]  # the native table: its trampoline, what it owns

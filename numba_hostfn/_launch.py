@@ -172,7 +172,8 @@ def host_launch_answered(
     ``answer``: launched with that answer, the protocol not asked again (a
     protocol asked twice may count its calls, or name another stream the second
     time).  The native path takes only ``blocking=True``, so ``blocking`` is True."""
-    return enqueue(stream, fn, user_data, None, executor=executor, answer=answer)
+    checked = check_target(stream, "host_launch", answer)
+    return enqueue(stream, fn, user_data, None, executor=executor, checked=checked)
 
 
 def _configure_native(backend: Any) -> None:
