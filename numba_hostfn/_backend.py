@@ -304,10 +304,13 @@ class Backend:
     def add_captured_node(
         self, graph: Any, handle: int, fn: int, arg: int, device: bool = False
     ) -> bool:
-        """Add the host node ``fn(arg)`` to the capture on stream ``handle``; False,
-        adding nothing, if that capture (``graph``) has ended since it was read: the
-        simulator's, which another thread ended meanwhile.  (On CUDA the driver's own
-        cuLaunchHostFunc decides, and then enqueues on the stream.)"""
+        """Add the host node ``fn(arg)`` (``arg``: the record ``graph`` owns) to the
+        capture on stream ``handle``; False, adding nothing, if that capture
+        (``graph``) has ended since it was read, which another thread may do at any
+        time.  On CUDA the capture is read again around the launch: a
+        cuLaunchHostFunc after the end would enqueue on the stream, with the graph's
+        record, which the graph's destruction may release first (LIFETIME.md,
+        invariant 8)."""
         raise NotImplementedError  # pragma: no cover
 
     # ---- the HostExecutor (``_executor``) ----
@@ -334,9 +337,10 @@ class Backend:
         lane's first pinned words).  Nothing to do on the simulator."""
         return contextlib.nullcontext()
 
-    def add_slot_nodes(self, graph: Any, handle: int, slot: Any) -> bool:
-        """Capture a graph slot's three operations on stream ``handle`` (``_graphs``);
-        False, adding none, as ``add_captured_node``."""
+    def add_slot_nodes(self, graph: Any, handle: int, slot: Any, record: int) -> bool:
+        """Capture a graph slot's three operations on stream ``handle`` (``_graphs``;
+        ``record``: the one ``graph`` owns, which owns the slot); False, adding none,
+        as ``add_captured_node``."""
         raise NotImplementedError  # pragma: no cover
 
 

@@ -14,7 +14,7 @@ from typing_extensions import Buffer, disjoint_base
 
 # ---- the hooks for tests only (util.c's nhf_add_testing; each file adds its own):
 # driver_address, driver_swap, exec_done_pause, exec_test_pause, exec_test_paused,
-# held_owners, lane_owners, schedule_failures, sim_new_identity, sim_pending,
+# held_owners, lane_owners, release_kept, schedule_failures, sim_new_identity, sim_pending,
 # sim_watchdog_stream_uses, watchdog_stats.  Not an API: untyped here.
 _testing: ModuleType
 
@@ -76,15 +76,22 @@ def driver_load(addresses: tuple[int, ...], /) -> tuple[str, ...]: ...
 CU_STREAM_CAPTURE_STATUS_ACTIVE: Final[int]
 CU_STREAM_CAPTURE_STATUS_INVALIDATED: Final[int]
 CU_STREAM_CAPTURE_MODE_RELAXED: Final[int]
+CAPTURE_ENDED: Final[int]
+CAPTURE_NODE: Final[int]
+CAPTURE_UNSURE: Final[int]
 
 def cuda_graph_record(
     graph: int, fn: int, arg: int, owner: object, /
 ) -> tuple[int, int, str | None]: ...
 def cuda_capture_info(stream: int, /) -> tuple[tuple[int, int], int, str | None]: ...
-def cuda_captured_host_node(stream: int, fn: int, arg: int, /) -> tuple[None, int, str | None]: ...
+def cuda_captured_host_node(
+    stream: int, graph: int, replay: int, record: int, /
+) -> tuple[int, int, str | None]: ...
 def cuda_exchange_capture_mode(mode: int, /) -> tuple[int, int, str | None]: ...
 def cuda_pinned_words(nbytes: int, /) -> tuple[int, int, str | None]: ...
-def cuda_slot_nodes(stream: int, words: int, /) -> tuple[None, int, str | None]: ...
+def cuda_slot_nodes(
+    stream: int, graph: int, words: int, record: int, /
+) -> tuple[int, int, str | None]: ...
 def cuda_slot_graph(graph: int, words: int, /) -> tuple[None, int, str | None]: ...
 
 # ---- kinds.c: the table of launch kinds ----

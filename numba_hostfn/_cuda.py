@@ -176,8 +176,10 @@ class CudaBackend(Backend):
     def add_captured_node(
         self, graph: Any, handle: int, fn: int, arg: int, device: bool = False
     ) -> bool:
-        self._answer(_core.cuda_captured_host_node(handle, fn, arg))
-        return True
+        # arg is the record: pinned by the call, and kept for good where the capture
+        # ended during the launch (CAPTURE_UNSURE: it may run on the stream).
+        where = self._answer(_core.cuda_captured_host_node(handle, graph, fn, arg))
+        return where != _core.CAPTURE_ENDED
 
     def check_executor(self) -> None:
         if self._executor_checked:
@@ -234,8 +236,9 @@ class CudaBackend(Backend):
         finally:
             _core.cuda_exchange_capture_mode(before)  # the thread's mode as it was
 
-    def add_slot_nodes(self, graph: Any, handle: int, slot: Any) -> bool:
-        _, rc, call = _core.cuda_slot_nodes(handle, slot.words)
+    def add_slot_nodes(self, graph: Any, handle: int, slot: Any, record: int) -> bool:
+        # As add_captured_node: the capture read around the launch, the record pinned.
+        where, rc, call = _core.cuda_slot_nodes(handle, graph, slot.words, record)
         if rc:
             raise CudaDriverError(
                 f"{call} failed while capturing a HostExecutor node: {self.error_text(rc)}; "
@@ -243,7 +246,7 @@ class CudaBackend(Backend):
                 "decides): end it and capture again",
                 rc,
             )
-        return True
+        return where != _core.CAPTURE_ENDED
 
     def slot_graph(self, slot: Any) -> Any:
         """A cuda.core GraphDefinition holding a graph slot's three operations."""

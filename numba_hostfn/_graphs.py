@@ -78,7 +78,7 @@ def add_captured_node(
     if graph is None:
         return False
     if launch.executor is not None:
-        return backend.add_slot_nodes(graph, handle, _slot_record(backend, graph, launch))
+        return backend.add_slot_nodes(graph, handle, *_slot_record(backend, graph, launch))
     node_fn, node_arg, _ = _graph_record(backend, graph, launch)
     return backend.add_captured_node(graph, handle, node_fn, node_arg, device)
 
@@ -102,7 +102,7 @@ def add_graph_node(backend: Backend, after: Any, launch: Launch) -> Any:
     (on its executor: a child graph of a graph slot's three operations)."""
     base, graph = explicit_graph(backend, after)
     if launch.executor is not None:
-        slot = _slot_record(backend, graph, launch)
+        slot, _ = _slot_record(backend, graph, launch)
         return base.embed(after, backend.slot_graph(slot))
     node_fn, node_arg, _ = _graph_record(backend, graph, launch)
     # A fresh CUhostFn: cuda.core would take a numba CFunc (callable) for a Python
@@ -110,12 +110,13 @@ def add_graph_node(backend: Backend, after: Any, launch: Launch) -> Any:
     return base.callback(after, CUhostFn(node_fn), user_data=node_arg)
 
 
-def _slot_record(backend: Backend, graph: Any, launch: Launch) -> Any:
-    """Arm a graph slot of the launch's executor, owned by ``graph``'s record; return it."""
+def _slot_record(backend: Backend, graph: Any, launch: Launch) -> tuple[Any, int]:
+    """Arm a graph slot of the launch's executor, owned by ``graph``'s record; return
+    the slot and that record."""
     slot = graph_slot_of(launch.executor)
     owned = launch._replace(owner=(launch.owner, slot))
-    node_fn, node_arg, _ = _graph_record(backend, graph, owned)
+    node_fn, node_arg, record = _graph_record(backend, graph, owned)
     if launch.copy:  # the pool's own (parallel) copy of the MEMCPY_LAYOUT at arg
         node_fn, node_arg = 0, launch.arg
     slot.arm(node_fn, node_arg, launch.copy)  # RuntimeError if the executor is closing
-    return slot
+    return slot, record

@@ -85,7 +85,7 @@ class SimulatorBackend(Backend):
     ) -> bool:
         return _core.sim_graph_add_node(graph, device, fn, arg)
 
-    def add_slot_nodes(self, graph: Any, handle: int, slot: Any) -> bool:
+    def add_slot_nodes(self, graph: Any, handle: int, slot: Any, record: int) -> bool:
         # The three operations in one native call, all of them or none: a part of them
         # (an interrupt between two) would run the slot's work at every replay with no
         # wait for it, after the graph may have released what it uses (invariant 21).

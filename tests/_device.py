@@ -263,6 +263,35 @@ def rerun_on_simulator(request) -> bool:
     return True
 
 
+def run_at_line(function, line_text, call, action):
+    """``call()``, with ``action()`` run once, on this thread, just before the first
+    line of ``function`` whose source is ``line_text``: where another thread could
+    run it, made certain by a trace function (as test_interrupts makes its
+    interrupts).  Returns what ``call()`` and ``action()`` returned."""
+    import inspect
+
+    code = function.__code__
+    lines, first = inspect.getsourcelines(code)
+    target = first + [line.strip() for line in lines].index(line_text)
+    ran = []
+
+    def local(frame, event, arg):
+        if event == "line" and frame.f_lineno == target and not ran:
+            ran.append(action())
+        return local
+
+    def tracer(frame, event, arg):
+        return local if frame.f_code is code else None
+
+    sys.settrace(tracer)
+    try:
+        result = call()
+    finally:
+        sys.settrace(None)
+    assert ran, f"{function.__qualname__} did not reach {line_text!r}"
+    return result, ran[0]
+
+
 class Capture:
     """A plain stream captured as another library would capture it.
 
@@ -579,7 +608,7 @@ c_int, c_uint, c_uint64, vp = ctypes.c_int, ctypes.c_uint, ctypes.c_uint64, ctyp
 #: ctypes prototypes of the driver entry points the tests stand in for (driver.h).
 _PROTOTYPES = {
     "cuStreamGetCaptureInfo": ctypes.CFUNCTYPE(
-        c_int, vp, ctypes.POINTER(c_int), vp, ctypes.POINTER(vp), vp, vp, vp
+        c_int, vp, ctypes.POINTER(c_int), ctypes.POINTER(c_uint64), ctypes.POINTER(vp), vp, vp, vp
     ),
     "cuLaunchHostFunc": ctypes.CFUNCTYPE(c_int, vp, vp, vp),
     "cuStreamWriteValue32": ctypes.CFUNCTYPE(c_int, vp, c_uint64, c_uint, c_uint),

@@ -39,14 +39,208 @@ def test_capture_info_reads_status_and_graph_and_names_a_refusal():
     assert _core.CU_STREAM_CAPTURE_STATUS_INVALIDATED == 2
 
 
-def test_a_captured_host_node_is_cu_launch_host_func_on_the_capturing_stream():
-    calls = []
-    with stand_ins(cuLaunchHostFunc=lambda *a: calls.append(a) or (999 if a[0] == 2 else 0)):
-        assert _core.cuda_captured_host_node(1, 0xF0, 0xA0) == (None, 0, None)
-        assert _core.cuda_captured_host_node(2, 0xF0, 0) == (None, 999, "cuLaunchHostFunc")
-        with pytest.raises(ValueError, match="NULL host function"):
-            _core.cuda_captured_host_node(1, 0, 0xA0)
-    assert calls == [(1, 0xF0, 0xA0), (2, 0xF0, None)]
+def _owned_record(owner):
+    """A real record owning ``owner``, owned by the stand-in graph 0x6A through a
+    stand-in user object: (record, destroy), ``destroy()`` what the driver calls when
+    the graph is gone (the user object's destructor)."""
+    made = {}
+
+    def create(out, record, destroy, refcount, flags):
+        made["destroy"] = (destroy, record)
+        out[0] = 0x0B
+        return 0
+
+    fakes = dict(
+        cuUserObjectCreate=create,
+        cuGraphRetainUserObject=lambda *a: 0,
+        cuUserObjectRelease=lambda *a: 0,
+    )
+    with stand_ins(**fakes):
+        record, rc, _ = _core.cuda_graph_record(0x6A, 0xF0, 0xA0, owner)
+    assert rc == 0 and record
+    destroy, arg = made["destroy"]
+    return record, lambda: ctypes.CFUNCTYPE(None, vp)(destroy)(arg)
+
+
+def _slot_nodes(stream, words):
+    """cuda_slot_nodes(stream, graph, words, record) while the stream captures the
+    graph that owns the record (stand-ins), which is then destroyed."""
+    owner = _Owner()
+    alive = weakref.ref(owner)
+    record, destroy = _owned_record(owner)
+    del owner
+
+    def info(stream, status, id_, graph_out, deps, edges, count):
+        status[0] = _core.CU_STREAM_CAPTURE_STATUS_ACTIVE
+        if id_:
+            id_[0] = 7
+        if graph_out:
+            graph_out[0] = 0x6A
+        return 0
+
+    with stand_ins(cuStreamGetCaptureInfo=info):
+        answer = _core.cuda_slot_nodes(stream, 0x6A, words, record)
+    destroy()
+    nh.drain()
+    assert alive() is None
+    return answer
+
+
+def test_a_captured_host_node_is_launched_only_into_the_capture_of_its_graph():
+    """cuda_captured_host_node(stream, graph, replay, record): cuLaunchHostFunc on the
+    stream while it captures the graph that owns the record, read just before the
+    launch (another graph, or none: CAPTURE_ENDED, nothing launched, for the caller to
+    enqueue on the stream) and just after (the same capture id, still active:
+    CAPTURE_NODE).  A capture that ended during the launch (CAPTURE_UNSURE) may have
+    left it on the stream, where it runs once with the graph's record: that record is
+    kept for good, whatever the graph does.  A graph destroyed during the launch
+    (another thread) has its record's release wait for the answer."""
+    ACTIVE, NONE = _core.CU_STREAM_CAPTURE_STATUS_ACTIVE, 0
+    replay = _core.USER_OBJECT_RELEASE  # any non-NULL address: the stand-in never calls it
+
+    def run(states, launch_rc=0, during=None, graph=0x6A):
+        """One call with the capture read as ``states`` (before, after: (status, id,
+        graph)); returns (answer, calls, the owner's weakref, record, destroy)."""
+        owner = _Owner()
+        alive = weakref.ref(owner)
+        record, destroy = _owned_record(owner)
+        del owner
+        reads, calls = list(states), []
+
+        def info(stream, status, id_, graph_out, deps, edges, count):
+            status[0], ident, made = reads.pop(0)
+            if id_:
+                id_[0] = ident
+            if graph_out:
+                graph_out[0] = made
+            calls.append(("info", stream))
+            return 0
+
+        def launch(stream, fn, arg):
+            calls.append(("launch", stream, fn, arg))
+            if during:
+                during(destroy, alive)
+            return launch_rc
+
+        with stand_ins(cuStreamGetCaptureInfo=info, cuLaunchHostFunc=launch):
+            answer = _core.cuda_captured_host_node(0x5, graph, replay, record)
+        return answer, calls, alive, record, destroy
+
+    # The capture of the graph, before and after: a node of it.
+    answer, calls, alive, record, destroy = run([(ACTIVE, 7, 0x6A), (ACTIVE, 7, 0x6A)])
+    assert answer == (_core.CAPTURE_NODE, 0, None)
+    assert calls == [("info", 5), ("launch", 5, replay, record), ("info", 5)]
+    destroy()
+    nh.drain()
+    assert alive() is None, "the graph's record is released with the graph"
+
+    # Ended before the launch, or another graph's capture now: nothing launched.
+    for before in ((NONE, 0, None), (ACTIVE, 8, 0x6B)):
+        answer, calls, alive, record, destroy = run([before])
+        assert answer == (_core.CAPTURE_ENDED, 0, None), before
+        assert calls == [("info", 5)], before
+        assert alive() is not None  # the graph still owns it
+        destroy()
+        nh.drain()
+        assert alive() is None, before
+
+    # Ended during the launch (a new capture, or none): kept, whatever the graph does.
+    for after in ((NONE, 0, None), (ACTIVE, 8, 0x6B)):
+        answer, calls, alive, record, destroy = run([(ACTIVE, 7, 0x6A), after])
+        assert answer == (_core.CAPTURE_UNSURE, 0, None), after
+        destroy()
+        nh.drain()
+        gc.collect()
+        assert alive() is not None, "a launch on the stream may still read the record"
+        with pytest.raises(ValueError, match="not a record kept"):
+            _core._testing.release_kept(0)
+        _core._testing.release_kept(record)  # the test knows nothing runs it
+        assert alive() is None
+
+    # The graph destroyed during the launch: released once the launch is known a node
+    # (not before: the release waits), or kept if it is not known.
+    seen = []
+
+    def destroyed_meanwhile(destroy, alive):
+        destroy()
+        nh.drain()
+        seen.append(alive() is not None)
+
+    answer, _, alive, _, _ = run([(ACTIVE, 7, 0x6A), (ACTIVE, 7, 0x6A)], during=destroyed_meanwhile)
+    assert answer[0] == _core.CAPTURE_NODE and seen == [True]
+    nh.drain()
+    assert alive() is None
+    answer, _, alive, record, _ = run(
+        [(ACTIVE, 7, 0x6A), (NONE, 0, None)], during=destroyed_meanwhile
+    )
+    assert answer[0] == _core.CAPTURE_UNSURE and seen == [True, True]
+    nh.drain()
+    assert alive() is not None
+    _core._testing.release_kept(record)
+    assert alive() is None
+
+    # Refusals: named; nothing launched, the record the graph's.
+    answer, calls, alive, record, destroy = run([(ACTIVE, 7, 0x6A)], launch_rc=999)
+    assert answer == (_core.CAPTURE_ENDED, 999, "cuLaunchHostFunc")
+    destroy()
+    nh.drain()
+    assert alive() is None
+    with pytest.raises(ValueError, match="NULL replay trampoline or record"):
+        _core.cuda_captured_host_node(1, 0x6A, 0, 0xA0)
+    with pytest.raises(ValueError, match="NULL replay trampoline or record"):
+        _core.cuda_captured_host_node(1, 0x6A, 0xF0, 0)
+
+
+def test_slot_nodes_go_only_into_the_capture_of_their_graph():
+    """cuda_slot_nodes reads the capture around its batch as cuda_captured_host_node
+    does: ended (or another graph's), no operation is launched; ended during the
+    batch, the graph's record (which owns the slot) is kept for good."""
+    ACTIVE = _core.CU_STREAM_CAPTURE_STATUS_ACTIVE
+    for reads, where in (
+        ([(0, 0, None)], _core.CAPTURE_ENDED),
+        ([(ACTIVE, 8, 0x6B)], _core.CAPTURE_ENDED),
+        ([(ACTIVE, 7, 0x6A), (0, 0, None)], _core.CAPTURE_UNSURE),
+    ):
+        owner = _Owner()
+        alive = weakref.ref(owner)
+        record, destroy = _owned_record(owner)
+        del owner
+        batches = []
+
+        def info(stream, status, id_, graph_out, deps, edges, count, reads=reads):
+            status[0], ident, made = reads.pop(0)
+            if id_:
+                id_[0] = ident
+            if graph_out:
+                graph_out[0] = made
+            return 0
+
+        with stand_ins(
+            **_slot_fakes([]),
+            cuStreamGetCaptureInfo=info,
+            cuStreamBatchMemOp=lambda *a, batches=batches: batches.append(a) or 0,
+        ):
+            assert _core.cuda_slot_nodes(0x5, 0x6A, 0x10000, record) == (where, 0, None)
+        assert len(batches) == (where == _core.CAPTURE_UNSURE)
+        destroy()
+        nh.drain()
+        if where == _core.CAPTURE_UNSURE:
+            assert alive() is not None, "the slot may still be reached from the stream"
+            _core._testing.release_kept(record)
+        assert alive() is None
+
+
+def test_a_refused_capture_read_before_a_captured_node_is_named():
+    owner = _Owner()
+    alive = weakref.ref(owner)
+    record, destroy = _owned_record(owner)
+    del owner
+    with stand_ins(cuStreamGetCaptureInfo=lambda *a: 901, cuLaunchHostFunc=lambda *a: 0):
+        answer = _core.cuda_captured_host_node(0x5, 0x6A, 0xF0, record)
+    assert answer == (_core.CAPTURE_ENDED, 901, "cuStreamGetCaptureInfo")
+    destroy()
+    nh.drain()
+    assert alive() is None
 
 
 def _slot_fakes(log, refuse=None):
@@ -86,17 +280,17 @@ def test_slot_nodes_write_reached_wait_for_done_then_reset_it():
         return call
 
     with stand_ins(**_slot_fakes(log), cuStreamBatchMemOp=batch(False)):
-        assert _core.cuda_slot_nodes(stream, words) == (None, 0, None)
+        assert _slot_nodes(stream, words) == (_core.CAPTURE_NODE, 0, None)
     assert log == []
     assert batches == [
         (stream, 3, 0, [(2, words, 1, 0), (1, words + 4, 1, 0), (2, words + 4, 0, 0)])
     ]
     batches.clear()
     with stand_ins(**_slot_fakes(log), cuStreamBatchMemOp=batch(True)):
-        assert _core.cuda_slot_nodes(stream, words) == (None, 1, "cuStreamBatchMemOp")
+        assert _slot_nodes(stream, words) == (_core.CAPTURE_ENDED, 1, "cuStreamBatchMemOp")
     assert log == [] and len(batches) == 1
     with stand_ins(**_slot_fakes(log), cuStreamBatchMemOp=0):
-        assert _core.cuda_slot_nodes(stream, words) == (None, 801, "cuStreamBatchMemOp")
+        assert _slot_nodes(stream, words) == (_core.CAPTURE_ENDED, 801, "cuStreamBatchMemOp")
     assert log == []
 
 
@@ -299,9 +493,13 @@ for route in (_core.ROUTE_CUDA, _core.ROUTE_CUDA_LANE):
         _core.configure_launch(route=route)
 not_loaded = 3  # CUDA_ERROR_NOT_INITIALIZED
 assert _core.cuda_capture_info(1) == ((0, 0), not_loaded, "cuStreamGetCaptureInfo")
-assert _core.cuda_captured_host_node(1, 0xF0, 0) == (None, not_loaded, "cuLaunchHostFunc")
+assert _core.cuda_captured_host_node(1, 0x6A, 0xF0, 0xA0) == (
+    _core.CAPTURE_ENDED, not_loaded, "cuStreamGetCaptureInfo"
+)
 assert _core.cuda_pinned_words(64) == (0, not_loaded, "cuMemHostAlloc")
-assert _core.cuda_slot_nodes(1, 0x1000) == (None, not_loaded, "cuStreamWriteValue32")
+assert _core.cuda_slot_nodes(1, 0x6A, 0x1000, 0xA0) == (
+    _core.CAPTURE_ENDED, not_loaded, "cuStreamGetCaptureInfo"
+)
 assert _core.cuda_slot_graph(1, 0x1000) == (None, 801, "cuStreamBeginCaptureToGraph")
 held = _core.held()
 assert _core.cuda_graph_record(1, 0xF0, 0, Owner()) == (0, not_loaded, "cuUserObjectCreate")
@@ -371,7 +569,7 @@ def test_a_refused_slot_operation_leaves_no_part_of_the_node_in_a_capture_that_s
                 ),
             )
             with stand_ins(**fakes):
-                _, rc, call = _core.cuda_slot_nodes(stream, words)
+                _, rc, call = _slot_nodes(stream, words)
             where = (with_batch, refused_call, rc, call, graph)
             if rc == 0:
                 assert graph == whole, where

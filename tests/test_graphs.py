@@ -20,11 +20,13 @@ from _device import (
     Hold,
     released_eventually,
     rerun_on_simulator,
+    run_at_line,
     run_child,
 )
 from numba import carray
 
 import numba_hostfn as nh
+import numba_hostfn._graphs
 
 
 @nh.host_callback
@@ -193,6 +195,46 @@ def test_graph_destroyed_while_replays_are_queued(device, stream):
     stream.sync()
     assert alive() is None or alive()[0] == 50
     assert released_eventually(alive, device)
+
+
+@pytest.mark.parametrize("mode", Capture.MODES)
+def test_a_launch_whose_capture_another_thread_ends_first_owns_its_run_on_the_stream(
+    device, stream, mode
+):
+    """A launch read the stream's capture, made the graph own its record, then added
+    its node.  Where another thread ended the capture in between, CUDA's
+    cuLaunchHostFunc put the node's call on the stream instead, with the graph's
+    record: destroying the graph released that record while the call still waited on
+    the stream, which then read a freed (or reused) record.  The capture is read
+    again around the launch now: the work goes to the stream with a record of its
+    own, held until it has run; the graph's record is released with the graph."""
+    counter, replayed = np.zeros(1, np.int64), np.zeros(1, np.int64)
+    hold = Hold(stream)
+    try:
+        held = nh.pending()  # the Hold's
+        capture = Capture(stream, mode)
+        nh.host_launch(stream, increment, user_data=nh.by_ref(replayed))  # a node before
+        run_at_line(
+            numba_hostfn._graphs.add_captured_node,
+            "node_fn, node_arg, _ = _graph_record(backend, graph, launch)",
+            lambda: nh.host_launch(stream, increment, user_data=nh.by_ref(counter)),
+            capture.end,
+        )
+        assert nh.pending() == held + 3, "the graph's two records, and the launch's own"
+        capture.close()
+        for _ in range(500):  # CUDA destroys the graph's user object asynchronously
+            gc.collect()
+            nh.drain()
+            if nh.pending() == held + 1:
+                break
+            time.sleep(0.01)
+        assert nh.pending() == held + 1, "what the launch on the stream needs is held"
+        assert counter[0] == 0
+    finally:
+        hold.release()
+    stream.sync()
+    assert counter[0] == 1, "the launch ran once, on the stream"
+    assert replayed[0] == 0, "the graph, never launched, ran nothing"
 
 
 def test_replayed_callable_results_are_released_on_the_main_thread(device, stream):

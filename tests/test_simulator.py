@@ -14,6 +14,7 @@ from _device import (
     child_env,
     rerun_on_simulator,
     resizable,
+    run_at_line,
     run_child,
     threads_but_watchdog,
 )
@@ -518,35 +519,6 @@ def test_a_refused_close_from_a_host_function_leaves_the_capture_alone(request, 
         nh.drain()
 
 
-def _run_at_line(function, line_text, call, action):
-    """``call()``, with ``action()`` run once, on this thread, just before the first
-    line of ``function`` whose source is ``line_text``: where another thread could
-    run it, made certain by a trace function (as test_interrupts makes its
-    interrupts).  Returns what ``call()`` and ``action()`` returned."""
-    import inspect
-
-    code = function.__code__
-    lines, first = inspect.getsourcelines(code)
-    target = first + [line.strip() for line in lines].index(line_text)
-    ran = []
-
-    def local(frame, event, arg):
-        if event == "line" and frame.f_lineno == target and not ran:
-            ran.append(action())
-        return local
-
-    def tracer(frame, event, arg):
-        return local if frame.f_code is code else None
-
-    sys.settrace(tracer)
-    try:
-        result = call()
-    finally:
-        sys.settrace(None)
-    assert ran, f"{function.__qualname__} did not reach {line_text!r}"
-    return result, ran[0]
-
-
 def test_a_sleep_whose_capture_another_thread_ends_goes_to_the_stream(request):
     """sleep() on a capturing stream read the capture after the enqueue said
     "capturing": a capture ended in between (by another thread) raised KeyError.
@@ -556,7 +528,7 @@ def test_a_sleep_whose_capture_another_thread_ends_goes_to_the_stream(request):
     s = nh.simulator.Stream()
     try:
         s.begin_capture()
-        _, graph = _run_at_line(
+        _, graph = run_at_line(
             nh.simulator.Stream.sleep,
             "capture = self._backend.captures.get(handle)",
             lambda: s.sleep(2),
@@ -585,7 +557,7 @@ def test_work_whose_capture_another_thread_ends_before_its_node_is_added_goes_to
     s = nh.simulator.Stream()
     try:
         s.begin_capture()
-        _, graph = _run_at_line(
+        _, graph = run_at_line(
             numba_hostfn._graphs.add_captured_node,
             "node_fn, node_arg, _ = _graph_record(backend, graph, launch)",
             lambda: nh.host_launch(s, increment, user_data=nh.by_ref(counter)),
@@ -599,7 +571,7 @@ def test_work_whose_capture_another_thread_ends_before_its_node_is_added_goes_to
         assert counter[0] == 1, "and is no node of the graph made before it"
         graph.close()
         s.begin_capture()
-        _, graph = _run_at_line(
+        _, graph = run_at_line(
             nh.simulator.Stream.sleep,
             "if capture is not None:",
             lambda: s.sleep(2),
@@ -615,7 +587,7 @@ def test_work_whose_capture_another_thread_ends_before_its_node_is_added_goes_to
         graph.close()
         builder = s.create_graph_builder().begin_building()
         with pytest.raises(RuntimeError, match="not building"):
-            _run_at_line(
+            run_at_line(
                 numba_hostfn._graphs.add_captured_node,
                 "node_fn, node_arg, _ = _graph_record(backend, graph, launch)",
                 lambda: nh.host_launch(builder, increment, user_data=nh.by_ref(counter)),
@@ -642,7 +614,7 @@ def test_a_capture_begun_as_another_thread_closes_the_stream_is_not_left_behind(
     s = nh.simulator.Stream()
     backend = s._backend
     with pytest.raises(RuntimeError, match="closed"):
-        _run_at_line(
+        run_at_line(
             nh.simulator.Stream._begin_capture,
             "with self._backend.capture_lock:",
             s.begin_capture,
@@ -675,7 +647,7 @@ def test_a_capture_begun_as_another_thread_finishes_closing_the_stream_is_not_le
             return exc
         return None
 
-    _, began = _run_at_line(nh.simulator.Stream.close, "if capture is not None:", s.close, begin)
+    _, began = run_at_line(nh.simulator.Stream.close, "if capture is not None:", s.close, begin)
     assert isinstance(began, RuntimeError) and "closed" in str(began)
     assert s.handle not in backend.captures
     assert not s.is_capturing and not builder.is_building

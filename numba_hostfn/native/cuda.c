@@ -127,27 +127,6 @@ static PyObject *py_cuda_capture_info(PyObject *self, PyObject *stream_) {
                   "cuStreamGetCaptureInfo");
 }
 
-/* cuda_captured_host_node(stream, fn, arg) -> (None, CUresult, call): fn(arg) as a
- * host node of the capture on stream (cuLaunchHostFunc on the capturing stream;
- * nhf_cuda_enqueue refuses a capturing stream). */
-static PyObject *py_cuda_captured_host_node(PyObject *self, PyObject *const *args,
-                                            Py_ssize_t nargs) {
-    (void)self;
-    void *a[3];
-    if (nhf_address_args("cuda_captured_host_node(stream, fn, arg)", args, nargs, 3, a) < 0)
-        return NULL;
-    if (a[1] == NULL) {
-        PyErr_SetString(PyExc_ValueError, "cuda_captured_host_node: a NULL host function");
-        return NULL;
-    }
-    NHF_CU_OR_ANSWER(cuLaunchHostFunc, Py_NewRef(Py_None));
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = NHF_CU(cuLaunchHostFunc)(a[0], (nhf_cu_host_fn)(uintptr_t)a[1], a[2]);
-    Py_END_ALLOW_THREADS
-    return answer(Py_NewRef(Py_None), rc, "cuLaunchHostFunc");
-}
-
 /* cuda_exchange_capture_mode(mode) -> (the thread's mode before, CUresult, call):
  * cuThreadExchangeStreamCaptureMode; (mode, 0, None) unchanged where the driver
  * lacks it (an old driver: as a HostExecutor made there). */
@@ -243,21 +222,118 @@ static int slot_nodes(void *stream, uint64_t words, bool whole, const char **cal
     return NHF_CU(cuStreamWriteValue32)(stream, done, 0, CU_STREAM_WRITE_VALUE_DEFAULT);
 }
 
-/* cuda_slot_nodes(stream, words) -> (None, CUresult, call): a graph slot's three
- * operations, captured on stream, all or none (one cuStreamBatchMemOp). */
+/* ---- a node launched into a capture that another thread may end ------------------- */
+
+/* Where a captured node's launch went (into_capture). */
+enum captured_where {
+    CAPTURE_ENDED = 0, /* the capture of the graph had ended: nothing enqueued */
+    CAPTURE_NODE = 1,  /* a node of that capture, for sure */
+    CAPTURE_UNSURE = 2 /* it ended during the launch: a node, or work on the stream */
+};
+
+/* Without the GIL: what a node launches on the capturing stream (one driver call,
+ * all of it or none); 0 or the failing call's CUresult, named in *call. */
+typedef int (*capture_launch_fn)(void *stream, void *what, void *record, const char **call);
+
+static int launch_host_node(void *stream, void *replay, void *record, const char **call) {
+    *call = "cuLaunchHostFunc";
+    return NHF_CU(cuLaunchHostFunc)(stream, (nhf_hostfn)(uintptr_t)replay, record);
+}
+
+static int launch_slot_nodes(void *stream, void *words, void *record, const char **call) {
+    (void)record; /* the slot's: it owns the slot that answers the words */
+    return slot_nodes(stream, (uintptr_t)words, true, call);
+}
+
+/* Without the GIL: launch(stream, what, record) into graph's capture on stream,
+ * on the stream itself, so that the capture's dependencies are the driver's
+ * own; 0 or the failing call's CUresult (*call), and *where.  Another thread
+ * may end the capture at any time (cuStreamEndCapture, cuda.core's
+ * end_building): a launch after that end goes to the stream, and runs there
+ * with the record that graph owns, which the graph's destruction may release
+ * first.  So the capture is read just before the launch (graph's, or nothing is
+ * launched) and just after (the same capture, by its id, still active: the
+ * launch was its node, as a capture that ended never goes on). */
+static int into_capture(void *stream, void *graph, capture_launch_fn launch, void *what,
+                        void *record, int *where, const char **call) {
+    nhf_cuStreamGetCaptureInfo_fn info = NHF_CU(cuStreamGetCaptureInfo);
+    int status = CU_STREAM_CAPTURE_STATUS_NONE;
+    uint64_t id = 0, id_after = 0;
+    void *capturing = NULL;
+    *where = CAPTURE_ENDED;
+    *call = "cuStreamGetCaptureInfo";
+    int rc = info(stream, &status, &id, &capturing, NULL, NULL, NULL);
+    if (rc != 0 || status != CU_STREAM_CAPTURE_STATUS_ACTIVE || capturing != graph)
+        return rc; /* ended (another capture may have begun): the caller enqueues again */
+    rc = launch(stream, what, record, call);
+    if (rc != 0)
+        return rc; /* refused: nothing enqueued */
+    *where = info(stream, &status, &id_after, NULL, NULL, NULL, NULL) == 0 &&
+                     status == CU_STREAM_CAPTURE_STATUS_ACTIVE && id_after == id
+                 ? CAPTURE_NODE
+                 : CAPTURE_UNSURE;
+    return 0;
+}
+
+/* GIL held: into_capture, with the GIL released around it, and the answer
+ * (where, CUresult, call).  The record (the one graph owns) is pinned meanwhile:
+ * the graph's end and destruction on another thread may release it, and that
+ * release waits for the answer.  Where the capture ended during the launch, the
+ * launch may run once on the stream with that record, after the graph is gone:
+ * it is kept for good (its owners leak rather than dangle; never reused). */
+static PyObject *into_capture_answer(void *stream, void *graph, capture_launch_fn launch,
+                                     void *what, nhf_record *record) {
+    const char *call;
+    int rc, where;
+    nhf_record_pin(record);
+    Py_BEGIN_ALLOW_THREADS
+    rc = into_capture(stream, graph, launch, what, record, &where, &call);
+    Py_END_ALLOW_THREADS
+    nhf_record_unpin(record, where == CAPTURE_UNSURE);
+    return answer(PyLong_FromLong(where), rc, call);
+}
+
+/* cuda_captured_host_node(stream, graph, replay, record) -> (where, CUresult,
+ * call): replay(record) as a host node of graph's capture on stream (record: the
+ * one graph owns, cuda_graph_record's).  where: CAPTURE_ENDED where that capture
+ * had ended (nothing enqueued: the caller enqueues on the stream, with a record
+ * of its own), CAPTURE_NODE, or CAPTURE_UNSURE (into_capture_answer). */
+static PyObject *py_cuda_captured_host_node(PyObject *self, PyObject *const *args,
+                                            Py_ssize_t nargs) {
+    (void)self;
+    void *a[4];
+    if (nhf_address_args("cuda_captured_host_node(stream, graph, replay, record)", args, nargs,
+                         4, a) < 0)
+        return NULL;
+    if (a[2] == NULL || a[3] == NULL) {
+        PyErr_SetString(PyExc_ValueError,
+                        "cuda_captured_host_node: a NULL replay trampoline or record");
+        return NULL;
+    }
+    NHF_CU_OR_ANSWER(cuStreamGetCaptureInfo, PyLong_FromLong(CAPTURE_ENDED));
+    NHF_CU_OR_ANSWER(cuLaunchHostFunc, PyLong_FromLong(CAPTURE_ENDED));
+    return into_capture_answer(a[0], a[1], launch_host_node, a[2], a[3]);
+}
+
+/* cuda_slot_nodes(stream, graph, words, record) -> (where, CUresult, call): a graph
+ * slot's three operations, captured on stream into graph's capture, all or none
+ * (one cuStreamBatchMemOp); record: the one graph owns, which owns the slot.
+ * where as cuda_captured_host_node's: on the stream, the operations would wait
+ * for a slot that the graph's destruction disarms. */
 static PyObject *py_cuda_slot_nodes(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    void *a[2];
-    if (nhf_address_args("cuda_slot_nodes(stream, words)", args, nargs, 2, a) < 0)
+    void *a[4];
+    if (nhf_address_args("cuda_slot_nodes(stream, graph, words, record)", args, nargs, 4, a) <
+        0)
         return NULL;
-    NHF_CU_OR_ANSWER(cuStreamWriteValue32, Py_NewRef(Py_None));
-    NHF_CU_OR_ANSWER(cuStreamWaitValue32, Py_NewRef(Py_None));
-    const char *call;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = slot_nodes(a[0], (uintptr_t)a[1], true, &call);
-    Py_END_ALLOW_THREADS
-    return answer(Py_NewRef(Py_None), rc, call);
+    if (a[3] == NULL) {
+        PyErr_SetString(PyExc_ValueError, "cuda_slot_nodes: a NULL record");
+        return NULL;
+    }
+    NHF_CU_OR_ANSWER(cuStreamGetCaptureInfo, PyLong_FromLong(CAPTURE_ENDED));
+    NHF_CU_OR_ANSWER(cuStreamWriteValue32, PyLong_FromLong(CAPTURE_ENDED));
+    NHF_CU_OR_ANSWER(cuStreamWaitValue32, PyLong_FromLong(CAPTURE_ENDED));
+    return into_capture_answer(a[0], a[1], launch_slot_nodes, a[2], a[3]);
 }
 
 /* cuda_slot_graph(graph, words) -> (None, CUresult, call): a graph slot's three
@@ -311,8 +387,8 @@ static PyMethodDef cuda_methods[] = {
      "The stream's capture status and graph: ((status, graph), CUresult, call)."},
     {"cuda_captured_host_node", (PyCFunction)(void (*)(void))py_cuda_captured_host_node,
      METH_FASTCALL,
-     "cuda_captured_host_node($module, stream, fn, arg, /)\n--\n\n"
-     "fn(arg) as a host node of the capture on stream: (None, CUresult, call)."},
+     "cuda_captured_host_node($module, stream, graph, replay, record, /)\n--\n\n"
+     "replay(record) as a host node of graph's capture on stream: (where, CUresult, call)."},
     {"cuda_exchange_capture_mode", py_cuda_exchange_capture_mode, METH_O,
      "cuda_exchange_capture_mode($module, mode, /)\n--\n\n"
      "Set this thread's capture mode: (the mode before, CUresult, call)."},
@@ -320,8 +396,9 @@ static PyMethodDef cuda_methods[] = {
      "cuda_pinned_words($module, nbytes, /)\n--\n\n"
      "Zeroed pinned host memory for an executor's words: (address, CUresult, call)."},
     {"cuda_slot_nodes", (PyCFunction)(void (*)(void))py_cuda_slot_nodes, METH_FASTCALL,
-     "cuda_slot_nodes($module, stream, words, /)\n--\n\n"
-     "A graph slot's three operations, captured on stream: (None, CUresult, call)."},
+     "cuda_slot_nodes($module, stream, graph, words, record, /)\n--\n\n"
+     "A graph slot's three operations, captured into graph's capture on stream: "
+     "(where, CUresult, call)."},
     {"cuda_slot_graph", (PyCFunction)(void (*)(void))py_cuda_slot_graph, METH_FASTCALL,
      "cuda_slot_graph($module, graph, words, /)\n--\n\n"
      "A graph slot's three operations, added to an empty graph: (None, CUresult, call)."},
@@ -337,7 +414,10 @@ int nhf_cuda_init(PyObject *module) {
         PyModule_AddIntConstant(module, "CU_STREAM_CAPTURE_STATUS_INVALIDATED",
                                 CU_STREAM_CAPTURE_STATUS_INVALIDATED) < 0 ||
         PyModule_AddIntConstant(module, "CU_STREAM_CAPTURE_MODE_RELAXED",
-                                CU_STREAM_CAPTURE_MODE_RELAXED) < 0)
+                                CU_STREAM_CAPTURE_MODE_RELAXED) < 0 ||
+        PyModule_AddIntConstant(module, "CAPTURE_ENDED", CAPTURE_ENDED) < 0 ||
+        PyModule_AddIntConstant(module, "CAPTURE_NODE", CAPTURE_NODE) < 0 ||
+        PyModule_AddIntConstant(module, "CAPTURE_UNSURE", CAPTURE_UNSURE) < 0)
         return -1;
     nhf_enqueue_add_route(NHF_ROUTE_CUDA, nhf_cuda_enqueue, NULL);
     return 0;

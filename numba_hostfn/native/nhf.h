@@ -207,6 +207,7 @@ typedef struct nhf_record {
     struct nhf_record *next; /* link: free list, completed stack, or a simulated graph's list */
     PyObject *result;        /* what a Python callable returned (released by the drain) */
     PyObject *owner;         /* strong reference to what the launch keeps alive */
+    int pin;                 /* enum nhf_pin: the GIL's */
     /* A device fault (watchdog.c, LIFETIME.md invariant 23): the stream the
      * launch was enqueued on (an executor's: its lane's) and that stream's
      * context, both found at the enqueue (the watchdog never touches a user's
@@ -226,6 +227,15 @@ enum nhf_phase {
     NHF_RUN = 2,       /* a trampoline claimed it: it runs */
     NHF_FAILED = 3,    /* the watchdog claimed it: it never runs; never reused */
 };
+/* A graph record's pin (nhf_record_pin): while a captured node's launch is
+ * checked, and for good where a run on the stream may still read the record. */
+enum nhf_pin {
+    NHF_UNPINNED = 0,
+    NHF_PINNED = 1,      /* a release that comes is owed, not done */
+    NHF_PINNED_OWED = 2, /* released while pinned: nhf_record_unpin releases it */
+    NHF_PIN_KEPT = 3,    /* never released nor reused: owner and record leak */
+};
+
 #define NHF_PHASE(state) ((unsigned)((state) & 3u))
 #define NHF_WITH_PHASE(state, phase) (((state) & ~(unsigned long)3u) | (unsigned long)(phase))
 
@@ -247,6 +257,12 @@ nhf_record *nhf_record_take(nhf_hostfn fn, void *arg, PyObject *owner);
 /* GIL held.  Put a record back and drop its references (its enqueue failed, or
  * the drain releases it). */
 void nhf_record_release(nhf_record *record);
+/* GIL held.  Pin a graph's record: nhf_record_release leaves it to
+ * nhf_record_unpin, which releases it then if it was released meanwhile, or,
+ * with keep, keeps it for good (a launch on the stream may still read it:
+ * LIFETIME.md, invariant 8). */
+void nhf_record_pin(nhf_record *record);
+void nhf_record_unpin(nhf_record *record, bool keep);
 /* GIL held.  Release every completed record and deferred object; returns how
  * many records were released. */
 Py_ssize_t nhf_drain(void);

@@ -104,6 +104,7 @@ nhf_record *nhf_record_take(nhf_hostfn fn, void *arg, PyObject *owner) {
     unsigned long state = atomic_load_explicit(&record->state, memory_order_relaxed);
     atomic_store_explicit(&record->state, NHF_WITH_PHASE(state + 4u, NHF_TAKEN),
                           memory_order_relaxed);
+    record->pin = NHF_UNPINNED; /* a pinned record never comes back here */
     Py_INCREF(owner);
     record->owner = owner;
     nhf_gil_count(&free_list.held, 1);
@@ -121,6 +122,11 @@ void nhf_records_each(void (*visit)(nhf_record *record, void *arg), void *arg) {
  * A record that a device fault failed is never reused (invariant 23): the driver
  * might yet call its trampoline, which then finds it failed and returns. */
 void nhf_record_release(nhf_record *record) {
+    if (record->pin != NHF_UNPINNED) { /* nhf_record_unpin's to release, or kept */
+        if (record->pin == NHF_PINNED)
+            record->pin = NHF_PINNED_OWED;
+        return;
+    }
     PyObject *result = record->result, *owner = record->owner;
     record->result = NULL;
     record->owner = NULL;
@@ -131,6 +137,15 @@ void nhf_record_release(nhf_record *record) {
     nhf_gil_count(&free_list.held, -1);
     Py_XDECREF(result);
     Py_XDECREF(owner);
+}
+
+void nhf_record_pin(nhf_record *record) { record->pin = NHF_PINNED; }
+
+void nhf_record_unpin(nhf_record *record, bool keep) {
+    bool owed = record->pin == NHF_PINNED_OWED;
+    record->pin = keep ? NHF_PIN_KEPT : NHF_UNPINNED;
+    if (owed && !keep)
+        nhf_record_release(record);
 }
 
 /* GIL held: the owners of lanes' direct tasks that have run, released; how many.
@@ -339,7 +354,25 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* release_kept(record): a record kept for good (nhf_record_unpin's keep),
+ * released, for a test that knows no launch can read it any more. */
+static PyObject *py_release_kept(PyObject *self, PyObject *address) {
+    (void)self;
+    void *record;
+    if (nhf_address_arg(address, &record) < 0)
+        return NULL;
+    if (record == NULL || ((nhf_record *)record)->pin != NHF_PIN_KEPT) {
+        PyErr_SetString(PyExc_ValueError, "release_kept: not a record kept for good");
+        return NULL;
+    }
+    ((nhf_record *)record)->pin = NHF_UNPINNED;
+    nhf_record_release(record);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef testing_methods[] = {
+    {"release_kept", py_release_kept, METH_O, "release_kept($module, record, /)\n--\n\n"
+     "Release a record kept for good (for tests)."},
     {"held_owners", py_held_owners, METH_NOARGS, "held_owners($module, /)\n--\n\n"
      "What each record taken and not released owns (for tests)."},
     {"schedule_failures", py_schedule_failures, METH_NOARGS,
