@@ -27,6 +27,7 @@ from _device import (
     held_work,
     released_eventually,
     rerun_on_simulator,
+    run_at_line,
     run_child,
     thread_state_count,
     threads_but_watchdog,
@@ -34,6 +35,7 @@ from _device import (
 from numba import carray
 
 import numba_hostfn as nh
+import numba_hostfn._graphs
 from numba_hostfn import _core
 
 _libc = ctypes.CDLL(None)
@@ -1694,6 +1696,45 @@ def test_executor_nodes_in_a_graph_run_at_every_replay(executor, stream, device,
     assert released_eventually(alive, device, pending=0)
     assert released == [True]
     assert executor.graph_nodes() == 0 and nh.pending() == 0
+
+
+def test_an_executor_node_whose_capture_another_thread_ends_first_runs_on_its_lane(
+    executor, stream, device
+):
+    """An executor's node read the stream's capture, armed a graph slot that the
+    graph's record owns, then captured the slot's three operations.  Where another
+    thread ended the capture in between, CUDA put the operations on the stream
+    instead: they waited for a slot that destroying the graph disarmed (and gave to
+    a later node), so the stream never went on.  The capture is read again around
+    the operations now: the task goes to the executor's lane on the stream."""
+    counter, replayed = np.zeros(1, np.int64), np.zeros(1, np.int64)
+    with held_work(device, stream) as release:
+        capture = Capture(stream, "relaxed")
+        nh.host_launch(stream, increment, user_data=nh.by_ref(replayed), executor=executor)
+        run_at_line(
+            numba_hostfn._graphs.add_captured_node,
+            "return backend.add_slot_nodes(graph, handle, *_slot_record(backend, graph, launch))",
+            lambda: nh.host_launch(
+                stream, increment, user_data=nh.by_ref(counter), executor=executor
+            ),
+            capture.end,
+        )
+        assert executor.graph_nodes() == 2, "the node before, and the slot the graph's own"
+        capture.close()
+        for _ in range(500):  # CUDA destroys the graph's user objects asynchronously
+            gc.collect()
+            nh.drain()
+            if executor.graph_nodes() == 0:
+                break
+            time.sleep(0.01)
+        assert executor.graph_nodes() == 0, "the graph's slots are disarmed with it"
+        release()
+        deadline = time.monotonic() + 30
+        while counter[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert counter[0] == 1, "the task ran on the stream, on the executor"
+    stream.sync()
+    assert counter[0] == 1 and replayed[0] == 0
 
 
 def test_an_executors_new_block_of_words_keeps_a_global_mode_capture(
