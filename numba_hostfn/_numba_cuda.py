@@ -12,7 +12,7 @@ from typing import Any
 
 from ._classify import refuse_coroutine_function
 from ._compat import CFuncPtr, numba_cfunc_type
-from ._enqueue import enqueue
+from ._enqueue import check_target, enqueue
 from ._errors import keeps_nothing_on_refusal
 from ._hostfunction import HostFunction
 
@@ -45,10 +45,14 @@ def add_callback(stream: Any, callback: Any, arg: Any = None) -> None:
     Raises
     ------
     TypeError
-        If ``callback`` is not callable, cannot be called with the three
-        arguments ``(stream, status, arg)`` (as far as its signature says), or
-        ``stream`` is not a stream.  Nothing was enqueued.
+        If ``stream`` is not a stream (checked first), or ``callback`` is not
+        callable or cannot be called with the three arguments
+        ``(stream, status, arg)`` (as far as its signature says).  Nothing was
+        enqueued.
     """
+    # The stream first (its type, then its handle, asked once), as host_launch does:
+    # a wrong stream is reported before a wrong callback.
+    checked = check_target(stream, "add_callback")
     compiled = (HostFunction, CFuncPtr, numba_cfunc_type())
     if not callable(callback) or isinstance(callback, compiled):
         raise TypeError(
@@ -75,7 +79,7 @@ def add_callback(stream: Any, callback: Any, arg: Any = None) -> None:
             "three parameters, or use host_launch(stream, fn) for fn()"
         )
     call = functools.partial(_numba_cuda_call, callback, stream, arg)
-    enqueue(stream, call, None, None, caller="add_callback")
+    enqueue(stream, call, None, None, caller="add_callback", checked=checked)
 
 
 def _numba_cuda_call(callback: Any, stream: Any, arg: Any) -> None:

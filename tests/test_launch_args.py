@@ -1471,3 +1471,39 @@ def test_a_stream_without_the_protocol_is_told_how_to_wrap_its_handle(target, ho
         _BAD_TARGET_CALLS[call](target)
     assert f"cuda.core.Stream.{how}" in str(error.value), error.value
     assert nh.pending() == 0
+
+
+@pytest.mark.parametrize("target", ["None", "int", "no protocol", "wrong answer"])
+@pytest.mark.parametrize("callback", ["not callable", "compiled", "no three parameters"])
+def test_add_callback_reports_a_wrong_stream_before_a_wrong_callback(target, callback):
+    """As host_launch (and host_copy, release_after) do, add_callback checks the stream
+    first: with a wrong stream and a wrong callback, the stream's error is reported,
+    in host_launch's words with add_callback's name (main reported the callback)."""
+    make = {
+        "None": lambda: None,
+        "int": lambda: 12345,
+        "no protocol": _NotAStream,
+        "wrong answer": _WrongProtocol,
+    }[target]
+    with pytest.raises(TypeError) as launched:
+        nh.host_launch(make(), touch)
+    expected = str(launched.value).replace("host_launch()", "add_callback()")
+    wrong = {"not callable": 5, "compiled": touch, "no three parameters": lambda: None}[callback]
+    pending = nh.pending()
+    with pytest.raises(TypeError) as error:
+        nh.add_callback(make(), wrong, None)
+    assert str(error.value) == expected
+    assert nh.pending() == pending
+
+
+def test_add_callback_asks_cuda_stream_once(stream):
+    """add_callback reads the stream's handle once: the launch goes to the handle
+    the first answer named (a protocol asked again may name another stream)."""
+    seen = []
+    counting = _CountingProtocol(stream)
+    nh.add_callback(counting, lambda s, status, arg: seen.append((s, status, arg)), 7)
+    assert counting.calls == 1
+    stream.sync()
+    nh.drain()
+    assert seen == [(counting, 0, 7)]
+    assert nh.pending() == 0
