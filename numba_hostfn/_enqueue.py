@@ -28,8 +28,21 @@ __all__ = [
     "refuse_signal",
     "renewed_route",
     "signal_route",
+    "signal_stream",
     "user_data_with_callable",
 ]
+
+
+def signal_stream(target: Any, refusal: str, caller: str = "host_launch") -> int:
+    """The handle of a signal's ``target``, checked as :func:`signal_route` checks
+    it (a stream, or ``RuntimeError(refusal)`` for a graph), for a caller that must
+    check it before it makes anything (``async_done``'s loop channel)."""
+    # done_future and async_done take streams only: their errors name no graph
+    # (host_launch(blocking=False) shares host_launch's, which takes graphs).
+    graphs = caller == "host_launch"
+    if target_kind(target, caller, graphs) != "stream":
+        raise RuntimeError(refusal)
+    return get_backend().stream_handle(target, stream_handle(target, caller, graphs))
 
 
 def signal_route(
@@ -60,14 +73,9 @@ def signal_route(
     when asked again, gets the signal on the stream it named first (before, it was
     asked again here).
     """
-    # done_future and async_done take streams only: their errors name no graph
-    # (host_launch(blocking=False) shares host_launch's, which takes graphs).
-    graphs = caller == "host_launch"
-    if target_kind(target, caller, graphs) != "stream":
-        raise RuntimeError(refusal)
     backend = get_backend()
     if handle is None:  # the stream's handle before the executor, as a launch checks
-        handle = backend.stream_handle(target, stream_handle(target, caller, graphs))
+        handle = signal_stream(target, refusal, caller)
     if executor is not None:
         check_executor(executor)
     if executor is None:

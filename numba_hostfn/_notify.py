@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _core
 from ._compat import any_thread_pending_call, register_first_atexit, running_loop
-from ._enqueue import RENEWALS, refuse_signal, renewed_route, signal_route
+from ._enqueue import RENEWALS, refuse_signal, renewed_route, signal_route, signal_stream
 from ._errors import keeps_nothing_on_refusal
 from ._process import forked, get_backend
 
@@ -409,10 +409,12 @@ def done_future(stream: Any, *, executor: Any = None) -> concurrent.futures.Futu
     RuntimeError
         If ``stream`` is capturing or is a graph, or the executor is closed.
     """
+    # The stream first: a wrong one starts no futures thread.
+    handle = signal_stream(stream, _FUTURE_IN_GRAPH, "done_future")
     future = _stream_future_type()(stream)
     entry = _FutureEntry(future)
     future._watch = _the_futures().launch(
-        stream, entry, executor, _FUTURE_IN_GRAPH, caller="done_future"
+        stream, entry, executor, _FUTURE_IN_GRAPH, caller="done_future", handle=handle
     )
     return future
 
@@ -766,11 +768,15 @@ def async_done(stream: Any, *, executor: Any = None) -> asyncio.Future:
             "async_done() needs a running asyncio event loop: await it in a coroutine. "
             "Outside a loop, use numba_hostfn.done_future(stream) (a concurrent.futures.Future)"
         ) from None
+    # The stream first: a wrong one makes no channel for the loop (a reader on it).
+    handle = signal_stream(stream, _ASYNC_IN_GRAPH, "async_done")
     ref = _loops.get(loop)
     waits = None if ref is None else ref()
     if waits is None:
         waits = _LoopWaits(loop)
         _loops[loop] = weakref.ref(waits)
     future = loop.create_future()
-    waits.channel.launch(stream, executor, _ASYNC_IN_GRAPH, (future, stream), caller="async_done")
+    waits.channel.launch(
+        stream, executor, _ASYNC_IN_GRAPH, (future, stream), caller="async_done", handle=handle
+    )
     return future

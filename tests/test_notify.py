@@ -1987,3 +1987,46 @@ def test_async_done_on_a_loop_without_add_reader_is_a_clear_runtime_error(stream
     gc.collect()
     assert _open_fds() <= fds
     assert nh.pending() == 0
+
+
+WRONG_STREAM_FIRST_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import asyncio
+    import threading
+    from numba_hostfn import _notify
+
+    s = device.create_stream()
+    for bad in (None, 12345, object()):
+        try:
+            nh.done_future(bad)
+        except TypeError as exc:
+            assert "done_future()" in str(exc), exc
+        else:
+            raise AssertionError("done_future took a wrong stream")
+    assert _notify._futures is None, "a wrong stream started the futures thread"
+    assert "numba_hostfn-futures" not in [t.name for t in threading.enumerate()]
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        try:
+            nh.async_done(12345)
+        except TypeError as exc:
+            assert "async_done()" in str(exc), exc
+        else:
+            raise AssertionError("async_done took a wrong stream")
+        assert _notify._loops.get(loop) is None, "a wrong stream made the loop a channel"
+        await nh.async_done(s)  # a right one then makes it, and resolves
+        assert _notify._loops.get(loop) is not None
+
+    asyncio.run(main())
+    nh.done_future(s).result(timeout=60)
+    s.close()
+    print("ok")
+""")
+
+
+def test_done_future_and_async_done_check_the_stream_before_they_make_anything():
+    """done_future and async_done check the stream (its type, then its handle) before
+    they make what their first call makes: the futures thread, the loop's channel (a
+    reader on the loop). A wrong stream made them first, and they were kept."""
+    out = run_child(WRONG_STREAM_FIRST_SCRIPT)
+    assert out.strip().endswith("ok"), out
