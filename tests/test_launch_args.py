@@ -1304,6 +1304,16 @@ class _NotAStream:
     """No __cuda_stream__: not a stream (and, unlike object(), weakly referable)."""
 
 
+#: Wrong streams, each made by calling its maker: no stream, an int, an object with no
+#: ``__cuda_stream__``, and one whose answer is no ``(0, handle)``.
+_WRONG_STREAMS = {
+    "None": lambda: None,
+    "int": lambda: 12345,
+    "no protocol": _NotAStream,
+    "wrong answer": _WrongProtocol,
+}
+
+
 #: host_copy and release_after, each with what it would enqueue and with nothing to
 #: enqueue (a zero-byte copy, no objects): the function and its arguments after the
 #: stream, over the bytearray ``buf`` (called from the test itself, so that no frame
@@ -1322,7 +1332,7 @@ _COPY_CALLS = {
 
 
 @pytest.mark.parametrize("call", list(_COPY_CALLS))
-@pytest.mark.parametrize("target", ["None", "int", "no protocol", "wrong answer"])
+@pytest.mark.parametrize("target", list(_WRONG_STREAMS))
 @pytest.mark.parametrize("wrong_executor", ["object", "closed"])
 def test_host_copy_and_release_after_report_a_wrong_stream_before_a_wrong_executor(
     call, target, wrong_executor
@@ -1332,12 +1342,7 @@ def test_host_copy_and_release_after_report_a_wrong_stream_before_a_wrong_execut
     wrong executor=, in host_launch's words with their own name, having enqueued
     and kept nothing (main checked executor= first, and reported the executor)."""
     name = call.split()[0]
-    make = {
-        "None": lambda: None,
-        "int": lambda: 12345,
-        "no protocol": _NotAStream,
-        "wrong answer": _WrongProtocol,
-    }[target]
+    make = _WRONG_STREAMS[target]
     with pytest.raises(TypeError) as launched:
         nh.host_launch(make(), touch)
     expected = str(launched.value).replace("host_launch()", f"{name}()")
@@ -1473,18 +1478,13 @@ def test_a_stream_without_the_protocol_is_told_how_to_wrap_its_handle(target, ho
     assert nh.pending() == 0
 
 
-@pytest.mark.parametrize("target", ["None", "int", "no protocol", "wrong answer"])
+@pytest.mark.parametrize("target", list(_WRONG_STREAMS))
 @pytest.mark.parametrize("callback", ["not callable", "compiled", "no three parameters"])
 def test_add_callback_reports_a_wrong_stream_before_a_wrong_callback(target, callback):
     """As host_launch (and host_copy, release_after) do, add_callback checks the stream
     first: with a wrong stream and a wrong callback, the stream's error is reported,
     in host_launch's words with add_callback's name (main reported the callback)."""
-    make = {
-        "None": lambda: None,
-        "int": lambda: 12345,
-        "no protocol": _NotAStream,
-        "wrong answer": _WrongProtocol,
-    }[target]
+    make = _WRONG_STREAMS[target]
     with pytest.raises(TypeError) as launched:
         nh.host_launch(make(), touch)
     expected = str(launched.value).replace("host_launch()", "add_callback()")
