@@ -209,8 +209,7 @@ def test_a_launch_whose_capture_another_thread_ends_first_owns_its_run_on_the_st
     again around the launch now: the work goes to the stream with a record of its
     own, held until it has run; the graph's record is released with the graph."""
     counter, replayed = np.zeros(1, np.int64), np.zeros(1, np.int64)
-    hold = Hold(stream)
-    try:
+    with Hold(stream):  # released at the block's end, whatever happens
         held = nh.pending()  # the Hold's
         capture = Capture(stream, mode)
         nh.host_launch(stream, increment, user_data=nh.by_ref(replayed))  # a node before
@@ -230,8 +229,6 @@ def test_a_launch_whose_capture_another_thread_ends_first_owns_its_run_on_the_st
             time.sleep(0.01)
         assert nh.pending() == held + 1, "what the launch on the stream needs is held"
         assert counter[0] == 0
-    finally:
-        hold.release()
     stream.sync()
     assert counter[0] == 1, "the launch ran once, on the stream"
     assert replayed[0] == 0, "the graph, never launched, ran nothing"
