@@ -1,4 +1,5 @@
 import os
+import sys
 
 import pytest
 from _device import run_child
@@ -73,6 +74,37 @@ def test_py_typed_ships():
     import pathlib
 
     assert (pathlib.Path(numba_hostfn.__file__).parent / "py.typed").exists()
+
+
+def _elf_segment_types(path: str) -> list[int]:
+    """The p_type of each program header of the 64-bit little-endian ELF file path."""
+    import struct
+
+    with open(path, "rb") as f:
+        header = f.read(64)
+        assert header[:4] == b"\x7fELF" and header[4] == 2 and header[5] == 1, path
+        (phoff,) = struct.unpack_from("<Q", header, 32)
+        phentsize, phnum = struct.unpack_from("<HH", header, 54)
+        f.seek(phoff)
+        table = f.read(phentsize * phnum)
+    return [struct.unpack_from("<I", table, i * phentsize)[0] for i in range(phnum)]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads the extension as an ELF file")
+def test_the_native_core_has_no_thread_local_storage():
+    # A dlopen'ed module's _Thread_local takes its block from glibc's dynamic TLS,
+    # allocated lazily by __tls_get_addr and freed by a later thread that reuses the
+    # stack: a race ThreadSanitizer reports at thread exit (CI's TSan stage failed on
+    # it once in many runs).  Per-thread values are pthread keys' (records.c, enqueue.c,
+    # simulator.c, trampolines.c), so the extension has no PT_TLS segment.
+    from numba_hostfn import _core
+
+    pt_tls = 7
+    types = _elf_segment_types(_core.__file__)
+    assert types and pt_tls not in types, (
+        f"{_core.__file__} has a TLS segment: a _Thread_local in numba_hostfn/native/; "
+        "use a pthread key's value instead"
+    )
 
 
 SCRIPT_THAT_RUNS_ANYWHERE = """

@@ -8,6 +8,9 @@
  */
 #include "nhf.h"
 
+#include <errno.h>
+#include <pthread.h>
+
 /* The routes (nhf.h's enum nhf_route): each one's enqueue function, and the
  * stream of its target where the target is not the stream (an executor's lane).
  * Written at module load, with the GIL, before any launch (nhf_enqueue_add_route,
@@ -49,14 +52,21 @@ int nhf_route_arg(PyObject *value) {
     return (int)route;
 }
 
-/* The lane task the last enqueue on this thread opened (nhf_enqueue_last_task);
- * reset by the one caller that reads it, not by every enqueue (a TLS access is a
- * __tls_get_addr call in a shared object, on every launch). */
-static _Thread_local uint32_t last_task;
+/* The lane task the last enqueue on this thread opened (nhf_enqueue_last_task),
+ * the value of a pthread key (the number itself, not a pointer); reset by the one
+ * caller that reads it, not by every enqueue.  Not _Thread_local: the dynamic TLS
+ * of a dlopen'ed module is allocated lazily by glibc (__tls_get_addr), and a later
+ * thread reusing the stack frees it, a race ThreadSanitizer reports at thread exit
+ * (the stack cache's lock is glibc's own).  Made at module load (nhf_enqueue_init). */
+static pthread_key_t last_task_key;
 
-void nhf_enqueue_note_task(uint32_t task) { last_task = task; }
+void nhf_enqueue_note_task(uint32_t task) {
+    (void)pthread_setspecific(last_task_key, (void *)(uintptr_t)task);
+}
 
-uint32_t nhf_enqueue_last_task(void) { return last_task; }
+uint32_t nhf_enqueue_last_task(void) {
+    return (uint32_t)(uintptr_t)pthread_getspecific(last_task_key);
+}
 
 /* GIL held: release the owners lanes' direct tasks held (taken out of the lane),
  * count of them, where not NULL. */
@@ -97,16 +107,16 @@ uint64_t nhf_enqueue_record(int route, void *target, nhf_hostfn trampoline, nhf_
     bool refused = status != 0 && !(status & NHF_KEPT);
     /* The drain and the releases below run finalizers, which may launch on a lane
      * from this thread: this enqueue's task number (nhf_enqueue_last_task) is kept
-     * across them.  Read only where they run: a TLS access is a call here. */
+     * across them.  Read only where they run: a pthread key's value is a call here. */
     bool python = drain || refused || released[0] != NULL;
-    uint32_t task = python ? last_task : 0;
+    uint32_t task = python ? nhf_enqueue_last_task() : 0;
     if (drain)
         (void)nhf_drain();
     if (refused)
         nhf_record_release(record); /* refused: nothing will run it (invariant 3) */
     release_owners(released, NHF_LANE_RELEASED);
     if (python)
-        last_task = task;
+        nhf_enqueue_note_task(task);
     return status;
 }
 
@@ -175,6 +185,16 @@ static PyMethodDef methods[] = {
 };
 
 int nhf_enqueue_init(PyObject *module) {
+    static bool keyed;
+    if (!keyed) {
+        int rc = pthread_key_create(&last_task_key, NULL);
+        if (rc != 0) {
+            errno = rc;
+            PyErr_SetFromErrno(PyExc_OSError);
+            return -1;
+        }
+        keyed = true;
+    }
     if (PyModule_AddFunctions(module, methods) < 0)
         return -1;
     if (PyModule_AddIntConstant(module, "ROUTE_CUDA", NHF_ROUTE_CUDA) < 0 ||
