@@ -103,7 +103,7 @@ def test_the_native_core_has_no_thread_local_storage():
     types = _elf_segment_types(_core.__file__)
     assert types and pt_tls not in types, (
         f"{_core.__file__} has a TLS segment: a _Thread_local in numba_hostfn/native/; "
-        "use a pthread key's value instead"
+        "keep the value in a pthread key instead (util.c, nhf_key_create_once)"
     )
 
 

@@ -8,9 +8,6 @@
  */
 #include "nhf.h"
 
-#include <errno.h>
-#include <pthread.h>
-
 /* The routes (nhf.h's enum nhf_route): each one's enqueue function, and the
  * stream of its target where the target is not the stream (an executor's lane).
  * Written at module load, with the GIL, before any launch (nhf_enqueue_add_route,
@@ -54,10 +51,8 @@ int nhf_route_arg(PyObject *value) {
 
 /* The lane task the last enqueue on this thread opened (nhf_enqueue_last_task),
  * the value of a pthread key (the number itself, not a pointer); reset by the one
- * caller that reads it, not by every enqueue.  Not _Thread_local: the dynamic TLS
- * of a dlopen'ed module is allocated lazily by glibc (__tls_get_addr), and a later
- * thread reusing the stack frees it, a race ThreadSanitizer reports at thread exit
- * (the stack cache's lock is glibc's own).  Made at module load (nhf_enqueue_init). */
+ * caller that reads it, not by every enqueue.  Not _Thread_local (nhf.h,
+ * nhf_key_create_once).  Made at module load (nhf_enqueue_init). */
 static pthread_key_t last_task_key;
 
 void nhf_enqueue_note_task(uint32_t task) {
@@ -186,16 +181,8 @@ static PyMethodDef methods[] = {
 
 int nhf_enqueue_init(PyObject *module) {
     static bool keyed;
-    if (!keyed) {
-        int rc = pthread_key_create(&last_task_key, NULL);
-        if (rc != 0) {
-            errno = rc;
-            PyErr_SetFromErrno(PyExc_OSError);
-            return -1;
-        }
-        keyed = true;
-    }
-    if (PyModule_AddFunctions(module, methods) < 0)
+    if (nhf_key_create_once(&last_task_key, &keyed) < 0 ||
+        PyModule_AddFunctions(module, methods) < 0)
         return -1;
     if (PyModule_AddIntConstant(module, "ROUTE_CUDA", NHF_ROUTE_CUDA) < 0 ||
         PyModule_AddIntConstant(module, "ROUTE_SIM", NHF_ROUTE_SIM) < 0 ||

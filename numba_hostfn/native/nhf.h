@@ -99,6 +99,12 @@ int nhf_check_nargs(const char *usage, Py_ssize_t nargs, Py_ssize_t expected);
 /* Exactly `expected` address arguments, into out. */
 int nhf_address_args(const char *usage, PyObject *const *args, Py_ssize_t nargs,
                      Py_ssize_t expected, void **out);
+/* At module load: a pthread key with no destructor, made unless *made (then set);
+ * -1 with an OSError set if pthread_key_create refused.  The native core keeps its
+ * per-thread values in pthread keys, never _Thread_local: a dlopen'ed module's
+ * dynamic TLS is allocated lazily by glibc and freed by a later thread reusing the
+ * stack, a race ThreadSanitizer reports (the stack cache's lock is glibc's own). */
+int nhf_key_create_once(pthread_key_t *key, bool *made);
 /* Add methods to the module's _testing submodule (made by the first call): the
  * hooks for tests only (counters, stand-ins, pauses), apart from the module's API. */
 int nhf_add_testing(PyObject *module, PyMethodDef *methods);

@@ -18,7 +18,6 @@
  */
 #include "nhf.h"
 
-#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -383,16 +382,8 @@ static PyMethodDef testing_methods[] = {
 
 int nhf_records_init(PyObject *module) {
     static bool keyed;
-    if (!keyed) {
-        int rc = pthread_key_create(&defer_key, NULL);
-        if (rc != 0) {
-            errno = rc;
-            PyErr_SetFromErrno(PyExc_OSError);
-            return -1;
-        }
-        keyed = true;
-    }
-    if (PyModule_AddFunctions(module, methods) < 0)
+    if (nhf_key_create_once(&defer_key, &keyed) < 0 ||
+        PyModule_AddFunctions(module, methods) < 0)
         return -1;
     return nhf_add_testing(module, testing_methods);
 }

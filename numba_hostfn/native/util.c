@@ -1,8 +1,10 @@
 /* Shared helpers, below everything: the arguments of the entry points Python calls
- * (an address, a pointer that must not be NULL, a count of arguments) and the
- * module's address constants.  GIL held, all of them.
+ * (an address, a pointer that must not be NULL, a count of arguments), the
+ * module's address constants and its pthread keys.  GIL held, all of them.
  */
 #include "nhf.h"
+
+#include <errno.h>
 
 int nhf_address_arg(PyObject *value, void **out) {
     if (!PyLong_Check(value)) {
@@ -40,6 +42,19 @@ int nhf_address_args(const char *usage, PyObject *const *args, Py_ssize_t nargs,
     for (Py_ssize_t i = 0; i < expected; i++)
         if (nhf_address_arg(args[i], &out[i]) < 0)
             return -1;
+    return 0;
+}
+
+int nhf_key_create_once(pthread_key_t *key, bool *made) {
+    if (*made)
+        return 0;
+    int rc = pthread_key_create(key, NULL);
+    if (rc != 0) {
+        errno = rc;
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    *made = true;
     return 0;
 }
 
