@@ -33,15 +33,22 @@ __all__ = [
 ]
 
 
-def signal_stream(target: Any, refusal: str, caller: str = "host_launch") -> int:
-    """The handle of a signal's ``target``, checked as :func:`signal_route` checks
-    it (a stream, or ``RuntimeError(refusal)`` for a graph), for a caller that must
-    check it before it makes anything (``async_done``'s loop channel)."""
+def signal_stream(
+    target: Any, refusal: str, caller: str = "host_launch", handle: int | None = None
+) -> int:
+    """The handle of a signal's ``target``, which must be a stream: a graph (a
+    GraphBuilder, an explicit graph's node) raises ``RuntimeError(refusal)``.  Called
+    by :func:`signal_route`, and first by a caller that must check the target before
+    it makes anything (``async_done``'s loop channel).  ``handle``: the stream's,
+    where the caller read it already (``check_target``, whose kinds include graphs:
+    an explicit graph's handle is 0); the kind is checked whatever it is."""
     # done_future and async_done take streams only: their errors name no graph
     # (host_launch(blocking=False) shares host_launch's, which takes graphs).
     graphs = caller == "host_launch"
-    if target_kind(target, caller, graphs) != "stream":
+    if target_kind(target, caller, graphs) != "stream":  # cached per type: a lookup
         raise RuntimeError(refusal)
+    if handle is not None:
+        return handle
     return get_backend().stream_handle(target, stream_handle(target, caller, graphs))
 
 
@@ -74,8 +81,8 @@ def signal_route(
     asked again here).
     """
     backend = get_backend()
-    if handle is None:  # the stream's handle before the executor, as a launch checks
-        handle = signal_stream(target, refusal, caller)
+    # The stream (and its handle, unless given) before the executor, as a launch checks.
+    handle = signal_stream(target, refusal, caller, handle)
     if executor is not None:
         check_executor(executor)
     if executor is None:

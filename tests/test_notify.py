@@ -1157,6 +1157,27 @@ async def _async_done_in_loop(stream):
     return nh.async_done(stream)
 
 
+def test_signals_are_refused_on_an_explicit_graph(stream):
+    """host_launch(blocking=False), done_future and async_done on an explicit graph's
+    node raise, enqueuing nothing.  host_launch(blocking=False) reads its target first
+    (check_target: an explicit graph's handle is 0) and hands the handle on; the
+    signal's own check of the target was skipped where a handle was given, so the
+    signal went to stream 0 (the simulator's launch crashed on it)."""
+    # What tells an explicit graph is its class's name and module (_is_graph_node):
+    # a stand-in needs no GPU.
+    node = type("GraphNode", (), {"__module__": "cuda.core.graph"})()
+    ran, held = [], nh.pending()
+    with pytest.raises(RuntimeError, match="CUDA graph"):
+        nh.host_launch(node, lambda: ran.append(True), blocking=False)
+    with pytest.raises(RuntimeError, match="CUDA graph"):
+        nh.done_future(node)
+    with pytest.raises(RuntimeError, match="CUDA graph"):
+        asyncio.run(_async_done_in_loop(node))
+    stream.sync()
+    nh.drain()
+    assert ran == [] and nh.pending() == held
+
+
 def test_signals_are_refused_on_a_graph_builder(stream):
     builder = stream.create_graph_builder().begin_building()
     try:
