@@ -472,6 +472,28 @@ def test_routes_and_trampolines_are_numbers_the_core_checks():
             _core.watchdog_configure(route)
 
 
+NULL_STREAM_SCRIPT = """
+import sys
+from numba_hostfn import _core
+
+_core.watchdog_configure(_core.ROUTE_SIM)  # the simulator's context lookup runs first
+owner = object()
+before = sys.getrefcount(owner), _core.held()
+for route in (_core.ROUTE_SIM, _core.ROUTE_SIM_DEVICE):
+    print(_core.enqueue(route, 0, _core.RUN_COMPILED, 0xF0, 0, owner))
+print(before == (sys.getrefcount(owner), _core.held()))
+"""
+
+
+def test_the_simulator_refuses_stream_zero():
+    """The simulator has no legacy stream 0: a launch on handle 0 is refused with
+    CUDA_ERROR_INVALID_HANDLE (400), nothing enqueued or held, for a host function
+    and for device work, with the simulated watchdog's context lookup before it.
+    Before, both read through the null pointer (a segfault): the shape 7ce8ddc's
+    signal to a graph node's handle 0 took."""
+    assert run_child(NULL_STREAM_SCRIPT).split() == ["400", "400", "True"]
+
+
 UNLOADED_SCRIPT = """
 import pytest
 from numba_hostfn import _core

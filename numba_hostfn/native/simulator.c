@@ -138,6 +138,8 @@ static uint64_t refusal_locked(nhf_sim_stream *stream) {
 }
 
 static uint64_t enqueue(nhf_sim_stream *stream, nhf_hostfn fn, void *arg, enum lane lane) {
+    if (stream == NULL) /* CUDA's legacy stream 0, which the simulator has not */
+        return CUDA_ERROR_INVALID_HANDLE;
     item *it = new_item(fn, arg, lane);
     if (it == NULL)
         return NHF_OUT_OF_MEMORY;
@@ -684,6 +686,8 @@ int nhf_sim_query_context(void *ctx) { return (int)atomic_load(&((nhf_sim_ctx *)
 
 /* Any thread: the simulator's cuStreamGetCtx. */
 int nhf_sim_context_of(void *stream_, void **ctx) {
+    if (stream_ == NULL)
+        return CUDA_ERROR_INVALID_HANDLE; /* no legacy stream 0: enqueue refuses it too */
     if (nhf_on_watchdog_thread())
         atomic_fetch_add(&watchdog_stream_uses, 1);
     *ctx = ((nhf_sim_stream *)stream_)->ctx;
