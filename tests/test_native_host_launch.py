@@ -860,6 +860,47 @@ def test_a_refused_configure_launch_leaves_no_half_configured_fast_path(stream):
     stream.sync()
 
 
+@pytest.mark.parametrize("unset", ["answered", "raise_status"])
+def test_a_launch_survives_configure_launch_unsetting_what_it_reads_later(request, unset):
+    """host_launch reads the configuration again after the stream's __cuda_stream__ ran
+    (Python: it may call configure_launch): the Python path that takes over with its
+    answer (answered, here: an executor with no lane for the stream yet) and the
+    function that raises a refusal (raise_status, here: an executor closed meanwhile).
+    Unset in between, each was a NULL taken as a function: the process died.  Now the
+    launch raises RuntimeError and nothing is enqueued or held."""
+    if rerun_on_simulator(request):
+        return
+    from numba_hostfn._process import get_backend
+
+    stream = nh.create_stream()
+    executor = nh.HostExecutor(threads=1)
+    if unset == "raise_status":  # the lane exists: the enqueue is refused, not handed over
+        nh.host_launch(stream, _increment, user_data=nh.by_ref(np.zeros(1)), executor=executor)
+        stream.sync()
+        nh.drain()
+    protocol = type(stream).__cuda_stream__
+
+    def unsetting(self):
+        if unset == "raise_status":
+            executor.close()
+        _core.configure_launch(**{unset: None})
+        return protocol(self)
+
+    type(stream).__cuda_stream__ = unsetting
+    try:
+        with pytest.raises(RuntimeError, match="not imported|refused"):
+            nh.host_launch(stream, _increment, user_data=nh.by_ref(np.zeros(1)), executor=executor)
+    finally:
+        type(stream).__cuda_stream__ = protocol
+        _core.configure_launch(answered=_launch.host_launch_answered)
+        _launch._configure_native(get_backend())
+    stream.sync()
+    executor.close()
+    nh.drain()
+    assert _core.held() == 0  # the executor's and the refused launch's owners too
+    stream.close()
+
+
 @pytest.mark.parametrize(
     "keyword, value", [("cuda_stream_type", 42), ("byref_type", bytes), ("byref_type", "x")]
 )

@@ -86,6 +86,8 @@ static enum nhf_kind plain_function(PyObject *function, Py_ssize_t bound) {
  * fn's calls use it): a new reference, or NULL with an error set.  Called
  * directly, as _compat.pointer_prototype calls it: no attribute lookup. */
 static PyObject *declared(PyObject *descr, PyObject *fn) {
+    if (descr == NULL) /* unset by a configure_launch that the other descriptor ran */
+        return NULL;   /* (no error set: the launch falls through) */
     return Py_TYPE(descr)->tp_descr_get(descr, fn, (PyObject *)Py_TYPE(fn));
 }
 
@@ -258,7 +260,10 @@ static bool stream_handle(PyObject *stream, void **handle, PyObject **answer) {
  * Returns 0 (launched), 1 (fall through: nothing enqueued, nothing kept but
  * *answer, no error set) or -1 (an error is set: raise it).  *answer: what the
  * stream's __cuda_stream__ gave, where it was asked (a new reference, else NULL),
- * whatever the outcome: the caller's to hand over or release. */
+ * whatever the outcome: the caller's to hand over or release.  Python runs inside
+ * (__cuda_stream__, a descriptor, the finalizers of owners released) and may call
+ * configure_launch: a slot of nhf_launch read after it may be unset (NULL), and is
+ * checked where it is read. */
 static int fast_launch(PyObject *stream, PyObject *fn, PyObject *data, PyObject *executor,
                        PyObject **answer) {
     uintptr_t address = 0, arg = 0;
@@ -306,12 +311,13 @@ static int fast_launch(PyObject *stream, PyObject *fn, PyObject *data, PyObject 
     if (status != 0) {
         PyObject *word = PyLong_FromUnsignedLongLong(status);
         PyObject *on = PyLong_FromVoidPtr(handle); /* the stream: its context's fault */
-        PyObject *raise_status = Py_NewRef(nhf_launch.raise_status); /* configure may swap it */
-        PyObject *raised = word == NULL || on == NULL
+        /* configure may swap it, or unset it (from Python that the launch ran) */
+        PyObject *raise_status = Py_XNewRef(nhf_launch.raise_status);
+        PyObject *raised = word == NULL || on == NULL || raise_status == NULL
                                ? NULL
                                : PyObject_CallFunctionObjArgs(raise_status, word, executor,
                                                               on, NULL);
-        Py_DECREF(raise_status);
+        Py_XDECREF(raise_status);
         Py_XDECREF(word);
         Py_XDECREF(on);
         Py_XDECREF(raised);
@@ -402,6 +408,10 @@ static PyObject *fall_answered(PyObject *answer, PyObject *const *args, Py_ssize
     }
     stack[0] = answer;
     memcpy(stack + 1, args, (size_t)(nargs + nkw) * sizeof(PyObject *));
+    if (nhf_launch.answered == NULL) { /* unset by Python that the launch ran */
+        PyErr_SetString(PyExc_RuntimeError, "numba_hostfn._launch is not imported");
+        return NULL;
+    }
     PyObject *answered = Py_NewRef(nhf_launch.answered); /* configure may swap it */
     PyObject *result = PyObject_Vectorcall(answered, stack, (size_t)(1 + nargs), kwnames);
     Py_DECREF(answered);
