@@ -50,6 +50,8 @@ class SimulatorBackend(Backend):
 
     def stream_handle(self, stream: Any, handle: int) -> int:
         if self.streams.get(handle) is None:
+            if self.stream_type is not None and isinstance(stream, self.stream_type):
+                stream._live()  # one that never opened (a subclass's): its RuntimeError
             if self.chosen_because:
                 why = (
                     f"The simulator was chosen because {self.chosen_because}: real "
@@ -60,7 +62,7 @@ class SimulatorBackend(Backend):
             raise TypeError(
                 "the simulator backend runs host functions only on numba_hostfn.simulator."
                 "Stream objects (or objects whose __cuda_stream__ gives an open one's "
-                f"handle); got {stream!r}. {why}"
+                f"handle); got {_describe(stream)}. {why}"
             )
         return handle
 
@@ -98,3 +100,12 @@ class SimulatorBackend(Backend):
 
     def executor_memory(self, nbytes: int) -> int:
         return _core.host_words(nbytes)  # never freed: a stream may still wait on it
+
+
+def _describe(target: Any) -> str:
+    """``repr(target)`` for an error message, or its type's name where that repr
+    raises (an object half made): the message, not the repr's error, is raised."""
+    try:
+        return repr(target)
+    except Exception:
+        return f"a {type(target).__module__}.{type(target).__qualname__} object"

@@ -74,6 +74,12 @@ class Stream(_core.SimStreamBase):
     ['ran']
     """
 
+    # A subclass whose __init__ skips this one's has a closed stream that never
+    # opened: each method refuses it as such (_live) rather than failing on a
+    # missing attribute.
+    _backend: Any = None
+    _closed = True
+
     def __init__(self) -> None:
         backend = _simulator()
         self._backend = backend
@@ -93,6 +99,11 @@ class Stream(_core.SimStreamBase):
 
     def _live(self) -> int:
         _simulator()  # a forked child has none of the stream's threads: refused
+        if self._backend is None:
+            raise RuntimeError(
+                f"this {type(self).__name__} was never opened: a subclass's __init__ must "
+                "call super().__init__()"
+            )
         if self._closed:
             raise RuntimeError("the simulated stream is closed; create a new Stream")
         return self._handle
@@ -100,7 +111,7 @@ class Stream(_core.SimStreamBase):
     @property
     def is_capturing(self) -> bool:
         """True between :meth:`begin_capture` and :meth:`end_capture`."""
-        return self._handle in self._backend.captures
+        return self._backend is not None and self._handle in self._backend.captures
 
     def sync(self) -> None:
         """Wait, without holding the GIL, until all work enqueued so far has run.
@@ -277,7 +288,7 @@ class Stream(_core.SimStreamBase):
         An interrupted close can be called again: it finishes the job.  A close
         on another thread while this one runs waits until the same point.
         """
-        if forked():  # a forked child has none of the stream's threads: touch nothing
+        if forked() or self._backend is None:  # no threads here, or never opened
             self._closed = True
             return
         if not self._closed:

@@ -322,6 +322,54 @@ def test_foreign_stream_objects_are_refused(request):
     assert nh.pending() == 0
 
 
+def test_a_stream_whose_repr_raises_is_refused_with_the_packages_error(request):
+    """The refusal names a foreign stream by its repr, or by its type where that
+    repr raises: before, the repr's own error (here ValueError) was raised instead."""
+    if rerun_on_simulator(request):
+        return
+
+    class HalfMade:
+        def __cuda_stream__(self):
+            return (0, 0xDEAD0000)
+
+        def __repr__(self):
+            raise ValueError("not made yet")
+
+    with pytest.raises(TypeError, match="simulator.Stream.*test_simulator.*HalfMade object"):
+        nh.host_launch(HalfMade(), increment, user_data=np.zeros(1, np.int64))
+    assert nh.pending() == 0
+
+
+def test_a_subclass_that_skips_stream_init_is_refused_as_never_opened(request, launch_path):
+    """A simulator.Stream subclass whose __init__ does not call super().__init__() has
+    no stream: host_launch, done_future, host_copy, sync, is_done and
+    create_graph_builder say so (RuntimeError), repr and close work.  Before, each
+    raised AttributeError ('_closed'), repr and close too."""
+    if rerun_on_simulator(request):
+        return
+
+    class NoInit(nh.simulator.Stream):
+        def __init__(self):
+            pass
+
+    stream = NoInit()
+    assert "closed" in repr(stream) and not stream.is_capturing
+    calls = [
+        lambda: nh.host_launch(stream, increment, user_data=np.zeros(1, np.int64)),
+        lambda: nh.host_launch(stream, lambda: None),
+        lambda: nh.done_future(stream),
+        lambda: nh.host_copy(stream, bytearray(2), b"ab"),
+        stream.sync,
+        stream.is_done,
+        stream.create_graph_builder,
+    ]
+    for call in calls:
+        with pytest.raises(RuntimeError, match="NoInit was never opened.*super"):
+            call()
+    stream.close()
+    assert nh.pending() == 0
+
+
 _FOREIGN_STREAM = """
 import numpy as np
 import numba_hostfn as nh
