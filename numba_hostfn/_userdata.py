@@ -307,6 +307,24 @@ class Record:
     __slots__ = ("data", "keep")
 
     def __init__(self, data: np.ndarray, keep: tuple) -> None:
+        # What a launch and repr read: checked here, where a mistake is made, not at
+        # the launch, whose error would name by_ref(), which the caller never called.
+        if not (isinstance(data, np.ndarray) and data.dtype.names is not None):
+            raise TypeError(
+                "Record(data, keep) expected a numpy array of a structured dtype as data, "
+                f"got {type(data).__name__}; make records with numba_hostfn.record(dtype, "
+                "**fields)"
+            )
+        if data.shape != (1,):
+            raise ValueError(
+                f"Record(data, keep) expected a one-element array as data, got shape "
+                f"{data.shape}; make records with numba_hostfn.record(dtype, **fields)"
+            )
+        if not isinstance(keep, tuple):
+            raise TypeError(
+                "Record(data, keep) expected a tuple of what the record keeps alive as "
+                f"keep, got {type(keep).__name__}"
+            )
         self.data = data
         self.keep = keep
 

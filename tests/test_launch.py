@@ -968,6 +968,26 @@ def test_record_takes_an_array_array_as_a_buffer_not_a_number():
         values.append(6)  # pinned by the record
 
 
+@pytest.mark.parametrize(
+    "data, keep, error, fragment",
+    [
+        ("abc", (), TypeError, "structured dtype as data, got str"),
+        (np.zeros(1), (), TypeError, "structured dtype as data, got ndarray"),
+        (np.zeros(0, SUM), (), ValueError, "one-element array as data, got shape \\(0,\\)"),
+        (np.zeros((1, 1), SUM), (), ValueError, "got shape \\(1, 1\\)"),
+        (np.zeros(1, SUM), [], TypeError, "tuple .* as keep, got list"),
+    ],
+)
+def test_a_record_made_by_hand_is_checked_when_made(data, keep, error, fragment):
+    """Record is public: a Record(data, keep) that a launch cannot use is refused
+    when made, saying how to make one.  Before, Record("abc", ()) was taken and its
+    launch raised an error naming by_ref(), and repr of an empty one IndexError."""
+    with pytest.raises(error, match=fragment):
+        nh.Record(data, keep)
+    made = nh.Record(np.zeros(1, SUM), ())
+    assert repr(made).startswith("record(") and made.dtype == SUM
+
+
 def test_record_refuses_a_negative_numpy_integer_in_an_unsigned_field():
     """-1 in an unsigned field is a ValueError (documented), but np.int64(-1) wraps."""
     with pytest.raises(ValueError, match="'out'"):
