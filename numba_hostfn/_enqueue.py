@@ -143,8 +143,10 @@ def check_empty(target: Any, caller: str, checked: tuple[str, int] | None = None
     """What a call that adds nothing returns (an explicit graph's node itself, else
     None), its target checked as a launch's is: its type, its handle, then the
     backend's refusals that need no enqueue (``Backend.check_open``: a closed
-    simulated stream, a GraphBuilder that is not building), so that a target a
-    launch would refuse is refused whether or not there was anything to enqueue.
+    simulated stream, a GraphBuilder that is not building), so that such a target
+    is refused whether or not there was anything to enqueue.  A device fault is not
+    looked for: on CUDA only a driver call on the stream reports it, and a call that
+    adds nothing makes none (a zero-byte ``host_copy`` on a faulted stream returns).
     ``checked``: what :func:`check_target` gave, where the caller checked the target
     first (:func:`enqueue`'s ``checked``)."""
     kind, handle = check_target(target, caller) if checked is None else checked
