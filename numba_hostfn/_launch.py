@@ -20,6 +20,7 @@ from ._classify import classify_function, compiled_layout
 from ._compat import POINTER_PROTOTYPE
 from ._enqueue import check_target, enqueue, raise_refused, user_data_with_callable
 from ._errors import keeps_nothing_on_refusal
+from ._executor import check_executor
 from ._hostfunction import CUhostFn
 from ._notify import launch_nonblocking
 from ._process import on_backend
@@ -144,6 +145,10 @@ def host_launch_python(
             # promises.  None, given or not, leaves the error to blocking=, the mistake.
             layout, reads = compiled_layout(fn) if kind == "compiled" else (None, False)
             resolve_user_data(user_data, layout, fn, reads)
+        if executor is not None:
+            # The keywords in signature order: executor= before blocking= (a wrong
+            # executor was reported as a blocking= error, or not at all).
+            check_executor(executor)
         if blocking is not False:
             raise TypeError(f"host_launch(blocking=...) expected True or False, got {blocking!r}")
         if kind != "python":

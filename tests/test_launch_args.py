@@ -1056,6 +1056,34 @@ def test_a_compiled_functions_user_data_is_checked_before_blocking(stream):
     _rejects(stream, ValueError, "blocking=False", typed, user_data=bytes(16), blocking=False)
 
 
+def test_executor_is_checked_before_blocking(stream, launch_path):
+    """docs/errors.md: the keywords in signature order, executor= before blocking=.
+    A wrong executor (not a HostExecutor, or closed) given with a wrong blocking= (not a
+    bool, or False with compiled code) was reported as the blocking= error, on both
+    paths (the native host_launch hands every blocking= but True to Python)."""
+    closed = nh.HostExecutor(1)
+    closed.close()
+    for fn, kwargs, error, match in (
+        (lambda: None, {"executor": object(), "blocking": "yes"}, TypeError, "executor= expected"),
+        (touch, {"executor": object(), "blocking": False}, TypeError, "executor= expected"),
+        (touch, {"executor": closed, "blocking": False}, RuntimeError, "HostExecutor is closed"),
+        (lambda: None, {"executor": closed, "blocking": None}, RuntimeError, "is closed"),
+        (
+            typed,
+            {"user_data": bytes(16), "executor": "no", "blocking": "yes"},
+            TypeError,
+            "got str",
+        ),
+        (touch, {"executor": object(), "blocking": True}, TypeError, "executor= expected"),
+    ):
+        _rejects(stream, error, match, fn, **kwargs)
+    # user_data before both; a right executor leaves the error to blocking=.
+    _rejects(stream, TypeError, "not str", touch, user_data="x", executor=object(), blocking="yes")
+    with nh.HostExecutor(1) as executor:
+        _rejects(stream, TypeError, "blocking", lambda: None, executor=executor, blocking="yes")
+        _rejects(stream, ValueError, "blocking=False", touch, executor=executor, blocking=False)
+
+
 def test_user_data_passed_positionally_says_it_is_keyword_only(stream):
     """host_launch(stream, fn, buf) names host_launch and says to pass user_data=
     (main: "host_launch_python() takes 2 positional arguments but 3 were given",
