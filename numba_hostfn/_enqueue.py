@@ -13,7 +13,15 @@ from typing import Any
 from . import _core
 from ._backend import Backend, Launch, StaleLane
 from ._classify import KINDS, classify_function, compiled_layout
-from ._executor import check_executor, copy_context_of, default_lane_of, lane_of, renew_lane
+from ._executor import (
+    check_executor,
+    copy_context_of,
+    default_lane_makes,
+    default_lane_of,
+    has_lane,
+    lane_of,
+    renew_lane,
+)
 from ._graphs import add_captured_node, add_graph_node, explicit_graph
 from ._process import get_backend
 from ._streams import UNASKED, stream_handle, target_kind
@@ -22,6 +30,7 @@ from ._userdata import resolve_user_data
 __all__ = [
     "RENEWALS",
     "check_empty",
+    "check_signal",
     "check_target",
     "enqueue",
     "raise_refused",
@@ -50,6 +59,43 @@ def signal_stream(
     if handle is not None:
         return handle
     return get_backend().stream_handle(target, stream_handle(target, caller, graphs))
+
+
+def check_signal(
+    target: Any,
+    executor: Any,
+    refusal: str,
+    caller: str = "host_launch",
+    handle: int | None = None,
+    *,
+    making: bool = False,
+    default_lane: bool = True,
+) -> int:
+    """The handle of a signal's ``target``, with everything that can refuse the signal
+    checked before anything is made for it (LIFETIME.md, invariant 3): the target (a
+    stream, not a graph: :func:`signal_stream`), then ``executor`` (its type, closed or
+    stopped: ``check_executor``), then, where this call would make something that is
+    kept (``making``: the caller's thread or loop channel; a lane of ``executor`` for
+    this stream, or the default lane or its lane, given no executor and
+    ``default_lane``), what the enqueue itself would refuse, read without enqueuing
+    (``Backend.signal_refusal``: a fault, a closed simulated stream, a capture), raised
+    as the enqueue's refusal is.  So a refused first signal starts no thread, opens no
+    descriptor and leaves no lane (before, they were made first, and kept).  Those
+    reads are made only then: a signal whose thread, channel and lane exist pays
+    nothing more, and a stream closed between the check and the enqueue (another
+    thread's) is refused by the enqueue, as before.  Called by each signal's entry
+    point before it makes its batches (``_notify``)."""
+    handle = signal_stream(target, refusal, caller, handle)
+    if executor is not None:
+        check_executor(executor)
+        making = making or not has_lane(executor, handle)
+    elif default_lane:
+        making = making or default_lane_makes(handle)
+    if making:
+        status = get_backend().signal_refusal(handle)
+        if status:
+            refuse_signal(status, executor, refusal, handle)
+    return handle
 
 
 def signal_route(
@@ -109,12 +155,12 @@ def renewed_route(handle: int, route: tuple[int, int, Any]) -> tuple[int, int, A
     return (route[0], renew_lane(route[2], handle, route[1]), route[2])
 
 
-def refuse_signal(status: int, executor: Any, refusal: str) -> None:
+def refuse_signal(status: int, executor: Any, refusal: str, stream: int = 0) -> None:
     """Raise for a signal's refused enqueue: ``RuntimeError(refusal)`` if the stream is
-    capturing, else what a refused launch raises."""
+    capturing, else what a refused launch raises (``stream``: its handle, where known)."""
     if status == _core.CAPTURING:
         raise RuntimeError(refusal)
-    raise_refused(status, executor)
+    raise_refused(status, executor, stream)
 
 
 def raise_refused(status: int, executor: Any, stream: int = 0) -> None:

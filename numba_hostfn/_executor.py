@@ -30,8 +30,10 @@ __all__ = [
     "check_executor",
     "copy_context_of",
     "default_lane",
+    "default_lane_makes",
     "default_lane_of",
     "graph_slot_of",
+    "has_lane",
     "lane_of",
     "renew_lane",
 ]
@@ -365,6 +367,15 @@ def lane_of(executor: HostExecutor, handle: int, most: int = 0) -> int:
     return executor._lane(handle, most)
 
 
+def has_lane(executor: HostExecutor, handle: int) -> bool:
+    """Whether ``lane_of(executor, handle)`` finds a lane it made before (a signal's
+    check, ``_enqueue.check_signal``: where it would make one, the enqueue's refusals
+    are read first, so that a refused signal leaves no lane).  A default-stream
+    handle counts as found: its lanes are per thread and reused
+    (``HostExecutor._lane``), and CUDA never closes those streams."""
+    return handle <= _DEFAULT_STREAM_HANDLES or handle in executor._lanes
+
+
 def renew_lane(executor: HostExecutor, handle: int, stale: int) -> int:
     """The address of a new lane of ``executor`` for stream ``handle``, whose lane
     ``stale`` serves an earlier stream that had the handle (an enqueue's
@@ -509,6 +520,18 @@ def default_lane_of(handle: int) -> tuple[_DefaultLane, int] | None:
     except Exception:  # closed at exit meanwhile, or no pinned memory here: the driver's path
         return None
     return (lane, address) if address else None  # 0: past its streams, the driver's path
+
+
+def default_lane_makes(handle: int) -> bool:
+    """Whether ``default_lane_of(handle)`` could start the default lane or make it a
+    lane for stream ``handle`` (``_enqueue.check_signal`` then reads the enqueue's
+    refusals first: a closed stream's wait must leave no lane, which is never removed,
+    nor start the lane's thread).  Unlocked reads: a lane another thread makes
+    meanwhile only costs this call the check."""
+    if handle <= _DEFAULT_STREAM_HANDLES or _default_off:
+        return False
+    lane = _default
+    return lane is None or (handle not in lane._lanes and len(lane._lanes) < DEFAULT_LANE_STREAMS)
 
 
 def _close_default_lane() -> None:

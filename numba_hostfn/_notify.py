@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _core
 from ._compat import any_thread_pending_call, register_first_atexit, running_loop
-from ._enqueue import RENEWALS, refuse_signal, renewed_route, signal_route, signal_stream
+from ._enqueue import RENEWALS, check_signal, refuse_signal, renewed_route, signal_route
 from ._errors import keeps_nothing_on_refusal
 from ._process import forked, get_backend
 
@@ -144,6 +144,15 @@ class _Callbacks:
         self._batch = self._channel.dispatcher
         if wake_main:
             _route_pending_calls()
+        # Started now, before the first signal's enqueue, not lazily after it succeeds:
+        # the eventfd counts its writes, so a thread started later would still see the
+        # signal, in order, but an interrupt (a Ctrl-C) between the enqueue and the
+        # start would leave the signal enqueued with nothing to act on it (a
+        # done_future on the driver's thread: never set) until some later call started
+        # the thread (LIFETIME.md, invariant 21).  So each caller checks first all that
+        # can refuse it (_enqueue.check_signal), and a refusal only the enqueue can see
+        # (a CUDA stream destroyed, or another thread's close or capture in between)
+        # leaves this process-wide thread to the next signal, which would start it.
         self._helper = threading.Thread(target=self._serve, name=name, daemon=True)
         self._helper.start()
 
@@ -363,7 +372,16 @@ def launch_nonblocking(
     ``handle``: the stream's, as host_launch's argument check read it (its
     ``__cuda_stream__`` is not asked again)."""
     # On the driver's thread unless executor= is given: the default lane serves
-    # async_done and done_future only.
+    # async_done and done_future only.  Checked before the callbacks' thread is made:
+    # a refused call starts nothing (_enqueue.check_signal).
+    handle = check_signal(
+        stream,
+        executor,
+        _NONBLOCKING_IN_GRAPH,
+        handle=handle,
+        making=_callbacks is None,
+        default_lane=False,
+    )
     _the_callbacks().launch(
         stream, fn, executor, _NONBLOCKING_IN_GRAPH, default_lane=False, handle=handle
     )
@@ -409,8 +427,11 @@ def done_future(stream: Any, *, executor: Any = None) -> concurrent.futures.Futu
     RuntimeError
         If ``stream`` is capturing or is a graph, or the executor is closed.
     """
-    # The stream first: a wrong one starts no futures thread.
-    handle = signal_stream(stream, _FUTURE_IN_GRAPH, "done_future")
+    # The stream, the executor, and where this call would make the futures thread or
+    # a lane, the enqueue's refusals: a refused call starts no thread and keeps no lane.
+    handle = check_signal(
+        stream, executor, _FUTURE_IN_GRAPH, "done_future", making=_futures is None
+    )
     future = _stream_future_type()(stream)
     entry = _FutureEntry(future)
     future._watch = _the_futures().launch(
@@ -768,10 +789,11 @@ def async_done(stream: Any, *, executor: Any = None) -> asyncio.Future:
             "async_done() needs a running asyncio event loop: await it in a coroutine. "
             "Outside a loop, use numba_hostfn.done_future(stream) (a concurrent.futures.Future)"
         ) from None
-    # The stream first: a wrong one makes no channel for the loop (a reader on it).
-    handle = signal_stream(stream, _ASYNC_IN_GRAPH, "async_done")
     ref = _loops.get(loop)
     waits = None if ref is None else ref()
+    # The stream, the executor, and where this call would make the loop's channel (a
+    # reader on the loop) or a lane, the enqueue's refusals: a refused call makes none.
+    handle = check_signal(stream, executor, _ASYNC_IN_GRAPH, "async_done", making=waits is None)
     if waits is None:
         waits = _LoopWaits(loop)
         _loops[loop] = weakref.ref(waits)

@@ -19,7 +19,15 @@ import time
 
 import numpy as np
 import pytest
-from _device import CHILD_PREAMBLE, Capture, Hold, _wait_for_flag, held_work, run_child
+from _device import (
+    CHILD_PREAMBLE,
+    Capture,
+    Hold,
+    _wait_for_flag,
+    child_env,
+    held_work,
+    run_child,
+)
 from numba import carray
 
 import numba_hostfn as nh
@@ -1414,13 +1422,17 @@ DEFAULT_LANE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     nh.drain()
     print("before first wait", _executor._default)
     # A capturing stream, as the first wait of the process: refused as on the
-    # driver's path, nothing enqueued, the capture still valid (in global mode, a
-    # pinned allocation of the lane's would have invalidated it on a GPU).
+    # driver's path, nothing enqueued, and the lane not made for it (a refused call
+    # starts nothing).  The first wait on another stream meanwhile makes it, the
+    # capture still valid (in global mode, a pinned allocation of the lane's would
+    # have invalidated it on a GPU).
     capture = Capture(stream, "global")
     try:
         nh.done_future(stream)
     except RuntimeError as e:
-        print("capturing refused", "capturing stream" in str(e))
+        print("capturing refused", "capturing stream" in str(e), _executor._default is None)
+    other = device.create_stream()
+    print("other stream", nh.done_future(other).result(timeout=60) is other)
     nh.host_launch(stream, increment, user_data=nh.by_ref(counter))
     capture.end()
     capture.launch()
@@ -1462,11 +1474,12 @@ DEFAULT_LANE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
 def test_async_done_and_done_future_take_the_default_lane_with_no_argument():
     """With no executor= the signal is a task of the package's one-thread lane, made
     at the first wait (before: every wait was a driver host function, and no lane
-    existed); a capturing stream is refused as before and left valid; a forked
-    child refuses as before."""
+    existed); a capturing stream is refused as before and left valid, and makes no
+    lane (before: the refused wait made it); a forked child refuses as before."""
     lines = run_child(DEFAULT_LANE_SCRIPT).splitlines()
     assert "before first wait None" in lines, lines
-    assert "capturing refused True" in lines, lines
+    assert "capturing refused True True" in lines, lines
+    assert "other stream True" in lines, lines
     assert "under capture True True" in lines, lines
     assert "done_future on the lane 1" in lines, lines
     assert "done_future resolved True" in lines, lines
@@ -2051,3 +2064,149 @@ def test_done_future_and_async_done_check_the_stream_before_they_make_anything()
     reader on the loop). A wrong stream made them first, and they were kept."""
     out = run_child(WRONG_STREAM_FIRST_SCRIPT)
     assert out.strip().endswith("ok"), out
+
+
+#: Each refused signal of REFUSED_SIGNAL_SCRIPT: (case, the exception, the call); the
+#: LATE ones after the default lane and the executor have lanes of their own. The
+#: cases of SIM_ONLY_SIGNALS are the simulator's (a closed, capturing or faulted
+#: stream); the others run on the backend in use.
+REFUSED_SIGNAL_SCRIPT = textwrap.dedent("""
+    import asyncio
+    import os
+    import threading
+    import time
+    from numba_hostfn import _executor, _notify
+
+    def made():
+        # What a signal's first call makes and keeps: its helper threads, descriptors,
+        # the process's batches, the default lane and its lanes, an executor's lanes.
+        lane = _executor._default
+        return (sorted(t.name for t in threading.enumerate()),
+                len(os.listdir("/proc/self/fd")), _notify._callbacks, _notify._futures,
+                lane, None if lane is None else dict(lane._lanes), dict(live._lanes))
+
+    live = nh.HostExecutor(1)
+    closed_executor = nh.HostExecutor(1)
+    closed_executor.close()
+    builder = stream.create_graph_builder()
+    if SIMULATOR:
+        closed = nh.simulator.Stream()
+        closed.close()
+        capturing = nh.simulator.Stream()
+        capturing.begin_capture()
+        nh.simulator.new_context()  # the fault is this context's only
+        faulted = nh.simulator.Stream()
+        faulted.fault("CUDA_ERROR_ILLEGAL_ADDRESS")
+        while faulted.handle and nh._core.sim_query(faulted.handle) != 700:
+            time.sleep(0.001)  # the fault has run: its context refuses, not yet noted
+
+    def nonblocking(target, **kw):
+        return lambda: nh.host_launch(target, print, blocking=False, **kw)
+
+    def in_loop(target, **kw):
+        async def main():
+            loop = asyncio.get_running_loop()
+            before = made()
+            try:
+                nh.async_done(target, **kw)
+            except Exception as exc:
+                error = exc
+            else:
+                raise AssertionError("async_done was not refused")
+            after = made()
+            assert before == after, (before, after)
+            assert _notify._loops.get(loop) is None, "the loop got a channel"
+            raise error
+        return lambda: asyncio.run(main())
+
+    def run(case, error, call):
+        before = made()
+        try:
+            call()
+        except error:
+            pass
+        except Exception as exc:
+            print(case, "raised", type(exc).__name__, exc)
+            return
+        else:
+            print(case, "was not refused")
+            return
+        after = made()
+        print(case, "ok" if before == after else f"made {before} -> {after}")
+
+    if LATE:
+        # The default lane and an executor with lanes of their own (made here): a
+        # refused wait on a closed stream gives neither a lane, which is never removed.
+        nh.done_future(stream).result(timeout=60)
+        nh.done_future(stream, executor=live).result(timeout=60)
+    run(CASE, ERROR, eval(CALL))
+    nh.done_future(stream).result(timeout=60)  # and what the refusals left works
+    live.close()
+    stream.close()
+""")
+
+REFUSED_SIGNALS = [
+    ("nonblocking_wrong_executor", "TypeError", "nonblocking(stream, executor=object())"),
+    (
+        "nonblocking_closed_executor",
+        "RuntimeError",
+        "nonblocking(stream, executor=closed_executor)",
+    ),
+    ("nonblocking_builder", "RuntimeError", "nonblocking(builder)"),
+    ("nonblocking_builder_executor", "RuntimeError", "nonblocking(builder, executor=live)"),
+    (
+        "done_future_wrong_executor",
+        "TypeError",
+        "lambda: nh.done_future(stream, executor=object())",
+    ),
+    (
+        "done_future_closed_executor",
+        "RuntimeError",
+        "lambda: nh.done_future(stream, executor=closed_executor)",
+    ),
+    ("async_done_wrong_executor", "TypeError", "in_loop(stream, executor=object())"),
+    ("async_done_closed_executor", "RuntimeError", "in_loop(stream, executor=closed_executor)"),
+    ("nonblocking_closed_stream", "RuntimeError", "nonblocking(closed)"),
+    ("nonblocking_capturing_stream", "RuntimeError", "nonblocking(capturing)"),
+    ("nonblocking_faulted_stream", "nh.DeviceFaultError", "nonblocking(faulted)"),
+    ("done_future_closed_stream", "RuntimeError", "lambda: nh.done_future(closed)"),
+    ("done_future_capturing_stream", "RuntimeError", "lambda: nh.done_future(capturing)"),
+    ("done_future_faulted_stream", "nh.DeviceFaultError", "lambda: nh.done_future(faulted)"),
+    ("async_done_closed_stream", "RuntimeError", "in_loop(closed)"),
+    ("async_done_faulted_stream", "nh.DeviceFaultError", "in_loop(faulted)"),
+]
+LATE_REFUSED_SIGNALS = [
+    ("done_future_closed_stream_default_lane", "RuntimeError", "lambda: nh.done_future(closed)"),
+    (
+        "done_future_closed_stream_executor",
+        "RuntimeError",
+        "lambda: nh.done_future(closed, executor=live)",
+    ),
+    ("nonblocking_closed_stream_executor", "RuntimeError", "nonblocking(closed, executor=live)"),
+]
+SIM_ONLY_SIGNALS = ("closed_stream", "capturing_stream", "faulted_stream")
+
+
+@pytest.mark.parametrize(
+    ("case", "error", "call", "late"),
+    [(*c, False) for c in REFUSED_SIGNALS] + [(*c, True) for c in LATE_REFUSED_SIGNALS],
+    ids=[c[0] for c in REFUSED_SIGNALS + LATE_REFUSED_SIGNALS],
+)
+def test_a_refused_signal_starts_no_thread_and_keeps_no_channel_or_lane(case, error, call, late):
+    """host_launch(blocking=False), done_future and async_done refused (a wrong or
+    closed executor, a graph, a closed, capturing or faulted stream) have made
+    nothing: no callbacks or futures thread, no descriptor, no loop channel (a
+    reader), no default lane or lane of it or of the executor for the stream
+    (_enqueue.check_signal: everything that can refuse is checked before they are
+    made).  Before, each made them first, and kept them.  Each in a child of its
+    own (what a first call makes is the process's); the closed, capturing and
+    faulted streams' on the simulator, the others' on the backend in use."""
+    simulator = any(k in case for k in SIM_ONLY_SIGNALS)
+    script = (
+        CHILD_PREAMBLE
+        + f"SIMULATOR = {simulator}\nCASE = {case!r}\nERROR = {error}\n"
+        + f"CALL = {call!r}\nLATE = {late}\n"
+        + REFUSED_SIGNAL_SCRIPT
+    )
+    out = run_child(script, env=child_env(NUMBA_HOSTFN_SIMULATOR="1") if simulator else None)
+    assert out.strip() == f"{case} ok", out
