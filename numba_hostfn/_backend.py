@@ -270,16 +270,19 @@ class Backend:
 
     # ---- graphs: the capture path and explicit graphs (``_graphs``) ----
 
-    def capture_graph(self, handle: int, builder: bool, caller: str = "host_launch") -> Any:
+    def capture_graph(self, handle: int, builder: Any = None, caller: str = "host_launch") -> Any:
         """The graph being captured on stream ``handle``, or None if it is not capturing.
 
-        Raises RuntimeError if the capture cannot own a node (invalidated), or
-        if ``builder`` is true and the stream is not capturing; the error names
-        ``caller``, the public function called.
+        ``builder``: the GraphBuilder the call was given (None for a stream).  Raises
+        RuntimeError if the capture cannot own a node (invalidated), or if ``builder``
+        is not itself building (:func:`not_building_error`): not begun, ended or
+        closed, whether or not another capture holds its stream (another builder on
+        the same stream, or a ``begin_capture()``), whose graph would otherwise get
+        the node.  The error names ``caller``, the public function called.
         """
         raise NotImplementedError  # pragma: no cover
 
-    def check_open(self, handle: int, builder: bool, caller: str = "host_launch") -> None:
+    def check_open(self, handle: int, builder: Any = None, caller: str = "host_launch") -> None:
         """Refuse a call that has nothing to enqueue on ``handle`` (a zero-byte
         ``host_copy``, ``release_after`` with no objects) where an enqueue would be
         refused for its target, enqueuing nothing.
@@ -289,8 +292,8 @@ class Backend:
         an enqueue is ``cuLaunchHostFunc`` itself, which such a call does not make;
         the simulator refuses a closed stream (``SimulatorBackend``).
         """
-        if builder:
-            self.capture_graph(handle, True, caller)
+        if builder is not None:
+            self.capture_graph(handle, builder, caller)
 
     def signal_refusal(self, handle: int) -> int:
         """The status word a signal's enqueue on stream ``handle`` would be refused

@@ -151,7 +151,9 @@ class CudaBackend(Backend):
             self._check(rc, call or "a CUDA driver call")
         return value
 
-    def capture_graph(self, handle: int, builder: bool, caller: str = "host_launch") -> Any:
+    def capture_graph(self, handle: int, builder: Any = None, caller: str = "host_launch") -> Any:
+        if builder is not None and _builder_not_building(builder):
+            raise not_building_error(caller)
         status, graph = self._answer(_core.cuda_capture_info(handle))
         if status == _core.CU_STREAM_CAPTURE_STATUS_ACTIVE:
             if not graph:
@@ -166,7 +168,7 @@ class CudaBackend(Backend):
                 "earlier call broke it; ending the capture will fail); nothing was enqueued. "
                 "End the capture and capture again"
             )
-        if builder:
+        if builder is not None:
             raise not_building_error(caller)
         return None  # the capture ended since the enqueue saw it
 
@@ -273,3 +275,29 @@ class CudaBackend(Backend):
         child = GraphDefinition()
         self._answer(_core.cuda_slot_graph(int(child.handle), slot.words))
         return child
+
+
+def _builder_not_building(builder: Any) -> bool:
+    """Whether cuda.core's GraphBuilder ``builder`` is known not to be building itself,
+    whatever captures its stream.
+
+    cuda.core (1.2.0 to 1.2.2) keeps a builder's capture state in a private C field
+    (``_state``), and its ``is_building`` reads only whether the builder's stream is
+    capturing: True while another capture (another builder on the same stream, a
+    ``cuStreamBeginCapture``) holds a stream whose builder was never begun, has
+    ended or is closed, and the node would join that capture.  What it shows
+    publicly: ``is_closed``, and ``graph_definition`` (1.1.0+), which a builder gives
+    only when it is not building (a primary builder after ``end_building()``, a
+    conditional body before ``begin_building()`` and after ``end_building()``) and
+    refuses with RuntimeError while it builds, as for a forked builder (always
+    building) and a primary builder not begun.  That last one alone is not told
+    apart here: it is refused only where its stream is not capturing.  A builder
+    that builds pays one RuntimeError raised inside cuda.core per launch.
+    """
+    try:
+        if getattr(builder, "is_closed", False):
+            return True
+        definition = builder.graph_definition
+    except Exception:  # building, or not known (an older cuda.core has neither)
+        return False
+    return definition is not None

@@ -201,7 +201,7 @@ def check_empty(target: Any, caller: str, checked: tuple[str, int] | None = None
         # a call that adds a node meets it; on CUDA, the graph the node would join.
         explicit_graph(get_backend(), target)
         return target
-    get_backend().check_open(handle, kind == "builder", caller)
+    get_backend().check_open(handle, target if kind == "builder" else None, caller)
     return None
 
 
@@ -253,10 +253,10 @@ def enqueue(
     launch = Launch(kind, address, arg, owned, executor, parallel_copy and executor is not None)
     if kind_of_target == "node":
         return add_graph_node(backend, target, launch)
-    builder = kind_of_target == "builder"
+    builder = target if kind_of_target == "builder" else None  # its own state is checked
     route = backend.device_route if as_device_work else 0
     while True:
-        if not builder:
+        if builder is None:
             if executor is None:
                 enqueued = backend.enqueue(handle, launch, route)
             else:

@@ -60,15 +60,18 @@ def add_captured_node(
     backend: Backend,
     handle: int,
     launch: Launch,
-    builder: bool,
+    builder: Any,
     device: bool = False,
     caller: str = "host_launch",
 ) -> bool:
     """Add ``launch`` to the graph being captured on stream ``handle``, owned by it
-    (on its executor: a graph slot's three operations).
+    (on its executor: a graph slot's three operations).  ``builder``: the
+    GraphBuilder the launch was given, or None for a stream; a builder that is not
+    itself building is refused (``Backend.capture_graph``), whatever else captures
+    its stream.
 
     Returns False, having added nothing, if the stream is not capturing (and
-    ``builder`` is false), or if its capture ended (on another thread) after it was
+    ``builder`` is None), or if its capture ended (on another thread) after it was
     read: the caller enqueues on the stream then, or a builder's launch is refused.
     Raises RuntimeError, with nothing added and nothing kept, if the capture cannot
     own a node.  A failure after the graph owns the node's record (an ended capture

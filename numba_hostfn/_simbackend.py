@@ -69,17 +69,20 @@ class SimulatorBackend(Backend):
             )
         return handle
 
-    def capture_graph(self, handle: int, builder: bool, caller: str = "host_launch") -> Any:
+    def capture_graph(self, handle: int, builder: Any = None, caller: str = "host_launch") -> Any:
         if _core.sim_in_host_function():  # a GraphBuilder's capture enqueues nothing first
             raise in_host_function_error()
         capture = self.captures.get(handle)
-        if capture is None and builder:
+        # A builder's own capture (the one its begin_building() began), read in the
+        # same step as the stream's: never another's on its stream (a begin_capture(),
+        # another builder), which took the node of one not begun, ended or closed.
+        if builder is not None and (capture is None or capture is not builder._capture):
             raise not_building_error(caller)
         return capture
 
-    def check_open(self, handle: int, builder: bool, caller: str = "host_launch") -> None:
+    def check_open(self, handle: int, builder: Any = None, caller: str = "host_launch") -> None:
         super().check_open(handle, builder, caller)
-        if not builder and _core.sim_stopped(handle):  # what its enqueue answers
+        if builder is None and _core.sim_stopped(handle):  # what its enqueue answers
             self.raise_refusal(_core.QUEUE_STOPPED, stream=handle)
 
     def signal_refusal(self, handle: int) -> int:
