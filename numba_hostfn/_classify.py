@@ -6,7 +6,8 @@ decides only the common cases, the same way, and hands every other call here.
 read: each kind's run and replay trampolines, and what its launch owns.  A
 Python callable is checked each time (what it needs is its own, and a class's
 ``__call__`` can be replaced); what it needs is read off its code or signature, and a
-coroutine function or a callable that needs arguments is refused, saying what was meant.
+generator or coroutine function (whose body a call never runs) or a callable that needs
+arguments is refused, saying what was meant.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from ._compat import (
     pointer_prototype,
     text_signature,
 )
-from ._hostfunction import CUhostFn, HostFunction
+from ._hostfunction import SUSPENDING_FLAGS, CUhostFn, HostFunction
 
 __all__ = [
     "KINDS",
@@ -188,7 +189,11 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
     return "python", 0, fn
 
 
-_ASYNC_FLAGS = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+# SUSPENDING_FLAGS (_hostfunction's, which @host_callback refuses): a call of a function
+# with them makes a generator, a coroutine or an async generator instead of running its
+# body, so it is refused as fn; native/host_launch.c falls through here for the same flags.
+# Those of them whose call makes something to await (a @types.coroutine generator too).
+_AWAITABLE_FLAGS = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE
 # Callables whose coroutine-ness differs from one instance to the next: checked each time.
 _PER_INSTANCE = (types.FunctionType, types.MethodType, functools.partial)
 # Callables of one type whose arguments differ from one instance to the next
@@ -286,17 +291,47 @@ def _refuse_unlaunchable(fn: Any) -> None:
     _refuse_required_arguments(fn, found)
 
 
-def refuse_coroutine_function(fn: Any, caller: str = "host_launch", found: Any = None) -> None:
-    function, _ = found if found is not None else _function_of(fn)
-    # Else whatever code object it has (unittest.mock.AsyncMock sets one).
+def _suspending_flags(fn: Any, function: Any) -> int:
+    """The code flags of what calling ``fn`` runs (``function``, as ``_function_of``
+    found it; else whatever code object ``fn`` has), and of ``fn``'s own code object
+    where it is an instance that has one besides its class's ``__call__``
+    (``unittest.mock.AsyncMock`` sets a CO_COROUTINE one on the instance, and its
+    class's ``__call__`` is plain).  A plain function or bound method is read once:
+    nothing more on that path."""
     code = _code_of(function if function is not None else fn)
-    is_async = code is not None and code.co_flags & _ASYNC_FLAGS
-    if is_async or _is_coroutine_partial(fn):
+    flags = code.co_flags if code is not None else 0
+    if function is not None and function is not fn and type(fn) not in _PER_INSTANCE:
+        own = _code_of(fn)  # read only for a callable object, off the common path
+        if own is not None:
+            flags |= own.co_flags
+    return flags
+
+
+def refuse_coroutine_function(fn: Any, caller: str = "host_launch", found: Any = None) -> None:
+    """Refuse a ``fn`` whose call only makes a generator, coroutine or async generator
+    (its body would never run): a generator or coroutine function, through a bound
+    method, an lru_cache wrapper, a partial, a callable object's ``__call__``, or a
+    code object of the instance's own (``unittest.mock.AsyncMock``)."""
+    target = fn
+    while type(target) is functools.partial:  # what the partial calls
+        target, found = target.func, None
+    function, _ = found if found is not None else _function_of(target)
+    flags = _suspending_flags(target, function)
+    if flags & _AWAITABLE_FLAGS or _is_coroutine_partial(fn):
+        name = _attribute(fn, "__qualname__") or fn
         raise TypeError(
-            f"{caller}() got a coroutine function ({getattr(fn, '__qualname__', fn)!r}): "
-            "a host function is called, not awaited, so it would only make a coroutine that "
-            "never runs. To resume a coroutine when the stream gets here, await "
-            "numba_hostfn.async_done(stream) in it; to call Python there, pass a plain function"
+            f"{caller}() got a coroutine function ({name!r}): a host function is called, "
+            "not awaited, so it would only make a coroutine that never runs. To resume a "
+            "coroutine when the stream gets here, await numba_hostfn.async_done(stream) in "
+            "it; to call Python there, pass a plain function"
+        )
+    if flags & SUSPENDING_FLAGS:
+        name = _attribute(fn, "__qualname__") or fn
+        raise TypeError(
+            f"{caller}() got a generator function ({name!r}): a host function is called, "
+            "not iterated, so calling it would only make a generator whose body never "
+            "runs. Pass a plain function (a def without yield), or one that runs the "
+            "generator to its end: lambda: list(gen())"
         )
 
 

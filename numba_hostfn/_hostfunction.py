@@ -35,7 +35,7 @@ from ._compat import numba_cfunc_type, numba_hooks
 from ._errors import HostCallbackCompileError, keeps_nothing_on_refusal
 from ._userdata import resolve_user_data
 
-__all__ = ["CUhostFn", "HostFunction", "host_callback"]
+__all__ = ["SUSPENDING_FLAGS", "CUhostFn", "HostFunction", "host_callback"]
 
 #: The driver's host-function type, ``void (*)(void *)``, as a ctypes prototype.
 CUhostFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
@@ -282,8 +282,10 @@ def _view_wrapper(py_func: Callable, body: Callable, layout: np.dtype, cache: bo
     return wrapper
 
 
-# Code flags of a function whose call makes a generator or coroutine, never runs its body.
-_SUSPENDING = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+#: Code flags of a function whose call makes a generator or coroutine, never runs its
+#: body: refused by @host_callback here, and as fn by host_launch and add_callback
+#: (``_classify``, and ``native/host_launch.c``, which hands such a function to it).
+SUSPENDING_FLAGS = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
 
 # Instructions that name a local without reading it.
 _STORES = frozenset({"STORE_FAST", "STORE_FAST_MAYBE_NULL"})
@@ -585,7 +587,7 @@ class HostFunction(_core.CompiledBase):
             raise _not_a_function(py_func)
         if self.address:  # bound once: the machine code launched is fixed for its life
             raise RuntimeError(f"{self!r} is compiled already; make another with @host_callback")
-        if py_func.__code__.co_flags & _SUSPENDING:
+        if py_func.__code__.co_flags & SUSPENDING_FLAGS:
             raise TypeError(
                 f"host function {py_func.__qualname__!r} is a generator or coroutine "
                 "function; a host function is called once, on the driver's thread, and "

@@ -106,11 +106,12 @@ def host_launch_python(
         ``user_data`` has the wrong type (None, a bare int stream, a ctypes
         prototype other than CUhostFn, a buffer of Python objects, an array
         of datetimes, which numpy exports no buffer of, ...),
-        checked in that order, or ``fn`` is a coroutine function or a
-        callable that needs arguments (a builtin such as ``len`` included,
-        where its signature says so; a ``staticmethod`` is checked as its
-        function), or ``executor`` is not a HostExecutor, or ``blocking`` is
-        not True or False.
+        checked in that order, or ``fn`` is a coroutine or generator function
+        (its call only makes a coroutine or generator, whose body never runs;
+        ``unittest.mock.AsyncMock`` too) or a callable that needs arguments
+        (a builtin such as ``len`` included, where its signature says so; a
+        ``staticmethod`` is checked as its function), or ``executor`` is not
+        a HostExecutor, or ``blocking`` is not True or False.
     ValueError
         If ``fn`` is a NULL function pointer or a HostFunction never compiled
         (made with ``__new__``: its address is 0), or user_data is given with

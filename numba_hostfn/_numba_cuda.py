@@ -47,8 +47,9 @@ def add_callback(stream: Any, callback: Any, arg: Any = None) -> None:
     TypeError
         If ``stream`` is not a stream (checked first), or ``callback`` is not
         callable or cannot be called with the three arguments
-        ``(stream, status, arg)`` (as far as its signature says).  Nothing was
-        enqueued.
+        ``(stream, status, arg)`` (as far as its signature says), or is a
+        coroutine or generator function (its body would never run).  Nothing
+        was enqueued.
     """
     # The stream first (its type, then its handle, asked once), as host_launch does:
     # a wrong stream is reported before a wrong callback.

@@ -427,6 +427,63 @@ def test_coroutine_functions_rejected(stream, fn):
     assert calls == [1]
 
 
+def _generator():
+    yield
+
+
+class _GeneratorCall:
+    def __call__(self):
+        yield
+
+    def method(self):
+        yield
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        _generator,
+        _GeneratorCall().method,
+        functools.partial(_generator),
+        _GeneratorCall(),
+        functools.lru_cache(None)(_generator),
+        staticmethod(_generator),
+    ],
+    ids=["function", "bound-method", "partial", "call-method", "lru-cache", "staticmethod"],
+)
+def test_generator_functions_are_refused(stream, fn):
+    """A generator function was launched, on the native path and the Python one: its
+    call only made a generator, and its body never ran (as @host_callback refuses it
+    at decoration).  Both paths refuse it now, saying what to pass instead."""
+    _rejects(stream, TypeError, r"generator function.*lambda: list\(gen\(\)\)", fn)
+
+
+def test_a_types_coroutine_generator_is_refused_as_a_coroutine_function(stream):
+    """A @types.coroutine generator is awaitable when called: refused as a coroutine
+    function, pointing to async_done, on both paths."""
+    import types
+
+    @types.coroutine
+    def suspend():
+        yield
+
+    _rejects(stream, TypeError, "coroutine function.*async_done", suspend)
+
+
+def test_an_async_mock_is_refused_as_a_coroutine_function(stream):
+    """unittest.mock.AsyncMock() was launched: what it calls was read off its class's
+    __call__ (plain), not the CO_COROUTINE code object it sets on the instance, so a
+    coroutine was made and never awaited.  It is refused now; a Mock still runs."""
+    from unittest import mock
+
+    _rejects(stream, TypeError, "coroutine function.*async_done", mock.AsyncMock())
+    plain = mock.Mock()
+    nh.host_launch(stream, plain)
+    stream.sync()
+    nh.drain()
+    assert plain.call_count == 1
+
+
 def _needs_keyword(*, x):
     pass
 

@@ -1331,6 +1331,16 @@ def test_add_callback_refuses_what_it_cannot_call(stream):
 
     with pytest.raises(TypeError, match="async_done"):
         nh.add_callback(stream, coroutine)
+
+    def generator(s, status, arg):  # its body would never run: refused too
+        yield
+
+    with pytest.raises(TypeError, match=r"add_callback\(\) got a generator function"):
+        nh.add_callback(stream, generator)
+    from unittest import mock
+
+    with pytest.raises(TypeError, match=r"add_callback\(\) got a coroutine function"):
+        nh.add_callback(stream, mock.AsyncMock())
     assert nh.pending() == 0
 
 

@@ -13,7 +13,7 @@
  *             a ctypes CUhostFn
  *             (exactly CFUNCTYPE(None, c_void_p), as the instance declares it
  *             now), a plain function or a bound method whose code is no
- *             coroutine's and needs no argument;
+ *             generator's or coroutine's and needs no argument;
  *   user_data None (a body that does not read it), a nonzero int, a ByRef of
  *             the declared dtype and size, bytes (copied); for a Python
  *             callable, None;
@@ -67,11 +67,16 @@ static bool exact_u64(PyObject *value, uint64_t *out) {
     return true;
 }
 
+/* Code flags of a function whose call makes a generator, coroutine or async
+ * generator and never runs its body: _hostfunction's SUSPENDING_FLAGS.  Such a
+ * function falls through to Python (_classify), which refuses it: one decision. */
+#define SUSPENDING_FLAGS (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR)
+
 /* A plain function (bound 0) or a bound method's function (bound 1) that is no
- * coroutine function and can be called with no arguments. */
+ * generator or coroutine function and can be called with no arguments. */
 static enum nhf_kind plain_function(PyObject *function, Py_ssize_t bound) {
     PyCodeObject *code = (PyCodeObject *)PyFunction_GET_CODE(function);
-    if (code->co_flags & (CO_COROUTINE | CO_ASYNC_GENERATOR)) /* _classify's _ASYNC_FLAGS */
+    if (code->co_flags & SUSPENDING_FLAGS) /* Python refuses it */
         return UNKNOWN;
     if (code->co_kwonlyargcount != 0) /* keyword-only defaults: Python checks those */
         return UNKNOWN;
