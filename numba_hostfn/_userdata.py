@@ -337,7 +337,7 @@ class Record:
 
 
 @keeps_nothing_on_refusal
-def record(dtype: Any, **fields: Any) -> Record:
+def record(dtype: Any, /, **fields: Any) -> Record:
     """A record of ``dtype`` whose address fields point at buffers the launch keeps alive.
 
     A host function that reads an array through an address field
@@ -356,6 +356,7 @@ def record(dtype: Any, **fields: Any) -> Record:
     ----------
     dtype : numpy dtype
         A structured dtype; address fields are 8-byte integers (``np.uint64``).
+        Positional-only, so that a field may be named ``dtype``.
     **fields
         A value per field: a number, or, for an 8-byte integer field, a
         C-contiguous buffer (numpy array, ``bytearray``, ``memoryview``,

@@ -957,6 +957,16 @@ def test_a_refused_add_callback_keeps_no_view_of_its_arg_while_its_error_lives()
     s.close()
 
 
+def test_record_takes_a_field_named_dtype():
+    """record()'s dtype was also a keyword, so a field named "dtype" could not be
+    given ("got multiple values for argument 'dtype'"): it is positional-only now."""
+    layout = np.dtype([("dtype", np.int64), ("n", np.int64)])
+    rec = nh.record(layout, dtype=3, n=1)
+    assert rec.data["dtype"][0] == 3 and rec.data["n"][0] == 1
+    with pytest.raises(TypeError):
+        nh.record(dtype=layout)  # the dtype is no keyword: a field of that name
+
+
 def test_record_takes_an_array_array_as_a_buffer_not_a_number():
     """record() stores a buffer's address in an address field, but an array.array
     (a buffer) of one element is stored as its value, and not kept."""
