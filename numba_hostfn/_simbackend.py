@@ -11,9 +11,6 @@ from ._backend import Backend, in_host_function_error, not_building_error
 
 __all__ = ["SimulatorBackend"]
 
-#: What ``_core.sim_query`` answers for a stream with work pending (CUDA_ERROR_NOT_READY).
-_NOT_READY = 600
-
 
 class SimulatorBackend(Backend):
     """Enqueue on simulated streams: native queues, and one host-function thread."""
@@ -86,18 +83,10 @@ class SimulatorBackend(Backend):
             self.raise_refusal(_core.QUEUE_STOPPED, stream=handle)
 
     def signal_refusal(self, handle: int) -> int:
-        # The order of the simulated stream's own refusal (native/simulator.c,
-        # refusal_locked): a host function's call, its context's fault (the watchdog's
-        # note comes later), a closed stream, a capture.
-        if _core.sim_in_host_function():
-            return _core.IN_HOST_FUNCTION
-        fault = _core.sim_query(handle)  # its context's fault, noted or not; or 600, 0
-        status = _core.FAULTED | fault if fault not in (0, _NOT_READY) else 0
-        if not status and _core.sim_stopped(handle):
-            status = _core.QUEUE_STOPPED
-        if not status and handle in self.captures:
-            status = _core.CAPTURING
-        return status
+        # The simulated stream's own refusal (native/simulator.c, refusal_locked), read
+        # without enqueuing: a host function's call, its context's fault (noted or
+        # not), a closed stream, a capture.
+        return _core.sim_refusal(handle)
 
     def graph_record(self, graph: Any, fn: int, arg: int, owner: Any) -> int:
         return _core.sim_graph_record(graph, fn, arg, owner)

@@ -766,6 +766,20 @@ static PyObject *py_stopped(PyObject *self, PyObject *arg) {
     return PyBool_FromLong(stopping);
 }
 
+/* sim_refusal(stream) -> what its enqueue would answer now (refusal_locked: 0, or
+ * why it takes nothing), enqueuing nothing: a signal's check before it makes the
+ * thread or lane that serves it (_simbackend.signal_refusal). */
+static PyObject *py_refusal(PyObject *self, PyObject *arg) {
+    (void)self;
+    nhf_sim_stream *stream = stream_arg(arg);
+    if (stream == NULL)
+        return NULL;
+    pthread_mutex_lock(&stream->mutex);
+    uint64_t status = refusal_locked(stream);
+    pthread_mutex_unlock(&stream->mutex);
+    return PyLong_FromUnsignedLongLong(status);
+}
+
 /* Refuse new work; the thread runs what is queued, then ends.  Then wait for it
  * to end (join true), without the GIL, or let it end alone (join false).  One
  * call, so that no exception can come between the two (a half-closed stream).
@@ -1046,6 +1060,8 @@ static PyMethodDef methods[] = {
      "Returns 0, 600 (not ready) or the fault."},
     {"sim_stopped", py_stopped, METH_O, "sim_stopped($module, stream, /)\n--\n\n"
      "True once the stream was closed (its enqueue refuses with QUEUE_STOPPED)."},
+    {"sim_refusal", py_refusal, METH_O, "sim_refusal($module, stream, /)\n--\n\n"
+     "What the stream's enqueue would refuse with now (a status word), or 0."},
     {"sim_new_context", py_new_context, METH_NOARGS,
      "sim_new_context($module, /)\n--\n\n"
      "Streams made from now on belong to a new, healthy simulated context."},
