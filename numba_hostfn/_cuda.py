@@ -173,17 +173,9 @@ class CudaBackend(Backend):
         return None  # the capture ended since the enqueue saw it
 
     def signal_refusal(self, handle: int) -> int:
-        # The enqueue's order (native/cuda.c): a noted fault, then cuStreamIsCapturing
-        # (read here as the capture's status; a failed read is left to the enqueue).
-        status = super().signal_refusal(handle)
-        if not status:
-            (capture, _), rc, _ = _core.cuda_capture_info(handle)
-            if rc == 0 and capture in (
-                _core.CU_STREAM_CAPTURE_STATUS_ACTIVE,
-                _core.CU_STREAM_CAPTURE_STATUS_INVALIDATED,
-            ):
-                status = _core.CAPTURING
-        return status
+        # The enqueue's own refusal (native/cuda.c, nhf_cuda_refusal), read without
+        # enqueuing: a noted fault, a failed capture read, a capture.
+        return _core.cuda_refusal(handle)
 
     def graph_record(self, graph: Any, fn: int, arg: int, owner: Any) -> int:
         return self._answer(_core.cuda_graph_record(graph, fn, arg, owner))

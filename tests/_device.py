@@ -611,6 +611,7 @@ _PROTOTYPES = {
         c_int, vp, ctypes.POINTER(c_int), ctypes.POINTER(c_uint64), ctypes.POINTER(vp), vp, vp, vp
     ),
     "cuLaunchHostFunc": ctypes.CFUNCTYPE(c_int, vp, vp, vp),
+    "cuStreamIsCapturing": ctypes.CFUNCTYPE(c_int, vp, ctypes.POINTER(c_int)),
     "cuStreamWriteValue32": ctypes.CFUNCTYPE(c_int, vp, c_uint64, c_uint, c_uint),
     "cuStreamWaitValue32": ctypes.CFUNCTYPE(c_int, vp, c_uint64, c_uint, c_uint),
     "cuStreamCreate": ctypes.CFUNCTYPE(c_int, ctypes.POINTER(vp), c_uint),

@@ -39,6 +39,47 @@ def test_capture_info_reads_status_and_graph_and_names_a_refusal():
     assert _core.CU_STREAM_CAPTURE_STATUS_INVALIDATED == 2
 
 
+CUDA_REFUSAL_SCRIPT = """
+from _device import driver_stand_ins as stand_ins
+from numba_hostfn import _core
+
+capturing = {0xC0: 1, 0xF1: 0}
+launched = []
+
+
+def is_capturing(stream, out):
+    if stream not in capturing:
+        return 400  # CUDA_ERROR_INVALID_HANDLE
+    out[0] = capturing[stream]
+    return 0
+
+
+def launch(*args):
+    launched.append(args)
+    return 0
+
+
+assert _core.fault_info() == []  # no fault noted: the stand-ins' handles are not read
+with stand_ins(cuStreamIsCapturing=is_capturing, cuLaunchHostFunc=launch):
+    assert _core.cuda_refusal(0xC0) == _core.CAPTURING
+    assert _core.cuda_refusal(0xF1) == 0
+    assert _core.cuda_refusal(0xBAD) == _core.CAPTURE_CHECK_FAILED | 400
+assert launched == []
+print("ok")
+"""
+
+
+def test_cuda_refusal_reads_the_enqueues_own_refusal_without_enqueuing():
+    """_core.cuda_refusal(stream), a signal's check before it makes anything
+    (CudaBackend.signal_refusal), answers what both CUDA enqueues refuse with before
+    they launch (native/cuda.c, nhf_cuda_refusal): CAPTURING for a capturing stream,
+    the capture-read flag with the driver's CUresult where the read fails, else 0;
+    and it launches nothing.  In a child on the simulator, where no fault is noted:
+    with one, the fault's check asks the backend for the stand-in handles' context."""
+    out = run_child(CUDA_REFUSAL_SCRIPT, env=child_env(NUMBA_HOSTFN_SIMULATOR="1"))
+    assert out.strip() == "ok", out
+
+
 def _owned_record(owner):
     """A real record owning ``owner``, owned by the stand-in graph 0x6A through a
     stand-in user object: (record, destroy), ``destroy()`` what the driver calls when
@@ -515,6 +556,7 @@ for route in (_core.ROUTE_CUDA, _core.ROUTE_CUDA_LANE):
         _core.configure_launch(route=route)
 not_loaded = 3  # CUDA_ERROR_NOT_INITIALIZED
 assert _core.cuda_capture_info(1) == ((0, 0), not_loaded, "cuStreamGetCaptureInfo")
+assert _core.cuda_refusal(1) == _core.CAPTURE_CHECK_FAILED | not_loaded
 assert _core.cuda_captured_host_node(1, 0x6A, 0xF0, 0xA0) == (
     _core.CAPTURE_ENDED, not_loaded, "cuStreamGetCaptureInfo"
 )

@@ -15,20 +15,30 @@
 
 #include <string.h>
 
-/* Without the GIL.  A capturing stream gets nothing here (the capture path
- * owns its nodes by the graph: LIFETIME.md, invariant 8), else cuLaunchHostFunc.
- * Both are raw driver entry points, never cuda.bindings' wrapper, which routes
- * every host function through a trampoline that takes the GIL. */
-uint64_t nhf_cuda_enqueue(void *stream, nhf_hostfn trampoline, void *record) {
-    uint64_t fault = nhf_fault_of_stream(stream); /* a faulted context: refused at once */
+/* Without the GIL.  What an enqueue on stream is refused with before it
+ * launches, or 0: a fault noted on its context (refused at once), a failed read
+ * of its capture, or NHF_CAPTURING (the capture path owns its nodes by the graph:
+ * LIFETIME.md, invariant 8).  Both CUDA enqueues (this file's, an executor lane's
+ * in executor_cuda.c) and a signal's check before it makes anything
+ * (cuda_refusal: invariant 3) read it here, so the three refuse alike. */
+uint64_t nhf_cuda_refusal(void *stream) {
+    uint64_t fault = nhf_fault_of_stream(stream);
     if (fault != 0)
         return fault;
     int capture = 0;
     int rc = NHF_CU(cuStreamIsCapturing)(stream, &capture);
     if (rc != 0)
         return NHF_CAPTURE_CHECK_FAILED | (uint32_t)rc;
-    if (capture != 0)
-        return NHF_CAPTURING;
+    return capture != 0 ? NHF_CAPTURING : 0;
+}
+
+/* Without the GIL.  nhf_cuda_refusal, else cuLaunchHostFunc: raw driver entry
+ * points, never cuda.bindings' wrapper, which routes every host function through
+ * a trampoline that takes the GIL. */
+uint64_t nhf_cuda_enqueue(void *stream, nhf_hostfn trampoline, void *record) {
+    uint64_t refusal = nhf_cuda_refusal(stream);
+    if (refusal != 0)
+        return refusal;
     return (uint32_t)NHF_CU(cuLaunchHostFunc)(stream, trampoline, record);
 }
 
@@ -110,6 +120,27 @@ static PyObject *py_cuda_graph_record(PyObject *self, PyObject *const *args, Py_
 }
 
 /* ---- captures ------------------------------------------------------------------------ */
+
+/* cuda_refusal(stream) -> the status word an enqueue on stream would be refused
+ * with before it launches, or 0 (nhf_cuda_refusal), read without enqueuing: a
+ * signal's check before it makes its thread, channel or lane (_cuda.CudaBackend's
+ * signal_refusal).  CUDA_ERROR_NOT_INITIALIZED with the capture-read flag where
+ * the driver table is not loaded. */
+static PyObject *py_cuda_refusal(PyObject *self, PyObject *stream_) {
+    (void)self;
+    void *stream;
+    if (nhf_address_arg(stream_, &stream) < 0)
+        return NULL;
+    if (NHF_CU(cuStreamIsCapturing) == NULL)
+        return PyLong_FromUnsignedLongLong(NHF_CAPTURE_CHECK_FAILED |
+                                           (uint32_t)CUDA_ERROR_NOT_INITIALIZED);
+    uint64_t status;
+    Py_BEGIN_ALLOW_THREADS /* no driver call holds the GIL (invariant 10) */
+    status = nhf_cuda_refusal(stream);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromUnsignedLongLong(status);
+}
+
 
 /* cuda_capture_info(stream) -> ((status, graph), CUresult, call): the stream's
  * CUstreamCaptureStatus and, while it captures, the graph being captured. */
@@ -382,6 +413,9 @@ static PyMethodDef cuda_methods[] = {
     {"cuda_graph_record", (PyCFunction)(void (*)(void))py_cuda_graph_record, METH_FASTCALL,
      "cuda_graph_record($module, graph, fn, arg, owner, /)\n--\n\n"
      "A record for fn(arg) owning owner, owned by graph: (record, CUresult, call)."},
+    {"cuda_refusal", py_cuda_refusal, METH_O,
+     "cuda_refusal($module, stream, /)\n--\n\n"
+     "The status word an enqueue on stream would be refused with, or 0."},
     {"cuda_capture_info", py_cuda_capture_info, METH_O,
      "cuda_capture_info($module, stream, /)\n--\n\n"
      "The stream's capture status and graph: ((status, graph), CUresult, call)."},

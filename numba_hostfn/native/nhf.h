@@ -458,6 +458,10 @@ int nhf_enqueue_init(PyObject *module);
 /* ---- the CUDA backend (cuda.c) ------------------------------------------------- */
 
 /* The driver's entry points are driver.h's table (driver.c). */
+/* Without the GIL: what an enqueue on stream is refused with before it launches
+ * (a noted fault, a failed capture read, NHF_CAPTURING), or 0; every CUDA enqueue
+ * and the signals' check read it. */
+uint64_t nhf_cuda_refusal(void *stream);
 uint64_t nhf_cuda_enqueue(void *stream, nhf_hostfn trampoline, void *record);
 /* GIL held (dropped around the driver's answers; none is asked for any handle but
  * the three): which stream a default-stream handle names for the calling thread (0
