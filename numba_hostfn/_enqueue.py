@@ -283,8 +283,20 @@ def _executor_enqueue(backend: Backend, handle: int, launch: Launch) -> bool:
 
     A lane that serves an earlier stream with this handle (destroyed with tasks
     pending) refuses, having enqueued nothing: the stream gets a lane of its own.
+
+    Where the executor has no lane for the stream yet, what the enqueue would refuse
+    is read first (``Backend.signal_refusal``, as a signal's ``check_signal`` does):
+    a closed or faulted stream is refused, and a capturing one takes a graph node,
+    with no lane made for it (a lane is kept until the executor closes; before, the
+    refused launch made one first).
     """
     executor = launch.executor
+    if not has_lane(executor, handle):
+        status = backend.signal_refusal(handle)
+        if status == _core.CAPTURING:
+            return False
+        if status:
+            raise_refused(status, executor, handle)
     # The executor's copy trampoline finds its pool in the record's context.
     context = copy_context_of(executor) if launch.copy else ()
     lane = lane_of(executor, handle)

@@ -1643,6 +1643,70 @@ def test_a_refused_stream_operation_takes_the_task_back(request, device):
     assert counter[0] == 2 and nh.pending() == 0 and sys.getrefcount(counter) == refs
 
 
+#: A launch with ``executor=`` on a stream the executor has no lane for, which the
+#: stream refuses (closed, or its context faulted) or takes as a graph node
+#: (capturing): REFUSED_LANE_SCRIPT's cases, each on the simulator.
+REFUSED_LANE_SCRIPT = textwrap.dedent("""
+    import time
+    import numba_hostfn as nh
+    import numpy as np
+    from numba import carray
+
+    @nh.host_callback
+    def increment(p):
+        carray(p, (1,), np.int64)[0] += 1
+
+    ex = nh.HostExecutor(1)
+    counter = np.zeros(1, np.int64)
+    closed = nh.simulator.Stream()
+    closed.close()
+    capturing = nh.simulator.Stream()
+    capturing.begin_capture()
+    nh.simulator.new_context()  # the fault is this context's only
+    faulted = nh.simulator.Stream()
+    faulted.fault("CUDA_ERROR_ILLEGAL_ADDRESS")
+    while nh._core.sim_query(faulted.handle) != 700:
+        time.sleep(0.001)  # the fault has run: its context refuses, not yet noted
+    calls = {
+        "host_launch": lambda s: nh.host_launch(
+            s, increment, user_data=nh.by_ref(counter), executor=ex
+        ),
+        "python_callable": lambda s: nh.host_launch(s, print, executor=ex),
+        "host_copy": lambda s: nh.host_copy(s, np.zeros(4), np.ones(4), executor=ex),
+        "release_after": lambda s: nh.release_after(s, object(), executor=ex),
+    }
+    for name, call in calls.items():
+        for stream, error in ((closed, RuntimeError), (faulted, nh.DeviceFaultError)):
+            try:
+                call(stream)
+            except error:
+                pass
+            else:
+                raise AssertionError(f"{name} on {stream!r} was not refused")
+            assert ex._lanes == {}, (name, stream, ex._lanes)
+        call(capturing)  # a node of the capture, for the executor's graph slot
+        assert ex._lanes == {}, (name, "capturing", ex._lanes)
+    graph = capturing.end_capture()
+    assert ex.outstanding() == 0
+    del graph
+    ex.close()
+    nh.drain()
+    print("ok", counter[0])
+""")
+
+
+def test_a_refused_launch_on_a_stream_with_no_lane_leaves_no_lane():
+    """host_launch (compiled and Python callable), host_copy and release_after with
+    ``executor=``, on a stream the executor has no lane for: a closed stream and a
+    faulted context refuse them with the error the lane's enqueue would raise, and a
+    capture takes each as a graph node, and no lane is made for the stream (a lane is
+    kept until the executor closes).  Before, the lane was made first, then the
+    enqueue refused, and the lane was kept.  On the simulator, in a child (the fault
+    is the child's new context's)."""
+    out = run_child(REFUSED_LANE_SCRIPT, env=child_env(NUMBA_HOSTFN_SIMULATOR="1"))
+    assert out.strip() == "ok 0", out
+
+
 class Token:
     """Records whether the main thread released it."""
 
