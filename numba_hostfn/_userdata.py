@@ -74,35 +74,67 @@ def base_pins(obj: Any) -> tuple:
     ``b`` as its ``base`` without a buffer export of it: an export of the array alone
     leaves a ``bytearray`` resizable, an ``array.array`` too, a ``memoryview``
     releasable and an ``mmap`` closable, which frees the memory under a launch that
-    uses its address.  So the last base of ``obj`` (or of the array a memoryview
-    ``obj`` views) that is no ndarray is pinned too, where it can be exported; an
-    array that owns its memory has none.  A record ``a[i]`` (a ``numpy.void``,
-    whose buffer is ``a``'s memory) is followed as an array is, and so is the
-    ``DummyArray`` that ``as_strided`` leaves as its array's base.
+    uses its address.  So the memory's owner is found (:func:`_memory_owner`) and,
+    where the way to it passes a link that holds no export and it is no numpy array
+    (one that owns its memory has no owner to pin), pinned too where it can be
+    exported.
     """
-    if isinstance(obj, memoryview):
-        try:
-            obj = obj.obj
-        except ValueError:  # released: the caller's own export of it fails first
-            return ()
-    if not isinstance(obj, (np.ndarray, np.void)):
-        return ()
-    base = obj
-    while True:
-        if isinstance(base, np.ndarray):
-            base = _ARRAY_BASE(base)  # ndarray's own, past a subclass's property
-        elif isinstance(base, np.void):  # a record a[i] (_shared_record): base a
-            base = _VOID_BASE(base)
-        elif type(base) is _STRIDED_BASE:
-            base = base.base
-        else:
-            break
-    if base is None:
+    owner, loose = _memory_owner(obj)
+    if not loose or owner is None or isinstance(owner, (np.ndarray, np.void)):
         return ()
     try:
-        return (_core.BufferRef(base, pin_only=True),)
+        return (_core.BufferRef(owner, pin_only=True),)
     except (BufferError, TypeError, ValueError):  # no buffer (an __array_interface__)
         return ()
+
+
+# ctypes' common base class, and the key of the memoryview that ``from_buffer`` keeps
+# in its result's ``_objects`` (CPython's _ctypes: ``KeepRef(result, -1, mv)``; a
+# simple type's ``_objects`` is that memoryview itself).
+_CDATA = ctypes.c_char.__mro__[-2]
+_FROM_BUFFER_KEY = "ffffffff"
+
+
+def _memory_owner(obj: Any) -> tuple[Any, bool]:
+    """``(owner, loose)``: the last object on the way from ``obj`` to what its memory
+    belongs to, and whether a link on that way holds no buffer export.
+
+    Links that hold none (the memory's owner can be resized or closed under them): a
+    numpy array's (or a record ``a[i]``'s, a ``numpy.void`` whose buffer is ``a``'s)
+    ``base``, the ``DummyArray`` that ``as_strided`` leaves as its array's base, and a
+    ctypes object's ``_b_base_`` (a field, or ``from_buffer`` of another ctypes
+    object's ``_objects``).  Links that hold one, followed to the memory behind them
+    (which they do not pin where it is a numpy array's own base): a
+    ``memoryview``'s ``obj`` (``np.asarray(memoryview(a))``, ``np.frombuffer`` of a
+    ``pickle.PickleBuffer``, ``np.ctypeslib.as_array``), and the memoryview a ctypes
+    object made by ``from_buffer`` keeps.  A released memoryview ends the way."""
+    base, loose = obj, False
+    while True:
+        if isinstance(base, np.ndarray):
+            link, holds = _ARRAY_BASE(base), False  # ndarray's own, past a subclass's
+        elif isinstance(base, np.void):  # a record a[i] (_shared_record): base a
+            link, holds = _VOID_BASE(base), False
+        elif type(base) is _STRIDED_BASE:
+            link, holds = base.base, False
+        elif isinstance(base, memoryview):
+            try:
+                link, holds = base.obj, True
+            except ValueError:  # released: the caller's own export of it fails first
+                return None, loose
+        elif isinstance(base, _CDATA):
+            link, holds = base._b_base_, False
+            if link is None:
+                kept = base._objects  # the memoryview itself for a simple type's
+                link = kept.get(_FROM_BUFFER_KEY) if isinstance(kept, dict) else kept
+                if not isinstance(link, memoryview):
+                    link = None
+                holds = True
+        else:
+            return base, loose
+        if link is None:
+            return base, loose
+        loose = loose or not holds
+        base = link
 
 
 # ctypes objects whose bytes are an address: copying them is never what was meant.

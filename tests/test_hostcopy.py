@@ -519,6 +519,57 @@ def test_a_queued_copy_pins_the_buffer_under_an_ndarray_made_on_it(stream, role,
     assert nh.pending() == 0
 
 
+class _Float64s(ctypes.Structure):
+    _fields_ = [("values", ctypes.c_double * 64)]
+
+
+#: Exporters between a copy's buffer and an ndarray made on a bytearray, each as
+#: ``wrap(inner)``: a memoryview, a PickleBuffer or a ctypes object holds an export
+#: of ``inner``, which holds none of its bytearray.
+_WRAPPERS = {
+    "asarray_of_memoryview": lambda inner: np.asarray(memoryview(inner)),
+    "memoryview_of_that": lambda inner: memoryview(np.asarray(memoryview(inner))),
+    "frombuffer_of_picklebuffer": lambda inner: np.frombuffer(
+        __import__("pickle").PickleBuffer(inner), np.float64
+    ),
+    "ctypes_from_buffer": lambda inner: (ctypes.c_double * 64).from_buffer(inner),
+    "ctypeslib_as_array": lambda inner: np.ctypeslib.as_array(
+        (ctypes.c_double * 64).from_buffer(inner)
+    ),
+    "ctypes_field": lambda inner: _Float64s.from_buffer(inner).values,
+}
+
+
+@pytest.mark.parametrize("role", ["dst", "src"])
+@pytest.mark.parametrize("wrap", list(_WRAPPERS))
+def test_a_queued_copy_pins_the_buffer_under_an_ndarray_behind_another_exporter(stream, role, wrap):
+    """An ndarray made on a bytearray, reached through a memoryview, a PickleBuffer or
+    a ctypes object (``np.asarray(memoryview(inner))``): the walk to the memory's
+    owner stopped at the first object that was no ndarray and pinned that, whose
+    export pins ``inner`` but not its bytearray.  Resized under the queued copy, the
+    bytearray's memory was freed and the copy wrote it (a segfault).  The walk now
+    goes on through exporters to the bytearray, which is pinned until the copy ran."""
+    memory = bytearray(8 * 64)
+    inner = np.ndarray((64,), np.float64, buffer=memory)
+    given = _WRAPPERS[wrap](inner)
+    other = np.arange(64.0)
+    dst, src = (given, other) if role == "dst" else (other, given)
+    with Hold(stream):
+        nh.host_copy(stream, dst, src)
+        del dst, src, given, inner
+        gc.collect()
+        assert not resizable(memory)
+        with pytest.raises(BufferError):
+            _moved(memory)
+    stream.sync()
+    nh.drain()
+    gc.collect()
+    if role == "dst":
+        assert np.frombuffer(memory, np.float64).tolist() == other.tolist()
+    _moved(memory)  # released with the launch
+    assert nh.pending() == 0
+
+
 _PAIR = np.dtype([("a", np.float64), ("b", np.int64)])
 
 

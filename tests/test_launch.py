@@ -677,14 +677,27 @@ def test_a_record_pins_the_memory_its_fields_point_to(stream, given):
         nh.record(SUM, values=nh.ByRef.__new__(nh.ByRef), n=2, out=out)
 
 
-@pytest.mark.parametrize("strided", [False, True], ids=["ndarray", "as_strided"])
+#: How a launch's buffer reaches the ndarray made on a bytearray: itself, numpy's
+#: DummyArray (as_strided), a memoryview, a ctypes object (from_buffer).
+_ON_MEMORY = {
+    "ndarray": lambda a: a,
+    "as_strided": lambda a: np.lib.stride_tricks.as_strided(a, shape=(1,), strides=(8,)),
+    "asarray_of_memoryview": lambda a: np.asarray(memoryview(a)),
+    "ctypes_from_buffer": lambda a: (ctypes.c_int64 * 1).from_buffer(a),
+    "ctypes_number": lambda a: ctypes.c_int64.from_buffer(a),
+}
+
+
+@pytest.mark.parametrize("way", list(_ON_MEMORY))
 @pytest.mark.parametrize("given", ["by_ref", "writable", "record"])
-def test_a_launch_pins_the_buffer_under_an_ndarray_made_on_it(stream, launch_path, given, strided):
+def test_a_launch_pins_the_buffer_under_an_ndarray_made_on_it(stream, launch_path, given, way):
     """np.ndarray(shape, dtype, buffer=b) keeps b as its base but holds no buffer
     export of it: a launch that pinned only the array (shared user data, by_ref, a
     record's field) left a bytearray resizable, and so movable under the host
     function, while the launch was queued.  The base is pinned as well, also through
-    the DummyArray that as_strided leaves as its view's base (the chain stopped there)."""
+    the DummyArray that as_strided leaves as its view's base, and through a
+    memoryview or a ctypes object that holds an export of the array (the chain
+    stopped at the first object that was no ndarray)."""
     ptr = np.dtype([("p", np.uint64)])
 
     @nh.host_callback
@@ -696,12 +709,14 @@ def test_a_launch_pins_the_buffer_under_an_ndarray_made_on_it(stream, launch_pat
         carray(nh.as_voidptr(d.p), (1,), np.int64)[0] += 1
 
     memory = bytearray(8)
-    on_memory = np.ndarray((1,), np.int64, buffer=memory)
-    if strided:
-        on_memory = np.lib.stride_tricks.as_strided(on_memory, shape=(1,), strides=(8,))
+    on_memory = _ON_MEMORY[way](np.ndarray((1,), np.int64, buffer=memory))
     with Hold(stream):
         if given == "record":
-            nh.host_launch(stream, bump_at, user_data=nh.record(ptr, p=on_memory))
+            # A ctypes number is a value to a record's field: by_ref(x) for its address.
+            number = way == "ctypes_number"
+            field = nh.by_ref(on_memory) if number else on_memory
+            nh.host_launch(stream, bump_at, user_data=nh.record(ptr, p=field))
+            del field
         else:
             data = nh.by_ref(on_memory) if given == "by_ref" else on_memory
             nh.host_launch(stream, bump, user_data=data)
@@ -711,7 +726,7 @@ def test_a_launch_pins_the_buffer_under_an_ndarray_made_on_it(stream, launch_pat
     stream.sync()
     nh.drain()
     gc.collect()
-    assert on_memory[0] == 1
+    assert int.from_bytes(memory, sys.byteorder, signed=True) == 1
     assert resizable(memory)
 
 
