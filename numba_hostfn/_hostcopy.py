@@ -209,6 +209,12 @@ def _dtype(obj: Any, opened: Any) -> Any:
 
 def _region(obj: Any, view: memoryview | None, role: str, dtype: Any) -> _Region:
     """``obj``'s memory as rows, from its ``view`` (``_open``'s)."""
+    if view is None and obj.dtype.hasobject:  # StringDType; an object field and a date
+        raise TypeError(
+            f"host_copy() {role} holds Python objects (dtype {obj.dtype}); copying their "
+            "pointers without their reference counts would corrupt them: copy with "
+            "np.copyto, or host_copy numeric data"
+        )
     if view is None:
         size = obj.dtype.itemsize
         same = f"np.int{8 * size}" if size in (1, 2, 4, 8) else "np.uint8"

@@ -148,8 +148,10 @@ _POINTER_TYPES = (
 
 
 # Formats of plain bytes, whatever the byte order: what bytes, bytearray, mmap and
-# memoryview.cast("B") export.  A buffer of them has no dtype of its own.
-_BYTE_FORMATS = frozenset(order + code for order in ("", "@", "=", "<", ">", "!") for code in "Bbc")
+# memoryview.cast("B") export, and a ctypes c_char array.  A buffer of them has no
+# dtype of its own.  Not "b", signed char: an int8 array's and array.array("b")'s,
+# a number type (its memoryview was taken for bytes, where the array was typed).
+_BYTE_FORMATS = frozenset(order + code for order in ("", "@", "=", "<", ">", "!") for code in "Bc")
 
 
 # ByRef's dtype when its caller has not read the buffer's (a sentinel: None is an answer).
@@ -161,7 +163,7 @@ def buffer_dtype(obj: Any, view: memoryview) -> np.dtype | None:
 
     An array's (or a numpy scalar's) own; for any other buffer, the numpy dtype its
     format names (``array.array("d")``, ``memoryview(a)``, a ctypes number: float64).
-    None where there is none to compare: plain bytes (``B``, ``b``, ``c``), a format
+    None where there is none to compare: plain bytes (``B``, ``c``), a format
     numpy cannot read, and a ctypes structure's, which ctypes writes without its
     padding (numpy can only guess its fields): their size alone is checked.
     """
@@ -191,7 +193,9 @@ def no_buffer_error(obj: Any, what: str, use: str, instead: str) -> Exception | 
     is one of these (None for any other): a closed ``mmap`` or a released
     ``memoryview`` (mmap's "closed or invalid", memoryview's "operation forbidden on
     released memoryview object"), a ValueError; an array of datetimes, which numpy
-    exports no buffer of ("cannot include dtype 'M' in a buffer"), a TypeError.
+    exports no buffer of ("cannot include dtype 'M' in a buffer"), or of references
+    (``StringDType``, a structured dtype with an object field beside a datetime), a
+    TypeError.
     ``what`` begins the message ("by_ref() got"), ``use`` is what the memory was
     for ("share"), ``instead`` what else to pass ("another writable buffer")."""
     if isinstance(obj, mmap.mmap) and obj.closed:  # mmap's own: "closed or invalid"
@@ -206,6 +210,13 @@ def no_buffer_error(obj: Any, what: str, use: str, instead: str) -> Exception | 
                 f"{what} a released memoryview, which has no memory to {use}: pass one "
                 f"that is not released (or {instead})"
             )
+    if isinstance(obj, np.ndarray) and obj.dtype.hasobject:  # StringDType, an object field
+        return TypeError(
+            f"{what} an array of dtype {obj.dtype}, whose elements are references to "
+            "Python objects, which numpy exports no buffer of (their pointers' bytes are "
+            f"no data to {use}): pass numeric data, or fixed-width strings (dtype 'S' or "
+            "'U')"
+        )
     if isinstance(obj, np.ndarray) and _has_dates(obj.dtype):
         return TypeError(
             f"{what} an array of dtype {obj.dtype}, which numpy exports no buffer of: pass "
@@ -249,6 +260,12 @@ class ByRef(_core.BufferRef):
                     raise
         if error is not None or view is None:
             pass
+        elif view.readonly and what == "record()":  # a Record's data made read-only
+            error = ValueError(
+                "the record's data is read-only; a record is shared with the host "
+                "function, which may write it: make it writable again "
+                "(record.data.flags.writeable = True), or make a new record"
+            )
         elif view.readonly:
             error = ValueError(
                 "by_ref() needs a writable buffer, because the host function may write "
@@ -356,6 +373,11 @@ class Record:
             raise TypeError(
                 "Record(data, keep) expected a tuple of what the record keeps alive as "
                 f"keep, got {type(keep).__name__}"
+            )
+        if not data.flags.writeable:
+            raise ValueError(
+                "Record(data, keep) expected writable data: a record is shared with the "
+                "host function, which may write it; pass a writable array (data.copy())"
             )
         self.data = data
         self.keep = keep

@@ -148,6 +148,28 @@ def test_typed_buffers_of_other_number_types_are_refused_as_numpy_arrays_are(
 
 
 @pytest.mark.parametrize(
+    "make_src",
+    [
+        lambda: memoryview(np.arange(16, dtype=np.int8)),
+        lambda: array.array("b", range(16)),
+        lambda: np.arange(16, dtype=np.int8),
+    ],
+    ids=["memoryview", "array.array", "ndarray"],
+)
+def test_int8_buffers_are_typed_as_an_int8_array_is(stream, make_src):
+    """A memoryview of an int8 array and an array.array("b") export format "b"
+    (signed char), which was taken for plain bytes: copied into float64 memory
+    without a word, where the int8 array itself is refused.  All three are int8."""
+    with pytest.raises(ValueError, match="dst has dtype float64 and src int8"):
+        nh.host_copy(stream, np.zeros(2), make_src())
+    assert nh.pending() == 0
+    dst = np.zeros(16, np.int8)
+    nh.host_copy(stream, dst, make_src())
+    stream.sync()
+    assert dst.tolist() == list(range(16))
+
+
+@pytest.mark.parametrize(
     "make_dst, make_src",
     [
         (lambda: np.zeros(16)[::2], lambda: memoryview(np.arange(8))),
@@ -186,6 +208,31 @@ def test_arrays_numpy_exports_no_buffer_of_are_refused_by_host_copy(stream, dtyp
     nh.host_copy(stream, dst.view(np.int64), src.view(np.int64))
     stream.sync()
     assert (dst == src).all()
+
+
+_REFERENCES = [
+    pytest.param(lambda: np.zeros(4, [("t", "M8[s]"), ("o", object)]), id="object-and-date"),
+    pytest.param(
+        lambda: np.array(["x" * 60] * 4, dtype=np.dtypes.StringDType()),
+        id="StringDType",
+        marks=pytest.mark.skipif(
+            not hasattr(getattr(np, "dtypes", None), "StringDType"), reason="numpy < 2"
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize("make", _REFERENCES)
+def test_arrays_of_references_numpy_exports_no_buffer_of_are_refused_as_objects(stream, make):
+    """An array whose elements are references numpy exports no buffer of (numpy 2's
+    StringDType; an object field beside a datetime) was told to pass .view(np.uint8)
+    of both arrays, which numpy refuses ("Cannot change data-type for array of
+    references"), and which would copy pointers.  It is refused as what it holds:
+    Python objects, as an object array is."""
+    for dst, src, role in ((make(), make(), "dst"), (bytearray(64 * 8), make(), "src")):
+        with pytest.raises(TypeError, match=rf"host_copy\(\) {role} holds Python objects"):
+            nh.host_copy(stream, dst, src)
+    assert nh.pending() == 0
 
 
 @pytest.mark.parametrize("role", ["dst", "src"])

@@ -1001,6 +1001,7 @@ def test_record_takes_an_array_array_as_a_buffer_not_a_number():
         (np.zeros(0, SUM), (), ValueError, "one-element array as data, got shape \\(0,\\)"),
         (np.zeros((1, 1), SUM), (), ValueError, "got shape \\(1, 1\\)"),
         (np.zeros(1, SUM), [], TypeError, "tuple .* as keep, got list"),
+        (np.broadcast_to(np.zeros(1, SUM), (1,)), (), ValueError, "writable data"),
     ],
 )
 def test_a_record_made_by_hand_is_checked_when_made(data, keep, error, fragment):
@@ -1011,6 +1012,25 @@ def test_a_record_made_by_hand_is_checked_when_made(data, keep, error, fragment)
         nh.Record(data, keep)
     made = nh.Record(np.zeros(1, SUM), ())
     assert repr(made).startswith("record(") and made.dtype == SUM
+
+
+def test_a_record_made_read_only_after_it_was_made_is_refused_as_a_record(stream, launch_path):
+    """A record whose data was made read-only after it was made was refused at its
+    launch with by_ref()'s error ("pass the data as user_data to copy it instead"),
+    which the caller never called and cannot follow.  The error names the record."""
+    rec = nh.record(SUM, n=1)
+    rec.data.flags.writeable = False
+
+    @nh.host_callback(dtype=SUM)
+    def reads(d):
+        pass
+
+    with pytest.raises(ValueError, match="^the record's data is read-only.*writeable = True"):
+        nh.host_launch(stream, reads, user_data=rec)
+    assert nh.pending() == 0
+    rec.data.flags.writeable = True
+    nh.host_launch(stream, reads, user_data=rec)
+    stream.sync()
 
 
 def test_record_refuses_a_negative_numpy_integer_in_an_unsigned_field():

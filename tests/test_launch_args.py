@@ -827,11 +827,28 @@ DEAD_BUFFERS = [
     (_released_view, ValueError, "a released memoryview"),
     (lambda: np.zeros(2, "M8[D]"), TypeError, r"an array of dtype datetime64\[D\]"),
     (lambda: np.zeros(2, [("t", "m8[s]"), ("n", np.int64)]), TypeError, "an array of dtype"),
+    # References numpy exports no buffer of (numpy's bare "cannot include dtype ... in a
+    # buffer" before): an object field beside a datetime, numpy 2's StringDType.
+    (
+        lambda: np.zeros(2, [("t", "M8[s]"), ("o", object)]),
+        TypeError,
+        "an array of dtype .*whose elements are references to Python objects",
+    ),
+    pytest.param(
+        lambda: np.array(["a"], dtype=np.dtypes.StringDType()),
+        TypeError,
+        r"an array of dtype StringDType\(\), whose elements are references",
+        marks=pytest.mark.skipif(
+            not hasattr(getattr(np, "dtypes", None), "StringDType"), reason="numpy < 2"
+        ),
+    ),
 ]
 
 
 @pytest.mark.parametrize(
-    ("make", "error", "what"), DEAD_BUFFERS, ids=["mmap", "view", "datetime", "timedelta-field"]
+    ("make", "error", "what"),
+    DEAD_BUFFERS,
+    ids=["mmap", "view", "datetime", "timedelta-field", "object-and-date", "StringDType"],
 )
 def test_a_buffer_with_no_memory_to_share_is_refused_as_such(stream, make, error, what):
     """by_ref(), record() and user_data let the raw error through for a closed mmap
