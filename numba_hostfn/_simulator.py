@@ -261,6 +261,7 @@ class Stream(_core.SimStreamBase):
     def _end_capture(self, *called: str) -> Any:
         """Stop capturing; the capture's reference to its graph, now the caller's.
         ``called``: as ``_begin_capture``'s."""
+        _simulator()  # a forked child: capture_lock or the stream's mutex may be held
         _refuse_in_host_function(*(called or ("end_capture",)))
         with self._backend.capture_lock:  # one end takes it; no begin in between
             capture = self._backend.captures.get(self._handle)
@@ -373,6 +374,7 @@ class Graph:
 
     def close(self) -> None:
         """Destroy the executable graph (its queued replays still run)."""
+        _simulator()  # a forked child: refused, as every entry point is
         if self._native.held:  # cuGraphExecDestroy: refused to a host function
             _refuse_in_host_function("close", "a simulated Graph", "the graph is as it was")
         self._native.release()
@@ -482,6 +484,7 @@ class GraphBuilder:
 
     def end_building(self) -> GraphBuilder:
         """Stop capturing: what was enqueued since :meth:`begin_building` is the graph."""
+        _simulator()  # a forked child: capture_lock or the stream's mutex may be held
         if not self.is_building:
             raise RuntimeError("end_building() on a GraphBuilder that is not building")
         self._definition = self._stream._end_capture("end_building", *_BUILDER_AS_IT_WAS)
@@ -490,6 +493,7 @@ class GraphBuilder:
 
     def complete(self) -> Graph:
         """An executable :class:`Graph` of what was built (one more owner of the nodes)."""
+        _simulator()  # a forked child: refused, as every entry point is
         if self._closed:
             raise RuntimeError("complete() on a closed GraphBuilder; build the graph again")
         if self._definition is None or not self._definition.held:
@@ -499,6 +503,7 @@ class GraphBuilder:
 
     def close(self) -> None:
         """Destroy the graph definition (executable graphs keep what they need)."""
+        _simulator()  # a forked child: capture_lock or the stream's mutex may be held
         if self._closed:
             return
         _refuse_in_host_function("close", "a simulated GraphBuilder", "the builder is as it was")
