@@ -35,6 +35,28 @@ __all__ = [
 
 #: The start of a child test script (run with :func:`child_env`): imports, an
 #: ``increment`` host function, and ``device`` and ``stream`` on this backend.
+def refusing_sim_streams() -> tuple:
+    """Three simulated streams that refuse what is enqueued on them, each its own way:
+    ``(closed, capturing, faulted)``; ``faulted``'s context is made for it (the fault is
+    that context's only, and the simulator's current context from here on), and its
+    fault has run: the context refuses, though no wait has noted the fault yet.  For a
+    child on the simulator."""
+    import time
+
+    import numba_hostfn as nh
+
+    closed = nh.simulator.Stream()
+    closed.close()
+    capturing = nh.simulator.Stream()
+    capturing.begin_capture()
+    nh.simulator.new_context()
+    faulted = nh.simulator.Stream()
+    faulted.fault("CUDA_ERROR_ILLEGAL_ADDRESS")
+    while nh._core.sim_query(faulted.handle) != 700:
+        time.sleep(0.001)
+    return closed, capturing, faulted
+
+
 CHILD_PREAMBLE = textwrap.dedent("""
     import faulthandler
     faulthandler.enable()  # SIGABRT from the test prints every thread's stack

@@ -1647,9 +1647,9 @@ def test_a_refused_stream_operation_takes_the_task_back(request, device):
 #: stream refuses (closed, or its context faulted) or takes as a graph node
 #: (capturing): REFUSED_LANE_SCRIPT's cases, each on the simulator.
 REFUSED_LANE_SCRIPT = textwrap.dedent("""
-    import time
     import numba_hostfn as nh
     import numpy as np
+    from _device import refusing_sim_streams
     from numba import carray
 
     @nh.host_callback
@@ -1658,15 +1658,7 @@ REFUSED_LANE_SCRIPT = textwrap.dedent("""
 
     ex = nh.HostExecutor(1)
     counter = np.zeros(1, np.int64)
-    closed = nh.simulator.Stream()
-    closed.close()
-    capturing = nh.simulator.Stream()
-    capturing.begin_capture()
-    nh.simulator.new_context()  # the fault is this context's only
-    faulted = nh.simulator.Stream()
-    faulted.fault("CUDA_ERROR_ILLEGAL_ADDRESS")
-    while nh._core.sim_query(faulted.handle) != 700:
-        time.sleep(0.001)  # the fault has run: its context refuses, not yet noted
+    closed, capturing, faulted = refusing_sim_streams()
     calls = {
         "host_launch": lambda s: nh.host_launch(
             s, increment, user_data=nh.by_ref(counter), executor=ex

@@ -2100,15 +2100,9 @@ REFUSED_SIGNAL_SCRIPT = textwrap.dedent("""
     closed_executor.close()
     builder = stream.create_graph_builder()
     if SIMULATOR:
-        closed = nh.simulator.Stream()
-        closed.close()
-        capturing = nh.simulator.Stream()
-        capturing.begin_capture()
-        nh.simulator.new_context()  # the fault is this context's only
-        faulted = nh.simulator.Stream()
-        faulted.fault("CUDA_ERROR_ILLEGAL_ADDRESS")
-        while faulted.handle and nh._core.sim_query(faulted.handle) != 700:
-            time.sleep(0.001)  # the fault has run: its context refuses, not yet noted
+        from _device import refusing_sim_streams
+
+        closed, capturing, faulted = refusing_sim_streams()
 
     def nonblocking(target, **kw):
         return lambda: nh.host_launch(target, print, blocking=False, **kw)
