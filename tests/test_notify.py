@@ -162,6 +162,38 @@ def test_nonblocking_callbacks_run_while_the_main_thread_is_blocked_in_sync(stre
     assert names == [HELPER]
 
 
+def test_nonblocking_callbacks_never_run_on_another_python_thread(stream, device):
+    """From 3.12 the pending call that asks for the batch may run on any Python thread
+    that runs Python code: a thread of the program's own, busy in Python while the main
+    thread is blocked in C, takes it, and runs no batch there (docs/asyncio.md: the
+    main thread, the helper thread or drain()'s caller; the call may have interrupted
+    code that holds a lock a callback needs)."""
+    names = []
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            sum(range(100))
+
+    worker = threading.Thread(target=spin, name="busy-worker")
+    worker.start()
+    try:
+        for _ in range(50):
+            device.delay(stream, 0.001)  # each signal comes while the worker spins
+            nh.host_launch(
+                stream, lambda: names.append(threading.current_thread().name), blocking=False
+            )
+        stream.sync()
+        deadline = time.monotonic() + 30
+        while len(names) < 50 and time.monotonic() < deadline:
+            time.sleep(0.01)  # blocked in C: the helper thread runs them
+    finally:
+        stop.set()
+        worker.join()
+    nh.drain()
+    assert len(names) == 50 and set(names) <= {"MainThread", HELPER}, names
+
+
 def test_nonblocking_callbacks_never_run_on_a_host_function_thread(device):
     """A blocking Python callable runs Python on the driver's thread; from 3.12 a
     pending call may run on any thread, but the batch never runs there."""
