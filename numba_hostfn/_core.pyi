@@ -49,6 +49,9 @@ SIM_DELAY: Final[int]
 SIM_FAULT: Final[int]
 SIM_GRAPH_RELEASE: Final[int]
 
+# ---- trampolines.c ----
+def report_unraisable(obj: object, exc: BaseException, /) -> None: ...
+
 # ---- module.c: records, the enqueue, the exit guard, the driver ----
 def main_interpreter() -> bool: ...
 def host_words(nbytes: int, /) -> int: ...

@@ -6,10 +6,10 @@ does), not a signal: for a notification without the GIL, see ``_notify``.
 
 from __future__ import annotations
 
-import functools
 import inspect
 from typing import Any
 
+from . import _core
 from ._classify import refuse_coroutine_function
 from ._compat import CFuncPtr, numba_cfunc_type
 from ._enqueue import check_target, enqueue
@@ -79,9 +79,27 @@ def add_callback(stream: Any, callback: Any, arg: Any = None) -> None:
             f"cannot be called as callback(stream, status, arg) ({unbound}); give it those "
             "three parameters, or use host_launch(stream, fn) for fn()"
         )
-    call = functools.partial(_numba_cuda_call, callback, stream, arg)
+    call = _Callback(callback, stream, arg)
     enqueue(stream, call, None, None, caller="add_callback", checked=checked)
 
 
-def _numba_cuda_call(callback: Any, stream: Any, arg: Any) -> None:
-    callback(stream, 0, arg)
+class _Callback:
+    """What add_callback launches: ``callback(stream, 0, arg)``, called with no
+    arguments as a Python callable is.  Its exception is reported with ``callback``
+    as the object, as a Python callable's own is (docs/errors.md), not this
+    wrapper (a ``functools.partial`` before, which a hook filtering on the object
+    it was given never matched)."""
+
+    __slots__ = ("arg", "callback", "stream")
+
+    def __init__(self, callback: Any, stream: Any, arg: Any) -> None:
+        self.callback, self.stream, self.arg = callback, stream, arg
+
+    def __call__(self) -> None:
+        try:
+            self.callback(self.stream, 0, self.arg)
+        except BaseException as exc:  # every one, as a blocking callable's (the stream goes on)
+            _core.report_unraisable(self.callback, exc)
+
+    def __repr__(self) -> str:
+        return f"add_callback({self.callback!r})"

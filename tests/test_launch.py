@@ -964,7 +964,7 @@ def test_a_refused_launch_keeps_no_view_of_user_data_while_its_error_lives(why, 
 
 
 def test_a_refused_add_callback_keeps_no_view_of_its_arg_while_its_error_lives():
-    """Invariant 3 for add_callback: its frame (and the partial it made of the
+    """Invariant 3 for add_callback: its frame (and the call it made of the
     callback and arg) stayed in a caught error's traceback, uncleared, so a
     memoryview given as arg kept its bytearray exported, whether enqueue refused the
     stream or add_callback the callback."""

@@ -1359,6 +1359,30 @@ def test_add_callback_has_numba_cudas_semantics(stream):
     assert thread != "MainThread" and count == 0
 
 
+def test_add_callback_reports_its_callbacks_exception_with_the_callback_as_object(
+    stream, unraisables
+):
+    """A callback's exception reaches sys.unraisablehook with the callback as the
+    object, as a Python callable's own does for host_launch (docs/errors.md), and its
+    traceback; the stream goes on.  It came with the functools.partial that wrapped
+    the callback as the object, which a hook filtering on its callback never matched."""
+
+    def callback(s, status, arg):
+        raise ValueError("boom")
+
+    ran = []
+    nh.add_callback(stream, callback, 1)
+    nh.host_launch(stream, lambda: ran.append(1))
+    stream.sync()
+    nh.drain()
+    assert ran == [1] and len(unraisables) == 1
+    report = unraisables[0]
+    assert report.object is callback and isinstance(report.exc_value, ValueError)
+    assert report.exc_traceback is not None
+    with pytest.raises(TypeError, match="expected an exception"):
+        nh._core.report_unraisable(callback, "not an exception")
+
+
 def test_add_callback_refuses_what_it_cannot_call(stream):
     with pytest.raises(TypeError, match="callable"):
         nh.add_callback(stream, 3)

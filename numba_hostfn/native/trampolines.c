@@ -189,9 +189,40 @@ int nhf_trampoline_id_of(nhf_hostfn fn) {
     return NHF_TRAMPOLINE_NONE;
 }
 
+/* report_unraisable(obj, exc): GIL held; exc, a caught exception, to
+ * sys.unraisablehook with obj as the object, as a Python callable's own is
+ * reported (call_python): for a wrapper that calls the user's callable
+ * (add_callback), so that the report names the callable it was given. */
+static PyObject *py_report_unraisable(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nhf_check_nargs("report_unraisable(obj, exc)", nargs, 2) < 0)
+        return NULL;
+    if (!PyExceptionInstance_Check(args[1])) {
+        PyErr_Format(PyExc_TypeError, "report_unraisable() expected an exception, got %s",
+                     Py_TYPE(args[1])->tp_name);
+        return NULL;
+    }
+    PyObject *type = (PyObject *)Py_TYPE(args[1]);
+    PyObject *traceback = PyException_GetTraceback(args[1]); /* new reference, or NULL */
+    Py_INCREF(type);
+    Py_INCREF(args[1]);
+    PyErr_Restore(type, args[1], traceback); /* steals all three */
+    PyErr_WriteUnraisable(args[0]);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef trampoline_methods[] = {
+    {"report_unraisable", (PyCFunction)(void (*)(void))py_report_unraisable, METH_FASTCALL,
+     "report_unraisable($module, obj, exc, /)\n--\n\n"
+     "Report exc to sys.unraisablehook with obj as the object."},
+    {NULL, NULL, 0, NULL},
+};
+
 /* The trampolines' numbers, which Python hands back to the enqueue, and the
  * addresses of what a graph's node or user object calls (a record's fn). */
 int nhf_trampolines_init(PyObject *module) {
+    if (PyModule_AddFunctions(module, trampoline_methods) < 0)
+        return -1;
     if (PyModule_AddIntConstant(module, "RUN_COMPILED", NHF_TRAMPOLINE_RUN_COMPILED) < 0 ||
         PyModule_AddIntConstant(module, "RUN_PYTHON", NHF_TRAMPOLINE_RUN_PYTHON) < 0 ||
         PyModule_AddIntConstant(module, "EXEC_COPY", NHF_TRAMPOLINE_EXEC_COPY) < 0 ||
