@@ -115,11 +115,15 @@ def add_graph_node(backend: Backend, after: Any, launch: Launch) -> Any:
 
 def _slot_record(backend: Backend, graph: Any, launch: Launch) -> tuple[Any, int]:
     """Arm a graph slot of the launch's executor, owned by ``graph``'s record; return
-    the slot and that record."""
+    the slot and that record.  The slot owns what the launch owns (``arm``'s owner):
+    its release, when the graph lets the record go, waits for a pool thread's run of
+    the node in progress before those owners go (a device fault ends a replay's
+    wait for the node while it may still run; LIFETIME.md, invariant 16)."""
     slot = graph_slot_of(launch.executor)
-    owned = launch._replace(owner=(launch.owner, slot))
+    owned = launch._replace(owner=slot)
     node_fn, node_arg, record = _graph_record(backend, graph, owned)
     if launch.copy:  # the pool's own (parallel) copy of the MEMCPY_LAYOUT at arg
         node_fn, node_arg = 0, launch.arg
-    slot.arm(node_fn, node_arg, launch.copy)  # RuntimeError if the executor is closing
+    # RuntimeError if the executor is closing (the record then owns a disarmed slot)
+    slot.arm(node_fn, node_arg, launch.copy, launch.owner)
     return slot, record

@@ -1709,6 +1709,82 @@ class Token:
         self._released.append(threading.current_thread() is threading.main_thread())
 
 
+#: An executor node whose replay a fault gives up on while the node runs (below).
+FAULT_DURING_A_NODE_SCRIPT = textwrap.dedent("""
+    import functools, threading, time, weakref
+    import numba_hostfn as nh
+    from numba_hostfn import simulator as sim
+
+    ex = nh.HostExecutor(1)
+    events, started = [], threading.Event()
+
+    class Token:
+        pass
+
+    def node(token):
+        del token  # the launch's owner (the partial) alone holds it now
+        started.set()
+        time.sleep(0.3)
+        events.append("node ran")
+
+    token = Token()
+    weakref.finalize(token, events.append, "owner released")
+    fn = functools.partial(node, token)
+    del token
+    sim.new_context()
+    x, f = sim.Stream(), sim.Stream()
+    x.begin_capture()
+    nh.host_launch(x, fn, executor=ex)
+    graph = x.end_capture()
+    del fn
+    graph.launch(x)
+    graph.close()  # the queued replay holds the graph's last reference
+    assert started.wait(30)
+    f.fault("CUDA_ERROR_ILLEGAL_ADDRESS")  # x's context: its replay stops waiting
+    deadline = time.monotonic() + 30
+    while "owner released" not in events and time.monotonic() < deadline:
+        nh.drain()  # releases the replay's record, and so the node's owners
+        time.sleep(0.005)
+    print(events)
+    # The slot goes to the next node made: the old run's "done" is not that node's.
+    sim.new_context()
+    z = sim.Stream()
+    order = []
+
+    def new_node():
+        time.sleep(0.1)
+        order.append("new node")
+
+    z.begin_capture()
+    nh.host_launch(z, new_node, executor=ex)
+    graph = z.end_capture()
+    graph.launch(z)
+    nh.host_launch(z, lambda: order.append("after it"))
+    z.sync()
+    print(order)
+    graph.close()
+    ex.close()
+""")
+
+
+def test_a_fault_that_ends_a_replays_wait_for_a_running_node_releases_it_after_the_run(request):
+    """A fault of the replay's context ends its wait for an executor node's "done"
+    while the node may still run on the pool: the graph then let its record go, and
+    the drain released the node's owners under the run (a compiled node's late write
+    landed in a freed array), and gave its slot to the next node made, whose stream
+    the run's late "done" let past that node before it ran.  The GraphSlot, which
+    owns the node's owners, now waits for the run before it goes back, then releases
+    them (LIFETIME.md, invariant 16).  On the simulator, in a child (its faults)."""
+    if rerun_on_simulator(request):
+        return
+    out = run_child(FAULT_DURING_A_NODE_SCRIPT, env=child_env(NUMBA_HOSTFN_SIMULATOR="1"))
+    lines = out.strip().splitlines()
+    assert lines[-2:] == [
+        "['node ran', 'owner released']",
+        "['new node', 'after it']",
+    ], out
+
+
 @pytest.mark.parametrize("how", ["builder", "capture"])
 def test_executor_nodes_in_a_graph_run_at_every_replay(executor, stream, device, how):
     """Every kind, in a GraphBuilder or a capture begun by someone else; owned by the graph."""

@@ -156,6 +156,11 @@ typedef struct slot {
     nhf_hostfn fn;
     void *arg;
     atomic_int live; /* armed */
+    /* Pool threads inside a claim of it: from before the claim reads live again to
+     * after its run wrote "done".  Its give-back waits for none (a device fault
+     * ends a replay's wait for "done" while the node may still run: its owners,
+     * and its words' next node, then had to wait for the run). */
+    atomic_int running;
     int copy;        /* run the pool's parallel copy of arg, not fn(arg) */
     nhf_pool *pool;
     nhf_sim_word_op ops[3];  /* the simulator's node arguments, in graph order */

@@ -7,21 +7,29 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-/* A graph slot whose replay has reached it (reached swapped back to 0); NULL if none. */
+/* A graph slot whose replay has reached it (reached swapped back to 0), counted
+ * in its running until nhf_slot_run ends; NULL if none.  The count is raised
+ * before live is read again (both sequentially consistent), and slot_give_back
+ * clears live before it reads the count: either this claim sees the slot
+ * disarmed, or the give-back sees the claim and waits for its run. */
 slot *nhf_slot_claim(nhf_pool *pool) {
     for (slot *s = atomic_load(&pool->slots); s != NULL; s = s->next) {
-        if (!atomic_load_explicit(&s->live, memory_order_acquire))
+        if (!atomic_load_explicit(&s->live, memory_order_acquire) ||
+            atomic_load(&s->words[0]) != 1)
             continue;
+        atomic_fetch_add(&s->running, 1);
         uint32_t one = 1;
-        if (atomic_load(&s->words[0]) == 1 && atomic_compare_exchange_strong(&s->words[0], &one, 0))
+        if (atomic_load(&s->live) && atomic_compare_exchange_strong(&s->words[0], &one, 0))
             return s;
+        atomic_fetch_sub(&s->running, 1);
     }
     return NULL;
 }
 
 /* Run a claimed slot's work, then write its "done" (the graph's wait goes on).  The
  * work is its kind's replay trampoline given the graph's record (kinds.c), which
- * gives back a GIL the body kept (invariant 13), or the pool's copy. */
+ * gives back a GIL the body kept (invariant 13), or the pool's copy.  Then the
+ * claim ends: the slot may go back, and its owners be released (slot_give_back). */
 void nhf_slot_run(nhf_pool *pool, slot *s) {
     if (s->copy)
         nhf_copy_run(pool, s->arg);
@@ -29,6 +37,7 @@ void nhf_slot_run(nhf_pool *pool, slot *s) {
         s->fn(s->arg);
     atomic_thread_fence(memory_order_seq_cst); /* the work's writes before "done" */
     atomic_store(&s->words[1], 1);
+    atomic_fetch_sub(&s->running, 1);
 }
 
 /* ---- graph slots, from Python ------------------------------------------------------ */
@@ -53,24 +62,29 @@ static PyObject *py_slot_op(PyObject *self, PyObject *const *args, Py_ssize_t na
 
 /* ---- GraphSlot: a graph slot as Python holds it ------------------------------------ */
 
-/* One executor node's slot, owned by the node's launch record (with the
- * node's other owners), so the graph owns it (invariant 16).  Its dealloc, run
- * when the record is released on the main thread, disarms the slot and gives
- * it back to the pool's free list: one native step, with no bytecode between
- * the release and the disarm, so an asynchronous exception (a Ctrl-C) cannot
- * leave a slot armed (invariant 21).  Made only by ExecutorBase._slot_new and
- * _slot_take. */
+/* One executor node's slot, owned by the node's launch record, so the graph owns
+ * it (invariant 16); it owns the node's other owners (arm's owner).  Its dealloc,
+ * run when the record is released on the main thread, disarms the slot, waits for
+ * a run of it in progress (a device fault ends a replay's wait for "done" while
+ * the node may still run), gives it back to the pool's free list, then releases
+ * those owners: one native step, with no bytecode between the release and the
+ * disarm, so an asynchronous exception (a Ctrl-C) cannot leave a slot armed
+ * (invariant 21).  Made only by ExecutorBase._slot_new and _slot_take. */
 typedef struct {
     PyObject_HEAD
     slot *slot;
     PyObject *executor; /* the HostExecutor, alive while the node is */
+    PyObject *owner;    /* what the node's work uses (arm's), released after its run */
 } graph_slot_object;
 
 static PyTypeObject graph_slot_type;
 
-/* GIL held: disarm s if it is armed (once, however often it is called), and
- * put it on the pool's free list.  Not in a forked child: the pool's mutex may
- * have been held by a thread of the parent, which does not exist here. */
+/* GIL held: disarm s if it is armed (once, however often it is called), wait,
+ * GIL released, for a pool thread's run of it in progress (nhf_slot_claim), and
+ * put it on the pool's free list: the run's late "done" never lands in the words
+ * of the node that takes the slot next, and the caller releases the node's owners
+ * only after the run.  Not in a forked child: the pool's mutex may have been held
+ * by a thread of the parent, which does not exist here. */
 static void slot_give_back(slot *s) {
     nhf_pool *pool = s->pool;
     if (getpid() != pool->pid)
@@ -80,6 +94,16 @@ static void slot_give_back(slot *s) {
         atomic_fetch_sub(&pool->live_slots, 1);
         pthread_cond_broadcast(&pool->wake); /* a closing pool's parked threads may now quit */
     }
+    pthread_mutex_unlock(&pool->mutex);
+    if (atomic_load(&s->running) != 0) {
+        /* Rare: a fault, or a graph gone while a replay runs the node.  The run may
+         * be a Python callable's, which takes the GIL. */
+        Py_BEGIN_ALLOW_THREADS
+        while (atomic_load(&s->running) != 0)
+            usleep(50);
+        Py_END_ALLOW_THREADS
+    }
+    pthread_mutex_lock(&pool->mutex);
     s->next_free = pool->free_slots;
     pool->free_slots = s;
     pthread_mutex_unlock(&pool->mutex);
@@ -95,22 +119,26 @@ static PyObject *graph_slot_wrap(PyObject *executor, slot *s) {
     }
     self->slot = s;
     self->executor = Py_NewRef(executor);
+    self->owner = NULL;
     return (PyObject *)self;
 }
 
 static void graph_slot_dealloc(PyObject *self_) {
     graph_slot_object *self = (graph_slot_object *)self_;
-    slot_give_back(self->slot);
+    slot_give_back(self->slot); /* after the run in progress, if any */
+    Py_XDECREF(self->owner);
     Py_DECREF(self->executor);
     PyObject_Free(self);
 }
 
-/* arm(fn, arg, copy): from now on a replay that reaches the slot runs fn(arg)
- * (or the pool's copy of the MEMCPY_LAYOUT at arg); RuntimeError once the pool
+/* arm(fn, arg, copy, owner): from now on a replay that reaches the slot runs
+ * fn(arg) (or the pool's copy of the MEMCPY_LAYOUT at arg), and the slot holds
+ * owner (what that work uses) until it is given back; RuntimeError once the pool
  * is stopping (no thread would answer). */
 static PyObject *graph_slot_arm(PyObject *self_, PyObject *const *args, Py_ssize_t nargs) {
-    slot *s = ((graph_slot_object *)self_)->slot;
-    if (nhf_check_nargs("arm(fn, arg, copy)", nargs, 3) < 0)
+    graph_slot_object *self = (graph_slot_object *)self_;
+    slot *s = self->slot;
+    if (nhf_check_nargs("arm(fn, arg, copy, owner)", nargs, 4) < 0)
         return NULL;
     void *fn, *arg;
     if (nhf_address_arg(args[0], &fn) < 0 || nhf_address_arg(args[1], &arg) < 0)
@@ -144,6 +172,9 @@ static PyObject *graph_slot_arm(PyObject *self_, PyObject *const *args, Py_ssize
     atomic_fetch_add(&pool->live_slots, 1);
     pthread_cond_broadcast(&pool->wake);
     pthread_mutex_unlock(&pool->mutex);
+    /* Armed once (above: an armed slot is refused), so there is no owner before;
+     * the caller holds owner until this returns. */
+    Py_XSETREF(self->owner, Py_NewRef(args[3]));
     Py_RETURN_NONE;
 }
 
@@ -169,8 +200,8 @@ static PyObject *graph_slot_executor(PyObject *self_, void *closure) {
 
 static PyMethodDef graph_slot_methods[] = {
     {"arm", (PyCFunction)(void (*)(void))graph_slot_arm, METH_FASTCALL,
-     "arm($self, fn, arg, copy, /)\n--\n\n"
-     "A replay that reaches the slot runs fn(arg) (or the copy)."},
+     "arm($self, fn, arg, copy, owner, /)\n--\n\n"
+     "A replay that reaches the slot runs fn(arg) (or the copy); the slot holds owner."},
     {NULL, NULL, 0, NULL},
 };
 
