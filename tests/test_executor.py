@@ -483,6 +483,46 @@ def test_a_device_fault_fails_the_lanes_of_its_context_not_a_destroyed_streams_o
     assert out.strip() == "ok [7]"
 
 
+def test_a_fault_answers_the_lane_of_a_record_that_went_in_flight_after_the_survey():
+    """The watchdog surveys what is in flight, asks each context, and fails every
+    in-flight record of a faulted one, those that went in flight after the survey
+    too; but it answered the executor lanes of the survey's streams only.  A lane
+    whose record went in flight on another stream of that context in between was
+    never answered: its record failed, no later survey saw its stream, and its
+    task stayed outstanding for ever (close() hung; found by a review's stress run).
+    Here the record goes in flight inside the query (the stand-in driver's, on the
+    CUDA route's C, in a child): the lane of each failed record's stream is answered."""
+    script = _two_contexts_child("Python callable") + textwrap.dedent("""
+        import numpy as np
+
+        words = np.zeros(4, np.uint32)
+        context[0] = 0xA0
+        first = executor._lane_new(0x7000, words.ctypes.data)
+        later = executor._lane_new(0x8000, words.ctypes.data + 8)
+        late = []
+
+        class Faulted(set):  # the query's "is this context faulted?"
+            def __contains__(self, ctx):
+                if ctx == 0xA0 and not late:  # after the survey, before the answer
+                    now[0] = 200
+                    late.append(enqueue(later))
+                return set.__contains__(self, ctx)
+
+        faulted = Faulted({0xA0})
+        assert enqueue(first) == 0  # wakes the watchdog: its survey has stream 0x7000
+        for _ in range(5000):
+            if late and executor.outstanding() == 0:
+                break
+            time.sleep(0.001)
+        assert late == [0], late
+        assert [f[:2] for f in _core.fault_info()] == [(0xA0, 700)], _core.fault_info()
+        print("outstanding", executor.outstanding(), "ran", ran)
+        os._exit(0)  # the backend was rewired: no exit hooks against it
+    """)
+    out = run_child(script, env=child_env(NUMBA_HOSTFN_SIMULATOR="1"))
+    assert out.strip() == "outstanding 0 ran []", out
+
+
 @pytest.mark.parametrize("how", ["compiled", "Python callable"])
 def test_a_fault_of_a_destroyed_streams_context_leaves_a_new_lane_of_its_handle_alone(how):
     """A stream that got a destroyed stream's handle has a new lane (a renewal); the

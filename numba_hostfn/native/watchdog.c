@@ -190,24 +190,33 @@ bool nhf_fault_fail_record(nhf_record *record, unsigned code, unsigned long stat
     return true;
 }
 
+struct survey;
+static void survey_pair(void *ctx, void *stream, long n, void *survey_);
+
 typedef struct {
     void *ctx;
     unsigned code;
+    struct survey *failed; /* the (context, stream) pairs of the records failed */
 } fail_job;
 
 static void fail_on_context(nhf_record *record, void *job_) {
     fail_job *job = job_;
     unsigned long state = atomic_load(&record->state);
-    if (NHF_PHASE(state) == NHF_IN_FLIGHT &&
-        atomic_load_explicit(&record->watch_ctx, memory_order_relaxed) == job->ctx)
-        (void)nhf_fault_fail_record(record, job->code, state);
+    if (NHF_PHASE(state) != NHF_IN_FLIGHT ||
+        atomic_load_explicit(&record->watch_ctx, memory_order_relaxed) != job->ctx)
+        return;
+    /* Read before the fail: once completed, the record may serve another launch
+     * (a fail from the state seen after a reuse is refused by its compare). */
+    void *stream = atomic_load_explicit(&record->watch, memory_order_relaxed);
+    if (nhf_fault_fail_record(record, job->code, state))
+        survey_pair(job->ctx, stream, 1, job->failed);
 }
 
 /* ---- the watchdog's thread ---------------------------------------------------------- */
 
 /* The distinct (context, stream) pairs of what is in flight: records, and the
  * lanes' direct tasks. */
-typedef struct {
+typedef struct survey {
     struct watched {
         void *ctx, *stream;
     } *pairs;
@@ -261,19 +270,27 @@ static void survey_all(survey *s) {
 
 /* The watchdog's thread: context ctx answered code, a fault.  Note it (found on
  * the first of its streams with a launch in flight), fail its records, and
- * answer the executor tasks on each of its streams. */
+ * answer the executor tasks on each of its streams: those of the survey, and
+ * those of every record failed here, which may have gone in flight after the
+ * survey.  A failed record is in no later survey, so its stream, if it is a
+ * lane's whose other tasks carry records too, would never be answered: the
+ * lane's tasks stayed outstanding, and close() waited for ever. */
 static void fail_context(const survey *s, void *ctx, unsigned code) {
     void *found = NULL;
     for (size_t i = 0; i < s->count && found == NULL; i++)
         if (s->pairs[i].ctx == ctx)
             found = s->pairs[i].stream;
     (void)nhf_fault_note(ctx, code, found);
-    fail_job job = {ctx, code};
+    survey streams = {0}; /* the context's streams: the survey's, then the failed */
+    for (size_t i = 0; i < s->count; i++)
+        if (s->pairs[i].ctx == ctx)
+            survey_pair(ctx, s->pairs[i].stream, 0, &streams);
+    fail_job job = {ctx, code, &streams};
     nhf_records_each(fail_on_context, &job);
     nhf_stream_faulted_fn stream_faulted = atomic_load(&hooks.stream_faulted);
-    for (size_t i = 0; i < s->count && stream_faulted != NULL; i++)
-        if (s->pairs[i].ctx == ctx)
-            stream_faulted(s->pairs[i].stream, ctx, code); /* executor.c: its lanes there */
+    for (size_t i = 0; i < streams.count && stream_faulted != NULL; i++)
+        stream_faulted(streams.pairs[i].stream, ctx, code); /* executor.c: its lanes there */
+    free(streams.pairs);
 }
 
 /* One poll: query every context with a record in flight, once; fail the
