@@ -1018,3 +1018,23 @@ def test_a_handle_of_no_open_simulated_stream_is_refused_by_every_call(request):
                 with pytest.raises(error, match=match):
                     call(Answering(handle))
     assert nh.pending() == 0
+
+
+def test_sim_graph_add_node_reads_the_graph_after_the_argument_that_runs_python(request):
+    """sim_graph_add_node read the graph's native part, then its ``device`` argument's
+    truth, whose ``__bool__`` may run Python that releases the graph: the native part
+    was then used after it was freed (ASan: heap-use-after-free in py_graph_add_node,
+    in review).  The graph is read last now, and one released meanwhile is refused as
+    closed."""
+    if rerun_on_simulator(request):
+        return
+    graph = _core.SimGraph()
+
+    class Releases:
+        def __bool__(self):
+            graph.release()
+            return True
+
+    with pytest.raises(RuntimeError, match="the simulated graph is closed"):
+        _core.sim_graph_add_node(graph, Releases(), _core.SIM_DELAY, 1)
+    assert nh.pending() == 0

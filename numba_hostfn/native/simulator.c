@@ -880,9 +880,11 @@ static PyObject *py_graph_add_node(PyObject *self, PyObject *const *args, Py_ssi
                         "(fn, arg) pairs");
         return NULL;
     }
-    sim_graph *k = graph_arg(args[0]);
-    int device = k == NULL ? -1 : PyObject_IsTrue(args[1]);
-    if (k == NULL || device < 0)
+    /* device first: its __bool__ may run Python, which may release the graph, whose
+     * native part graph_arg reads last, with no Python run after it (a use after
+     * free, in review; the addresses are ints, read without running any). */
+    int device = PyObject_IsTrue(args[1]);
+    if (device < 0)
         return NULL;
     size_t n = (size_t)(nargs - 2) / 2;
     void *fn[MOST], *arg[MOST];
@@ -890,6 +892,9 @@ static PyObject *py_graph_add_node(PyObject *self, PyObject *const *args, Py_ssi
         if (nhf_address_arg(args[2 + 2 * i], &fn[i]) < 0 ||
             nhf_address_arg(args[3 + 2 * i], &arg[i]) < 0)
             return NULL;
+    sim_graph *k = graph_arg(args[0]);
+    if (k == NULL)
+        return NULL;
     pthread_mutex_lock(&k->lock);
     if (k->ended) {
         pthread_mutex_unlock(&k->lock);
