@@ -307,3 +307,44 @@ def test_the_driver_table_refuses_a_null_required_entry_point():
         _core._testing.driver_swap("cuMemcpy", 0)
     after = [_core._testing.driver_address(n) for n in names]
     assert after == before
+
+
+#: fault_info() asked from a finalizer that the collector runs inside fault_info().
+FAULT_INFO_IN_A_FINALIZER_SCRIPT = """
+import gc, time
+import numba_hostfn as nh
+from numba_hostfn import _core
+from numba_hostfn import simulator as sim
+sim.new_context()
+a, b = sim.Stream(), sim.Stream()
+a.sleep(0.2)
+nh.host_launch(a, lambda: None)  # in flight when the context faults
+b.fault("CUDA_ERROR_ILLEGAL_ADDRESS")
+deadline = time.monotonic() + 30
+while not _core.fault_info() and time.monotonic() < deadline:
+    time.sleep(0.01)
+assert _core.fault_info(), "no fault noted"
+asked = []
+class Asks:
+    def __del__(self):
+        asked.append(len(_core.fault_info()))
+gc.set_threshold(1)
+for _ in range(300):
+    x = Asks(); x.cycle = x; del x
+    _core.fault_info()
+gc.set_threshold(700)
+print("ok", len(asked) > 0)
+"""
+
+
+def test_fault_info_asked_from_a_finalizer_inside_fault_info_returns():
+    """fault_info() held the fault table's lock across the allocations that build its
+    answer; one may run the cyclic collector, and a finalizer that asks fault_info()
+    again then waited for that lock for ever (found in review).  It reads the table
+    without the lock now, as the enqueue's fault check does (an entry is written once,
+    before the count publishes it).  On the simulator, in a child: a fault noted, the
+    collector made to run at nearly every allocation."""
+    out = run_child(
+        FAULT_INFO_IN_A_FINALIZER_SCRIPT, env=child_env(NUMBA_HOSTFN_SIMULATOR="1"), timeout=60
+    )
+    assert out.strip() == "ok True", out

@@ -607,7 +607,10 @@ static PyObject *py_fault_info(PyObject *self, PyObject *unused) {
     PyObject *list = PyList_New(0);
     if (list == NULL)
         return NULL;
-    pthread_mutex_lock(&fault_lock);
+    /* Without fault_lock, as fault_of_context reads: an entry is written once,
+     * before nfaults publishes it.  Held, the lock would be held across
+     * allocations, which may run the collector and a finalizer that asks this
+     * again (a self-deadlock on the lock, in review). */
     int n = atomic_load(&nfaults);
     for (int i = 0; i < n; i++) {
         fault_entry *f = fault_at(i);
@@ -615,13 +618,11 @@ static PyObject *py_fault_info(PyObject *self, PyObject *unused) {
                                        PyLong_FromVoidPtr(f->stream));
         if (item == NULL || PyList_Append(list, item) < 0) {
             Py_XDECREF(item);
-            pthread_mutex_unlock(&fault_lock);
             Py_DECREF(list);
             return NULL;
         }
         Py_DECREF(item);
     }
-    pthread_mutex_unlock(&fault_lock);
     return list;
 }
 
