@@ -116,8 +116,8 @@ def add_graph_node(backend: Backend, after: Any, launch: Launch) -> Any:
 def _slot_record(backend: Backend, graph: Any, launch: Launch) -> tuple[Any, int]:
     """Arm a graph slot of the launch's executor, owned by ``graph``'s record; return
     the slot and that record.  The slot owns what the launch owns (``arm``'s owner):
-    its release, when the graph lets the record go, waits for a pool thread's run of
-    the node in progress before those owners go (a device fault ends a replay's
+    when the graph lets the record go, a pool thread's run of the node in progress
+    releases those owners after it ends, not before (a device fault ends a replay's
     wait for the node while it may still run; LIFETIME.md, invariant 16)."""
     slot = graph_slot_of(launch.executor)
     owned = launch._replace(owner=slot)

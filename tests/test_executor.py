@@ -1813,8 +1813,9 @@ def test_a_fault_that_ends_a_replays_wait_for_a_running_node_releases_it_after_t
     the drain released the node's owners under the run (a compiled node's late write
     landed in a freed array), and gave its slot to the next node made, whose stream
     the run's late "done" let past that node before it ran.  The GraphSlot, which
-    owns the node's owners, now waits for the run before it goes back, then releases
-    them (LIFETIME.md, invariant 16).  On the simulator, in a child (its faults)."""
+    owns the node's owners, now leaves the slot and them to the run, which gives
+    them back when it ends (LIFETIME.md, invariant 16).  On the simulator, in a
+    child (its faults)."""
     if rerun_on_simulator(request):
         return
     out = run_child(FAULT_DURING_A_NODE_SCRIPT, env=child_env(NUMBA_HOSTFN_SIMULATOR="1"))
@@ -1823,6 +1824,60 @@ def test_a_fault_that_ends_a_replays_wait_for_a_running_node_releases_it_after_t
         "['node ran', 'owner released']",
         "['new node', 'after it']",
     ], out
+
+
+#: An executor node that drains after a fault ended its replay's wait (below).
+A_NODE_DRAINS_ITS_OWN_RELEASE_SCRIPT = textwrap.dedent("""
+    import threading, time
+    import numba_hostfn as nh
+    from numba_hostfn import _core
+    from numba_hostfn import simulator as sim
+
+    ex = nh.HostExecutor(1)
+    started, faulted, done = threading.Event(), threading.Event(), threading.Event()
+    drained = []
+
+    def node():
+        started.set()
+        assert faulted.wait(30)
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:
+            drained.append(nh.drain())  # may release this node's own graph slot
+            time.sleep(0.01)
+        done.set()
+
+    sim.new_context()
+    x, f = sim.Stream(), sim.Stream()
+    x.begin_capture()
+    nh.host_launch(x, node, executor=ex)
+    graph = x.end_capture()
+    graph.launch(x)
+    graph.close()
+    assert started.wait(30)
+    f.fault("CUDA_ERROR_ILLEGAL_ADDRESS")  # x's context: its replay stops waiting
+    while _core.sim_query(f.handle) != 700:
+        time.sleep(0.001)
+    faulted.set()
+    assert done.wait(30)  # blocked in C: the node's drains, not this thread's
+    nh.drain()
+    print("ok", all(n >= 0 for n in drained))
+    ex.close()
+""")
+
+
+def test_an_executor_node_that_releases_its_own_slot_does_not_wait_for_itself(request):
+    """A slot's give-back while a run of it is in progress is left to that run, and
+    waits for nothing: the main thread's drain, while the node waits for the main
+    thread, or the node's own drain of its graph's release (a Python callable node,
+    after a fault let its graph's record go), whichever comes first, would otherwise
+    wait for ever (a give-back that waited for the run hung here).  On the
+    simulator, in a child."""
+    if rerun_on_simulator(request):
+        return
+    out = run_child(
+        A_NODE_DRAINS_ITS_OWN_RELEASE_SCRIPT, env=child_env(NUMBA_HOSTFN_SIMULATOR="1"), timeout=60
+    )
+    assert out.strip() == "ok True", out
 
 
 @pytest.mark.parametrize("how", ["builder", "capture"])

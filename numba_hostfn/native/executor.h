@@ -157,10 +157,13 @@ typedef struct slot {
     void *arg;
     atomic_int live; /* armed */
     /* Pool threads inside a claim of it: from before the claim reads live again to
-     * after its run wrote "done".  Its give-back waits for none (a device fault
-     * ends a replay's wait for "done" while the node may still run: its owners,
-     * and its words' next node, then had to wait for the run). */
+     * after its run wrote "done".  A give-back while one runs (a device fault ends
+     * a replay's wait for "done" while the node may still run) is handed off to
+     * it: handed_off set, with the node's owners in handed_owner (a reference),
+     * and the run's claim_end gives the slot back and those owners to the drain. */
     atomic_int running;
+    atomic_int handed_off;
+    PyObject *handed_owner;
     int copy;        /* run the pool's parallel copy of arg, not fn(arg) */
     nhf_pool *pool;
     nhf_sim_word_op ops[3];  /* the simulator's node arguments, in graph order */

@@ -7,11 +7,13 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+static void claim_end(slot *s);
+
 /* A graph slot whose replay has reached it (reached swapped back to 0), counted
  * in its running until nhf_slot_run ends; NULL if none.  The count is raised
  * before live is read again (both sequentially consistent), and slot_give_back
  * clears live before it reads the count: either this claim sees the slot
- * disarmed, or the give-back sees the claim and waits for its run. */
+ * disarmed, or the give-back sees the claim and leaves the slot to it. */
 slot *nhf_slot_claim(nhf_pool *pool) {
     for (slot *s = atomic_load(&pool->slots); s != NULL; s = s->next) {
         if (!atomic_load_explicit(&s->live, memory_order_acquire) ||
@@ -21,7 +23,7 @@ slot *nhf_slot_claim(nhf_pool *pool) {
         uint32_t one = 1;
         if (atomic_load(&s->live) && atomic_compare_exchange_strong(&s->words[0], &one, 0))
             return s;
-        atomic_fetch_sub(&s->running, 1);
+        claim_end(s);
     }
     return NULL;
 }
@@ -29,7 +31,7 @@ slot *nhf_slot_claim(nhf_pool *pool) {
 /* Run a claimed slot's work, then write its "done" (the graph's wait goes on).  The
  * work is its kind's replay trampoline given the graph's record (kinds.c), which
  * gives back a GIL the body kept (invariant 13), or the pool's copy.  Then the
- * claim ends: the slot may go back, and its owners be released (slot_give_back). */
+ * claim ends (claim_end). */
 void nhf_slot_run(nhf_pool *pool, slot *s) {
     if (s->copy)
         nhf_copy_run(pool, s->arg);
@@ -37,7 +39,40 @@ void nhf_slot_run(nhf_pool *pool, slot *s) {
         s->fn(s->arg);
     atomic_thread_fence(memory_order_seq_cst); /* the work's writes before "done" */
     atomic_store(&s->words[1], 1);
+    claim_end(s);
+}
+
+/* Under nothing: s on its pool's free list, for the next node made. */
+static void slot_free(slot *s) {
+    nhf_pool *pool = s->pool;
+    pthread_mutex_lock(&pool->mutex);
+    s->next_free = pool->free_slots;
+    pool->free_slots = s;
+    pthread_mutex_unlock(&pool->mutex);
+}
+
+/* A pool thread, without the GIL: a claim of s ends.  If its GraphSlot went
+ * meanwhile (slot_give_back left the slot to the run in progress), this thread
+ * gives the slot back and hands the node's owners to the main thread's next
+ * drain (invariant 2; at exit, with the guard closed, they are leaked).  The
+ * count is lowered before the hand-off is read, as the give-back sets it before
+ * it reads the count: one of the two sees the other, and the compare-and-swap
+ * makes one of them the one that gives it back. */
+static void claim_end(slot *s) {
     atomic_fetch_sub(&s->running, 1);
+    int handed = 1;
+    if (!atomic_load(&s->handed_off) ||
+        !atomic_compare_exchange_strong(&s->handed_off, &handed, 0))
+        return;
+    PyObject *owner = s->handed_owner;
+    s->handed_owner = NULL;
+    slot_free(s);
+    if (owner != NULL && nhf_guard_enter()) {
+        PyGILState_STATE state = nhf_gil_take();
+        nhf_defer_release(owner);
+        nhf_gil_give(state);
+        nhf_guard_leave();
+    }
 }
 
 /* ---- graph slots, from Python ------------------------------------------------------ */
@@ -64,12 +99,12 @@ static PyObject *py_slot_op(PyObject *self, PyObject *const *args, Py_ssize_t na
 
 /* One executor node's slot, owned by the node's launch record, so the graph owns
  * it (invariant 16); it owns the node's other owners (arm's owner).  Its dealloc,
- * run when the record is released on the main thread, disarms the slot, waits for
- * a run of it in progress (a device fault ends a replay's wait for "done" while
- * the node may still run), gives it back to the pool's free list, then releases
- * those owners: one native step, with no bytecode between the release and the
- * disarm, so an asynchronous exception (a Ctrl-C) cannot leave a slot armed
- * (invariant 21).  Made only by ExecutorBase._slot_new and _slot_take. */
+ * run when the record is released on the main thread, disarms the slot, gives it
+ * back to the pool's free list and releases those owners, or leaves both to a run
+ * of it in progress (slot_give_back): one native step, with no bytecode between
+ * the release and the disarm, so an asynchronous exception (a Ctrl-C) cannot
+ * leave a slot armed (invariant 21).  Made only by ExecutorBase._slot_new and
+ * _slot_take. */
 typedef struct {
     PyObject_HEAD
     slot *slot;
@@ -79,16 +114,20 @@ typedef struct {
 
 static PyTypeObject graph_slot_type;
 
-/* GIL held: disarm s if it is armed (once, however often it is called), wait,
- * GIL released, for a pool thread's run of it in progress (nhf_slot_claim), and
- * put it on the pool's free list: the run's late "done" never lands in the words
- * of the node that takes the slot next, and the caller releases the node's owners
- * only after the run.  Not in a forked child: the pool's mutex may have been held
- * by a thread of the parent, which does not exist here. */
-static void slot_give_back(slot *s) {
+/* GIL held: disarm s if it is armed (once, however often it is called) and put
+ * it on the pool's free list; true if owner (the node's owners, a reference the
+ * caller then releases) may go now.  Where a pool thread's run of s is in
+ * progress (a device fault ends a replay's wait for "done" while the node may
+ * still run, and the graph then lets its record go), s and owner are left to
+ * that run instead (claim_end): false, and the reference is the run's.  So the
+ * owners are never released under the run, and its late "done" never lands in
+ * the words of the node that takes the slot next; nothing here waits for the run
+ * (a node may wait for this thread).  Not in a forked child: the pool's mutex may
+ * have been held by a thread of the parent, which does not exist here. */
+static bool slot_give_back(slot *s, PyObject *owner) {
     nhf_pool *pool = s->pool;
     if (getpid() != pool->pid)
-        return;
+        return true;
     pthread_mutex_lock(&pool->mutex);
     if (atomic_exchange(&s->live, 0)) {
         atomic_fetch_sub(&pool->live_slots, 1);
@@ -96,17 +135,17 @@ static void slot_give_back(slot *s) {
     }
     pthread_mutex_unlock(&pool->mutex);
     if (atomic_load(&s->running) != 0) {
-        /* Rare: a fault, or a graph gone while a replay runs the node.  The run may
-         * be a Python callable's, which takes the GIL. */
-        Py_BEGIN_ALLOW_THREADS
-        while (atomic_load(&s->running) != 0)
-            usleep(50);
-        Py_END_ALLOW_THREADS
+        s->handed_owner = owner;
+        atomic_store(&s->handed_off, 1);
+        if (atomic_load(&s->running) != 0)
+            return false; /* its claim_end sees the hand-off */
+        int handed = 1;   /* it ended meanwhile: take it back, unless claim_end took it */
+        if (!atomic_compare_exchange_strong(&s->handed_off, &handed, 0))
+            return false;
+        s->handed_owner = NULL;
     }
-    pthread_mutex_lock(&pool->mutex);
-    s->next_free = pool->free_slots;
-    pool->free_slots = s;
-    pthread_mutex_unlock(&pool->mutex);
+    slot_free(s);
+    return true;
 }
 
 /* A new GraphSlot for the disarmed slot s of executor's pool; NULL (s given
@@ -114,7 +153,7 @@ static void slot_give_back(slot *s) {
 static PyObject *graph_slot_wrap(PyObject *executor, slot *s) {
     graph_slot_object *self = PyObject_New(graph_slot_object, &graph_slot_type);
     if (self == NULL) {
-        slot_give_back(s);
+        (void)slot_give_back(s, NULL); /* disarmed: no run of it */
         return NULL;
     }
     self->slot = s;
@@ -125,8 +164,8 @@ static PyObject *graph_slot_wrap(PyObject *executor, slot *s) {
 
 static void graph_slot_dealloc(PyObject *self_) {
     graph_slot_object *self = (graph_slot_object *)self_;
-    slot_give_back(self->slot); /* after the run in progress, if any */
-    Py_XDECREF(self->owner);
+    if (slot_give_back(self->slot, self->owner)) /* else a run in progress has them */
+        Py_XDECREF(self->owner);
     Py_DECREF(self->executor);
     PyObject_Free(self);
 }
