@@ -51,15 +51,17 @@ static void slot_free(slot *s) {
     pthread_mutex_unlock(&pool->mutex);
 }
 
-/* A pool thread, without the GIL: a claim of s ends.  If its GraphSlot went
- * meanwhile (slot_give_back left the slot to the run in progress), this thread
- * gives the slot back and hands the node's owners to the main thread's next
- * drain (invariant 2; at exit, with the guard closed, they are leaked).  The
- * count is lowered before the hand-off is read, as the give-back sets it before
- * it reads the count: one of the two sees the other, and the compare-and-swap
- * makes one of them the one that gives it back. */
+/* A pool thread, without the GIL: a claim of s ends.  If it was the last one in
+ * (another thread's claim that lost the race for the same reach counts too) and
+ * the GraphSlot went meanwhile (slot_give_back left the slot to the run in
+ * progress), this thread gives the slot back and hands the node's owners to the
+ * main thread's next drain (invariant 2; at exit, with the guard closed, they are
+ * leaked).  The count is lowered before the hand-off is read, as the give-back
+ * sets it before it reads the count: one of the two sees the other, and the
+ * compare-and-swap makes one of them the one that gives it back. */
 static void claim_end(slot *s) {
-    atomic_fetch_sub(&s->running, 1);
+    if (atomic_fetch_sub(&s->running, 1) != 1)
+        return; /* a claim still in: the last one out gives it back */
     int handed = 1;
     if (!atomic_load(&s->handed_off) ||
         !atomic_compare_exchange_strong(&s->handed_off, &handed, 0))
