@@ -299,12 +299,12 @@ class Backend:
         """The status word a signal's enqueue on stream ``handle`` would be refused
         with, read without enqueuing, or 0 (``_enqueue.check_signal``: a first signal
         checks it before it makes the thread, descriptor or lane that serves it).  The
-        enqueue's own checks, in its order, where they can be read: here a fault noted
-        on the stream's context; a backend adds its own (a closed simulated stream, a
-        capture).  A refusal it cannot read (a stream destroyed on CUDA) is still the
-        enqueue's to raise."""
-        fault = _core.stream_fault(handle)
-        return _core.FAULTED | fault if fault else 0
+        enqueue's own checks, in its order, where they can be read: a fault noted on
+        the stream's context, a closed simulated stream, a capture.  A refusal it
+        cannot read (a stream destroyed on CUDA) is still the enqueue's to raise.  Each
+        backend asks the native reading its enqueue makes (``_core.cuda_refusal``,
+        ``_core.sim_refusal``)."""
+        raise NotImplementedError  # pragma: no cover
 
     def graph_record(self, graph: Any, fn: int, arg: int, owner: Any) -> int:
         """A record for ``fn(arg)`` owning ``owner``, owned by ``graph`` from the start.
