@@ -120,10 +120,11 @@ def _slot_record(backend: Backend, graph: Any, launch: Launch) -> tuple[Any, int
     releases those owners after it ends, not before (a device fault ends a replay's
     wait for the node while it may still run; LIFETIME.md, invariant 16)."""
     slot = graph_slot_of(launch.executor)
-    owned = launch._replace(owner=slot)
-    node_fn, node_arg, record = _graph_record(backend, graph, owned)
-    if launch.copy:  # the pool's own (parallel) copy of the MEMCPY_LAYOUT at arg
-        node_fn, node_arg = 0, launch.arg
-    # RuntimeError if the executor is closing (the record then owns a disarmed slot)
-    slot.arm(node_fn, node_arg, launch.copy, launch.owner)
+    _, _, record = _graph_record(backend, graph, launch._replace(owner=slot))
+    # The slot runs the launch's fn and arg, never the record's: a fault that ends a
+    # replay's wait lets the record go, and a new launch may take it, while a pool
+    # thread that claimed the node still waits for the GIL.  With copy, the pool's
+    # own (parallel) copy of the MEMCPY_LAYOUT at arg.  RuntimeError if the executor
+    # is closing (the record then owns a disarmed slot).
+    slot.arm(KINDS[launch.kind].number, launch.fn, launch.arg, launch.copy, launch.owner)
     return slot, record

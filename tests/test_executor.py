@@ -1826,6 +1826,85 @@ def test_a_fault_that_ends_a_replays_wait_for_a_running_node_releases_it_after_t
     ], out
 
 
+#: A fault ends a replay's wait while a pool thread that claimed the node waits for
+#: the GIL; the graph's record is released and another launch takes it (below).
+A_CLAIMED_NODE_WHOSE_RECORD_IS_TAKEN_SCRIPT = textwrap.dedent("""
+    import ctypes, sys, time
+    import numba_hostfn as nh
+    from numba_hostfn import _core, _graphs
+    from numba_hostfn import simulator as sim
+
+    slots = []
+    _slot_of = _graphs.graph_slot_of
+
+    def graph_slot_of(executor):
+        slots.append(_slot_of(executor))
+        return slots[-1]
+
+    _graphs.graph_slot_of = graph_slot_of
+    ex = nh.HostExecutor(1)
+    calls = []
+
+    def node():
+        calls.append("node")
+
+    def other():
+        calls.append("other")
+
+    sim.new_context()
+    y = sim.Stream()  # a healthy context for the later launch
+    sim.new_context()
+    x, f = sim.Stream(), sim.Stream()
+    x.begin_capture()
+    nh.host_launch(x, node, executor=ex)
+    graph = x.end_capture()
+    reached = ctypes.c_uint32.from_address(slots[0].words)
+    y.sleep(3)  # the later launch's record stays in flight
+    x.sleep(0.3)  # the replay reaches the node 0.3 s on, while this thread holds the GIL
+    sys.setswitchinterval(100)
+    graph.launch(x)
+    graph.close()  # the queued replay holds the graph's last reference
+    f.sleep(0.6)
+    f.fault("CUDA_ERROR_ILLEGAL_ADDRESS")  # x's context: its replay stops waiting
+    held = _core.held()
+    deadline = time.monotonic() + 30
+    while _core.sim_query(f.handle) != 700 and time.monotonic() < deadline:
+        pass  # bytecode only: the GIL stays here, the node's thread waits for it
+    while _core.held() >= held and time.monotonic() < deadline:
+        _core.drain()  # the graph's record, completed by the fault, back to the free list
+    claimed = reached.value == 0 and _core.held() < held
+    nh.host_launch(y, other)  # takes that record (the top of the free list)
+    sys.setswitchinterval(0.005)
+    time.sleep(0.3)  # the node's thread takes the GIL, and runs the node
+    y.sync()
+    nh.drain()
+    print(sorted(calls) if claimed else "not claimed in time")
+    ex.close()
+""")
+
+
+def test_a_claimed_node_runs_its_own_callable_after_a_fault_lets_its_record_go(request):
+    """A pool thread claims an executor node and waits for the GIL; a fault of the
+    replay's context ends the replay's wait, the graph lets its record go, and the
+    next launch takes that record.  The slot's run read its callable from the record:
+    it ran the other launch's callable (twice in all; a ctypes CUhostFn's user data
+    called as a Python object segfaulted).  The slot now runs the launch's own fn
+    and arg, which its owners keep (LIFETIME.md, invariant 16).  On the simulator,
+    in a child; a child whose node was not claimed in time (a stalled host) runs
+    again."""
+    if rerun_on_simulator(request):
+        return
+    for _ in range(3):
+        out = run_child(
+            A_CLAIMED_NODE_WHOSE_RECORD_IS_TAKEN_SCRIPT,
+            env=child_env(NUMBA_HOSTFN_SIMULATOR="1"),
+            timeout=90,
+        )
+        if "not claimed in time" not in out:
+            break
+    assert out.strip().splitlines()[-1] == "['node', 'other']", out
+
+
 #: An executor node that drains after a fault ended its replay's wait (below).
 A_NODE_DRAINS_ITS_OWN_RELEASE_SCRIPT = textwrap.dedent("""
     import threading, time

@@ -153,6 +153,11 @@ typedef struct slot {
     struct slot *next; /* the next slot of the pool */
     struct slot *next_free; /* the next disarmed slot to reuse (under the pool's mutex) */
     _Atomic uint32_t *words;
+    /* The node's work, set by arm: its kind's call of the launch's fn and arg
+     * (never of the graph's record, which a device fault may let go, and a new
+     * launch take, while a claimed run still waits for the GIL), or the pool's
+     * copy of the MEMCPY_LAYOUT at arg. */
+    nhf_call_fn call;
     nhf_hostfn fn;
     void *arg;
     atomic_int live; /* armed */

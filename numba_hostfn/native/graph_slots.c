@@ -29,14 +29,15 @@ slot *nhf_slot_claim(nhf_pool *pool) {
 }
 
 /* Run a claimed slot's work, then write its "done" (the graph's wait goes on).  The
- * work is its kind's replay trampoline given the graph's record (kinds.c), which
- * gives back a GIL the body kept (invariant 13), or the pool's copy.  Then the
- * claim ends (claim_end). */
+ * work is its kind's call of the launch's fn and arg (kinds.c), which gives back a
+ * GIL the body kept (invariant 13), or the pool's copy: what the slot's owner
+ * keeps alive, never the graph's record (invariant 16).  Then the claim ends
+ * (claim_end). */
 void nhf_slot_run(nhf_pool *pool, slot *s) {
     if (s->copy)
         nhf_copy_run(pool, s->arg);
     else
-        s->fn(s->arg);
+        s->call(s->fn, s->arg);
     atomic_thread_fence(memory_order_seq_cst); /* the work's writes before "done" */
     atomic_store(&s->words[1], 1);
     claim_end(s);
@@ -172,19 +173,27 @@ static void graph_slot_dealloc(PyObject *self_) {
     PyObject_Free(self);
 }
 
-/* arm(fn, arg, copy, owner): from now on a replay that reaches the slot runs
- * fn(arg) (or the pool's copy of the MEMCPY_LAYOUT at arg), and the slot holds
- * owner (what that work uses) until it is given back; RuntimeError once the pool
- * is stopping (no thread would answer). */
+/* arm(kind, fn, arg, copy, owner): from now on a replay that reaches the slot
+ * runs the launch kind's call of fn and arg (_core.KIND_*: fn(arg), compiled, or
+ * the Python callable at arg), or the pool's copy of the MEMCPY_LAYOUT at arg,
+ * and the slot holds owner (what that work uses) until it is given back;
+ * RuntimeError once the pool is stopping (no thread would answer). */
 static PyObject *graph_slot_arm(PyObject *self_, PyObject *const *args, Py_ssize_t nargs) {
     graph_slot_object *self = (graph_slot_object *)self_;
     slot *s = self->slot;
-    if (nhf_check_nargs("arm(fn, arg, copy, owner)", nargs, 4) < 0)
+    if (nhf_check_nargs("arm(kind, fn, arg, copy, owner)", nargs, 5) < 0)
         return NULL;
+    long kind = PyLong_AsLong(args[0]);
+    if (kind == -1 && PyErr_Occurred())
+        return NULL;
+    if (kind <= NHF_KIND_NONE || kind >= NHF_NKINDS) {
+        PyErr_Format(PyExc_ValueError, "%ld names no launch kind (_core.KIND_*)", kind);
+        return NULL;
+    }
     void *fn, *arg;
-    if (nhf_address_arg(args[0], &fn) < 0 || nhf_address_arg(args[1], &arg) < 0)
+    if (nhf_address_arg(args[1], &fn) < 0 || nhf_address_arg(args[2], &arg) < 0)
         return NULL;
-    int copy = PyObject_IsTrue(args[2]);
+    int copy = PyObject_IsTrue(args[3]);
     if (copy < 0)
         return NULL;
     nhf_pool *pool = s->pool;
@@ -206,6 +215,7 @@ static PyObject *graph_slot_arm(PyObject *self_, PyObject *const *args, Py_ssize
     }
     atomic_store(&s->words[0], 0);
     atomic_store(&s->words[1], 0);
+    s->call = nhf_kinds[kind].call;
     s->fn = (nhf_hostfn)(uintptr_t)fn;
     s->arg = arg;
     s->copy = copy;
@@ -215,7 +225,7 @@ static PyObject *graph_slot_arm(PyObject *self_, PyObject *const *args, Py_ssize
     pthread_mutex_unlock(&pool->mutex);
     /* Armed once (above: an armed slot is refused), so there is no owner before;
      * the caller holds owner until this returns. */
-    Py_XSETREF(self->owner, Py_NewRef(args[3]));
+    Py_XSETREF(self->owner, Py_NewRef(args[4]));
     Py_RETURN_NONE;
 }
 
@@ -241,8 +251,9 @@ static PyObject *graph_slot_executor(PyObject *self_, void *closure) {
 
 static PyMethodDef graph_slot_methods[] = {
     {"arm", (PyCFunction)(void (*)(void))graph_slot_arm, METH_FASTCALL,
-     "arm($self, fn, arg, copy, owner, /)\n--\n\n"
-     "A replay that reaches the slot runs fn(arg) (or the copy); the slot holds owner."},
+     "arm($self, kind, fn, arg, copy, owner, /)\n--\n\n"
+     "A replay that reaches the slot runs the kind's call of fn and arg (or the copy); "
+     "the slot holds owner."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -2,7 +2,8 @@
  *
  * A launch is one of these kinds (nhf.h's enum nhf_kind); for each, the table
  * says what the record's trampoline is on a stream (run), what a graph node of
- * it calls at every replay (replay, given the record the graph owns), and what
+ * it calls at every replay (replay, given the record the graph owns; call, the
+ * same given the launch's fn and arg, for an executor's graph slot), and what
  * the launch owns (owns).  _classify decides which kind a
  * callable is; host_launch.c decides the common cases and indexes this table;
  * _enqueue and _graphs read it through launch_kinds() (_classify.KINDS).  A new
@@ -19,16 +20,19 @@ const nhf_kind_info nhf_kinds[NHF_NKINDS] = {
     [NHF_KIND_COMPILED] = {.name = "compiled",
                            .run = nhf_run_compiled,
                            .replay = nhf_replay_compiled,
+                           .call = nhf_call_compiled,
                            .owns = NHF_OWNS_FN_AND_DATA},
     /* A ctypes CUhostFn or a numba cfunc: machine code at an address. */
     [NHF_KIND_POINTER] = {.name = "pointer",
                           .run = nhf_run_compiled,
                           .replay = nhf_replay_compiled,
+                          .call = nhf_call_compiled,
                           .owns = NHF_OWNS_FN_AND_DATA},
     /* A Python callable, called with no arguments, with the GIL. */
     [NHF_KIND_PYTHON] = {.name = "python",
                          .run = nhf_run_python,
                          .replay = nhf_replay_python,
+                         .call = nhf_call_python,
                          .owns = NHF_OWNS_FN},
 };
 

@@ -381,6 +381,12 @@ void nhf_run_compiled(void *record);
 void nhf_run_python(void *record);
 void nhf_replay_compiled(void *record);
 void nhf_replay_python(void *record);
+/* A graph node's call at each replay, on fn and arg themselves: what the replays
+ * above call with the record's, and an executor's graph slot with its own (a
+ * slot's run never reads the record, which a fault may let go under it). */
+typedef void (*nhf_call_fn)(nhf_hostfn fn, void *arg);
+void nhf_call_compiled(nhf_hostfn fn, void *arg);
+void nhf_call_python(nhf_hostfn fn, void *arg);
 void nhf_user_object_release(void *record);
 /* GIL held: call callable(), reporting an exception (a KeyboardInterrupt is
  * delivered again to the main thread where SIGINT has Python's handler, and goes
@@ -545,6 +551,7 @@ typedef struct {
     const char *name;    /* as _classify names it: "compiled", "pointer", "python" */
     nhf_hostfn run;      /* the trampoline on a stream */
     nhf_hostfn replay;   /* a graph node's call at each replay (arg: the record) */
+    nhf_call_fn call;    /* the same call on the launch's fn and arg (a graph slot's) */
     enum nhf_owns owns;
 } nhf_kind_info;
 extern const nhf_kind_info nhf_kinds[NHF_NKINDS];

@@ -110,8 +110,7 @@ void nhf_mark_host_function_thread(void) { host_function_depth_add(1); }
 /* GIL held: the record's callable, called; its exception reported with the
  * callable as the object (a blocking Python callable reports every exception,
  * KeyboardInterrupt included, as the stream cannot stop). */
-static PyObject *call_python(nhf_record *record) {
-    PyObject *callable = record->arg;
+static PyObject *call_python(PyObject *callable) {
     host_function_depth_add(1);
     PyObject *result = PyObject_CallNoArgs(callable);
     host_function_depth_add(-1);
@@ -128,35 +127,46 @@ void nhf_run_python(void *record_) {
         return; /* failed by a device fault: released by the drain (invariant 23) */
     if (nhf_guard_enter()) {
         PyGILState_STATE state = nhf_gil_take();
-        record->result = call_python(record);
+        record->result = call_python(record->arg);
         nhf_gil_give(state);
         nhf_guard_leave();
     }
     nhf_record_complete(record);
 }
 
-/* Any thread: a compiled host function in a graph, at every replay: fn(arg), the
- * record staying with the graph.  Never the function itself as the node: a body
- * that returned holding the GIL has it given back here (invariant 13), where
- * kept it stopped every Python thread at the first replay. */
-void nhf_replay_compiled(void *record_) {
-    nhf_record *record = record_;
-    record->fn(record->arg);
+/* Any thread: a compiled host function in a graph, at every replay: fn(arg).
+ * Never the function itself as the node: a body that returned holding the GIL
+ * has it given back here (invariant 13), where kept it stopped every Python
+ * thread at the first replay. */
+void nhf_call_compiled(nhf_hostfn fn, void *arg) {
+    fn(arg);
     nhf_gil_give_back_leaked();
 }
 
-/* Any thread: a Python callable in a graph, at every replay: the record stays
- * with the graph, and the result is released by the next drain. */
-void nhf_replay_python(void *record_) {
-    nhf_record *record = record_;
+/* Any thread: a Python callable (arg; fn unused) in a graph, at every replay;
+ * the result is released by the next drain. */
+void nhf_call_python(nhf_hostfn fn, void *arg) {
+    (void)fn;
     if (!nhf_guard_enter())
         return;
     PyGILState_STATE state = nhf_gil_take();
-    PyObject *result = call_python(record);
+    PyObject *result = call_python(arg);
     if (result != NULL)
         nhf_defer_release(result);
     nhf_gil_give(state);
     nhf_guard_leave();
+}
+
+/* Any thread: a graph's host node, at every replay: its kind's call of the
+ * record's fn and arg, the record staying with the graph. */
+void nhf_replay_compiled(void *record_) {
+    nhf_record *record = record_;
+    nhf_call_compiled(record->fn, record->arg);
+}
+
+void nhf_replay_python(void *record_) {
+    nhf_record *record = record_;
+    nhf_call_python(record->fn, record->arg);
 }
 
 /* Any thread: the destructor of the user object that keeps a graph's record:
