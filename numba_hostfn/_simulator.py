@@ -82,9 +82,12 @@ class Stream(_core.SimStreamBase):
 
     def __init__(self) -> None:
         backend = _simulator()
+        # Its native stream (_handle) first: on a stream open already it raises and
+        # changes nothing (marked closed first, a second __init__ left the stream
+        # running with nothing to stop it).  An exception between here and the
+        # marks below (a Ctrl-C) leaves a stream that its native dealloc stops.
+        self._open()
         self._backend = backend
-        self._closed = True  # until it is open
-        self._open()  # its native stream: _handle
         self._closed = False
         backend.streams[self._handle] = self
 

@@ -182,6 +182,7 @@ CLOSE_SCRIPT = (
     CHILD_PREAMBLE
     + INJECT
     + textwrap.dedent("""
+    import gc
     from numba_hostfn import _simulator
 
     counter = np.zeros(1, np.int64)
@@ -207,6 +208,16 @@ CLOSE_SCRIPT = (
             interrupted(_simulator.Stream.close, line, other.close)
             other.close()
             cases += 1
+        # A Stream() interrupted at any line of its __init__: a stream made before the
+        # interrupt, which no one holds, is stopped when it is collected.
+        for line in lines_of(_simulator.Stream.__init__):
+            made = []
+            interrupted(_simulator.Stream.__init__, line, lambda: made.append(nh.create_stream()))
+            for other in made:
+                other.close()
+            del made
+            gc.collect()
+            cases += 1
     settle(lambda: nh.pending() == 0)
     settle(lambda: native_threads() == threads)  # a detached stream thread ends on its own
     print("cases", cases, "ran", int(counter[0]) == 10 * len(lines_of(nh.HostExecutor.close)),
@@ -218,7 +229,10 @@ CLOSE_SCRIPT = (
 def test_a_close_interrupted_at_any_line_can_be_called_again_and_finishes():
     """HostExecutor.close() and a simulated Stream.close() interrupted at each line, then
     called again: every task ran, no native thread is left (main marked them closed
-    first, and a second close() did nothing while their threads ran on)."""
+    first, and a second close() did nothing while their threads ran on).  A simulated
+    Stream() interrupted at each line of its __init__ leaves no thread either (an
+    interrupt after the native stream was made left a stream marked closed, which
+    nothing stopped)."""
     out = run_child(CLOSE_SCRIPT, timeout=300)
     words = out.split()
     assert words[0] == "cases" and int(words[1]) > 2, out

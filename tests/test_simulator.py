@@ -370,6 +370,73 @@ def test_a_subclass_that_skips_stream_init_is_refused_as_never_opened(request, l
     assert nh.pending() == 0
 
 
+def _settled(count, seconds=10):
+    """True once this process has ``count`` native threads or fewer (a detached or
+    joined thread can stay listed for a moment after it ends)."""
+    deadline = time.monotonic() + seconds
+    while threads_but_watchdog() > count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return threads_but_watchdog() <= count
+
+
+def test_a_second_init_of_an_open_stream_is_refused_and_leaves_it_open(request):
+    """Stream.__init__ called again on an open stream (a subclass that calls
+    super().__init__() twice) is refused, and the stream stays open: close() stops
+    its thread.  Before, the refused __init__ had marked it closed first, so close()
+    and the collector left its thread running for good."""
+    if rerun_on_simulator(request):
+        return
+    nh.simulator.Stream().close()
+    threads = threads_but_watchdog()
+    stream = nh.simulator.Stream()
+    with pytest.raises(RuntimeError, match="open already"):
+        stream.__init__()
+    assert "open" in repr(stream) and "closed" not in repr(stream)
+    counter = np.zeros(1, np.int64)
+    nh.host_launch(stream, increment, user_data=nh.by_ref(counter))
+    stream.close()
+    assert counter[0] == 1
+    assert _settled(threads), threads_but_watchdog() - threads
+
+
+def test_two_threads_opening_one_stream_make_one_native_stream(request):
+    """_open() on one unopened simulator.Stream from two threads at once: one opens
+    it, the other is refused, and no thread is left when it closes.  Both read the
+    stream unopened, then made one each with the GIL released, and the second
+    overwrote the first, whose thread nothing stopped."""
+    if rerun_on_simulator(request):
+        return
+    nh.simulator.Stream().close()
+    threads = threads_but_watchdog()
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    opened = []
+    try:
+        for _ in range(100):
+            stream = nh.simulator.Stream.__new__(nh.simulator.Stream)
+            barrier, ok = threading.Barrier(2), []
+
+            def open_it(stream=stream, barrier=barrier, ok=ok):
+                barrier.wait()
+                try:
+                    stream._open()
+                    ok.append(True)
+                except RuntimeError:
+                    pass
+
+            both = [threading.Thread(target=open_it) for _ in range(2)]
+            for thread in both:
+                thread.start()
+            for thread in both:
+                thread.join()
+            opened.append(len(ok))
+            _core.sim_close(stream._handle, True)
+    finally:
+        sys.setswitchinterval(interval)
+    assert set(opened) == {1}, opened
+    assert _settled(threads), threads_but_watchdog() - threads
+
+
 _FOREIGN_STREAM = """
 import numpy as np
 import numba_hostfn as nh

@@ -525,24 +525,38 @@ static nhf_sim_stream *stream_new(void) {
     return stream;
 }
 
+/* Any thread: stream refuses new items, and its thread ends once it is empty;
+ * true for the first stop, whose caller joins or detaches the thread. */
+static bool stream_stop(nhf_sim_stream *stream) {
+    pthread_mutex_lock(&stream->mutex);
+    bool first = !stream->stopping;
+    stream->stopping = 1;
+    pthread_cond_broadcast(&stream->wake);
+    pthread_mutex_unlock(&stream->mutex);
+    return first;
+}
+
 /* The simulated Stream's base type: the native stream it opened, which is the
  * handle host_launch trusts (an instance's __cuda_stream__ must give this one). */
 typedef struct {
     PyObject_HEAD
     nhf_sim_stream *stream; /* NULL until _open */
+    int opening;            /* an _open is making the stream (GIL released) */
 } sim_stream_object;
 
 static PyObject *sim_stream_open(PyObject *self, PyObject *unused) {
     (void)unused;
     sim_stream_object *object = (sim_stream_object *)self;
-    if (object->stream != NULL) {
+    if (object->stream != NULL || object->opening) {
         PyErr_SetString(PyExc_RuntimeError, "the simulated stream is open already");
         return NULL;
     }
+    object->opening = 1; /* with the GIL: the check and the claim are one step */
     nhf_sim_stream *stream;
     Py_BEGIN_ALLOW_THREADS
     stream = stream_new();
     Py_END_ALLOW_THREADS
+    object->opening = 0;
     if (stream == NULL) {
         PyErr_SetString(PyExc_RuntimeError,
                         "the simulator could not create a stream (memory or thread)");
@@ -555,6 +569,18 @@ static PyObject *sim_stream_open(PyObject *self, PyObject *unused) {
 static PyObject *sim_stream_handle(PyObject *self, void *closure) {
     (void)closure;
     return PyLong_FromVoidPtr(((sim_stream_object *)self)->stream);
+}
+
+/* Collected: a stream still open is stopped, its thread detached (it runs what is
+ * queued, then ends), whatever the Python layer above recorded: an exception
+ * between _open() and Stream.__init__'s marks (a Ctrl-C while the thread was
+ * made) left a stream that nothing stopped.  A stream closed before was joined or
+ * detached by that close; in a forked child there is no thread. */
+static void sim_stream_dealloc(PyObject *self) {
+    nhf_sim_stream *stream = ((sim_stream_object *)self)->stream;
+    if (stream != NULL && !nhf_forked() && stream_stop(stream))
+        pthread_detach(stream->thread);
+    Py_TYPE(self)->tp_free(self);
 }
 
 static PyMethodDef sim_stream_methods[] = {
@@ -576,6 +602,7 @@ static PyTypeObject sim_stream_type = {
     .tp_basicsize = sizeof(sim_stream_object),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
     .tp_new = PyType_GenericNew,
+    .tp_dealloc = sim_stream_dealloc,
     .tp_methods = sim_stream_methods,
     .tp_getset = sim_stream_getset,
 };
@@ -800,12 +827,7 @@ static PyObject *py_close(PyObject *self, PyObject *const *args, Py_ssize_t narg
      * side refuses everything else). */
     if (nhf_forked())
         Py_RETURN_NONE; /* no thread to stop, none to join */
-    pthread_mutex_lock(&stream->mutex);
-    int first = !stream->stopping;
-    stream->stopping = 1;
-    pthread_cond_broadcast(&stream->wake);
-    pthread_mutex_unlock(&stream->mutex);
-    if (!first) { /* closed before: its thread is joined, detached, or being joined */
+    if (!stream_stop(stream)) { /* closed before: its thread is joined, detached, or being joined */
         if (join) {
             Py_BEGIN_ALLOW_THREADS
             pthread_mutex_lock(&stream->mutex);
