@@ -82,6 +82,8 @@ class Stream(_core.SimStreamBase):
 
     def __init__(self) -> None:
         backend = _simulator()
+        if _core.sim_in_host_function():  # cuStreamCreate, which CUDA forbids there
+            raise in_host_function_error("made a simulated stream", "no stream was made")
         # Its native stream (_handle) first: on a stream open already it raises and
         # changes nothing (marked closed first, a second __init__ left the stream
         # running with nothing to stop it).  An exception between here and the
@@ -140,9 +142,11 @@ class Stream(_core.SimStreamBase):
 
         Raises ``RuntimeError`` on a stream that is capturing, as ``sync()`` does: CUDA
         forbids querying a capturing stream (before, it answered True while the host
-        functions captured since had not run).
+        functions captured since had not run); and in a host function, which CUDA
+        forbids any CUDA call (``cuStreamQuery``).
         """
         handle = self._live()
+        _refuse_in_host_function("is_done", left="nothing was asked")  # cuStreamQuery
         if self.is_capturing:
             raise RuntimeError(
                 "is_done() on a simulated stream that is capturing: nothing it captured "
@@ -392,8 +396,13 @@ def new_context() -> None:
     A device fault (:meth:`Stream.fault`) is sticky for its context, as on a
     GPU, where a process must make a new context (or end) to run work again;
     streams made before keep the faulted context.
+
+    Raises ``RuntimeError`` in a host function, as a new context (``cuCtxCreate``,
+    ``cuCtxSetCurrent``) is a CUDA call, which CUDA forbids there.
     """
     _simulator()
+    if _core.sim_in_host_function():
+        raise in_host_function_error("called simulator.new_context()", "the context is as it was")
     _core.sim_new_context()
 
 

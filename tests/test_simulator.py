@@ -31,6 +31,15 @@ def increment(p):
     carray(p, (1,), np.int64)[0] += 1
 
 
+def _settled(count, seconds=10):
+    """True once this process has ``count`` native threads or fewer (a detached or
+    joined thread can stay listed for a moment after it ends)."""
+    deadline = time.monotonic() + seconds
+    while threads_but_watchdog() > count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return threads_but_watchdog() <= count
+
+
 def test_streams_run_independently(request):
     if rerun_on_simulator(request):
         return
@@ -88,6 +97,47 @@ def test_a_host_function_that_waits_for_a_stream_is_refused(request, unraisables
         other.sync()  # both streams still work
         nh.host_launch(other, increment, user_data=np.zeros(1, np.int64))
         other.sync()
+
+
+def test_a_host_function_that_queries_a_stream_or_makes_one_or_a_context_is_refused(
+    request, unraisables
+):
+    """A host function that asks a stream is_done() (cuStreamQuery), makes a stream
+    (cuStreamCreate: simulator.Stream(), create_stream()) or a new context gets
+    RuntimeError, with no stream made and the context as it was: CUDA forbids a
+    host function any CUDA call.  The simulator answered all three, so a program
+    that passed here could fail or deadlock on a GPU."""
+    if rerun_on_simulator(request):
+        return
+    seen = []
+    threads = threads_but_watchdog()
+    with nh.simulator.Stream() as s, nh.simulator.Stream() as other:
+        calls = {
+            "is_done": other.is_done,
+            "Stream()": nh.simulator.Stream,
+            "create_stream()": nh.create_stream,
+            "new_context()": nh.simulator.new_context,
+        }
+
+        def asks():
+            for name, call in calls.items():
+                try:
+                    call()
+                    seen.append((name, "answered"))
+                except RuntimeError as exc:
+                    seen.append((name, "CUDA forbids a host function any CUDA call" in str(exc)))
+
+        nh.host_launch(s, asks)
+        s.sync()
+        nh.drain()
+        assert seen == [(name, True) for name in calls] and not unraisables
+        # The context is the one it was: a stream made now shares other's.
+        with nh.simulator.Stream() as third:
+            other.fault()
+            with pytest.raises(nh.DeviceFaultError):
+                third.sync()
+    nh.simulator.new_context()
+    assert _settled(threads), threads_but_watchdog() - threads
 
 
 def test_a_host_function_that_enqueues_is_refused(request, unraisables):
@@ -368,15 +418,6 @@ def test_a_subclass_that_skips_stream_init_is_refused_as_never_opened(request, l
             call()
     stream.close()
     assert nh.pending() == 0
-
-
-def _settled(count, seconds=10):
-    """True once this process has ``count`` native threads or fewer (a detached or
-    joined thread can stay listed for a moment after it ends)."""
-    deadline = time.monotonic() + seconds
-    while threads_but_watchdog() > count and time.monotonic() < deadline:
-        time.sleep(0.01)
-    return threads_but_watchdog() <= count
 
 
 def test_a_second_init_of_an_open_stream_is_refused_and_leaves_it_open(request):
