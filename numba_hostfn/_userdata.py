@@ -54,13 +54,14 @@ _VOID_BASE = np.void.base.__get__
 _STRIDED_BASE = type(np.lib.stride_tricks.as_strided(np.zeros(1)).base)
 
 
-def _shared_record(value: Any) -> Any:
+def _shared_record(value: Any, writable: bool = True) -> Any:
     """``value``, or for a record ``a[i]`` of a writable structured array (a
     ``numpy.void``, which numpy writes through but exports read-only) its 0-d array
     view: the same memory, shared as ``a[i:i + 1]`` is (``base_pins`` follows it to
-    what ``a``'s memory belongs to).  A void that owns no such memory (one
-    ``np.asarray`` would copy) is ``value`` itself."""
-    if isinstance(value, np.void) and value.flags.writeable:
+    what ``a``'s memory belongs to); with ``writable`` false, of a read-only array
+    too.  A void that owns no such memory (one ``np.asarray`` would copy) is
+    ``value`` itself."""
+    if isinstance(value, np.void) and (value.flags.writeable or not writable):
         view = np.asarray(value)
         if _ARRAY_BASE(view) is value:  # a view of the record's memory, not a copy
             return view
@@ -414,7 +415,8 @@ def record(dtype: Any, /, **fields: Any) -> Record:
     **fields
         A value per field: a number, or, for an 8-byte integer field, a
         C-contiguous buffer (numpy array, ``bytearray``, ``memoryview``,
-        ctypes array) or ``by_ref(buffer)``, whose address is stored.  A field
+        ctypes array; a record ``a[i]``, which points to ``a``'s memory as
+        ``a[i:i + 1]`` does) or ``by_ref(buffer)``, whose address is stored.  A field
         not given is zero, as in ``numpy.zeros`` (an address field: NULL), so
         output fields that the host function fills can be left out.  A field
         that is itself a record (a structured dtype) takes a tuple of its
@@ -503,7 +505,7 @@ def _field_value(name: str, field: np.dtype, value: Any, keep: list) -> Any:
     ``keep``), a record's fields each checked as a field of its own (recursively),
     else the value that numpy would store as meant, or an error."""
     if isinstance(value, _FIELD_BUFFERS) and not (
-        isinstance(value, np.ndarray) and (field.shape or field.names is not None)
+        isinstance(value, (np.ndarray, np.void)) and (field.shape or field.names is not None)
     ):  # an array for a subarray field is its value; one for a record, its record
         if field.kind not in "iu" or field.itemsize != 8:
             holds = (
@@ -515,6 +517,9 @@ def _field_value(name: str, field: np.dtype, value: Any, keep: list) -> Any:
                 f"record() field {name!r} is {field}: only an 8-byte integer field can "
                 f"hold a buffer's address{holds}"
             )
+        # A record a[i] points to a's memory, as a[i:i + 1] does (numpy would store
+        # its value, a number, as the address).
+        value = _shared_record(value, writable=False)
         # The export itself, not the object: it keeps the memory in place (a
         # bytearray cannot be resized while the record or a launch of it lives).
         ref = value if isinstance(value, ByRef) else _pointed(value, name)
@@ -853,7 +858,16 @@ def _truth(name: str, field: np.dtype, value: Any) -> Any:
 
 # What record() takes as a buffer whose address a field holds (any other value is
 # converted by numpy: a one-item array.array would be stored as its item).
-_FIELD_BUFFERS = (ByRef, np.ndarray, bytearray, memoryview, array.array, mmap.mmap, ctypes.Array)
+_FIELD_BUFFERS = (
+    ByRef,
+    np.ndarray,
+    np.void,
+    bytearray,
+    memoryview,
+    array.array,
+    mmap.mmap,
+    ctypes.Array,
+)
 
 
 def _pointed(obj: Any, name: str) -> _core.BufferRef:

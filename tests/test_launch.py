@@ -1001,6 +1001,33 @@ def test_record_takes_an_array_array_as_a_buffer_not_a_number():
         values.append(6)  # pinned by the record
 
 
+def test_record_stores_the_address_of_a_record_item_in_an_address_field():
+    """A record a[i] (a numpy.void) for an address field is a buffer: its address in
+    a's memory is stored, and what a's memory belongs to is pinned, as for
+    a[i:i + 1].  numpy stored its value, a number, as the address (a host function
+    that followed it crashed), and kept nothing; for a field that holds no address
+    it is refused as any buffer is."""
+    rec_dtype = np.dtype([("x", np.int64)])
+    ptr_dtype = np.dtype([("p", np.uint64)])
+    memory = bytearray(16)
+    a = np.ndarray(2, rec_dtype, buffer=memory)
+    a["x"] = [5, 7]
+    rec = nh.record(ptr_dtype, p=a[1])
+    assert rec.data["p"][0] == a.ctypes.data + 8
+    with pytest.raises(BufferError):
+        memory.extend(b"x")  # pinned by the record
+    read_only = a.copy()
+    read_only.flags.writeable = False
+    assert nh.record(ptr_dtype, p=read_only[1]).data["p"][0] == read_only.ctypes.data + 8
+    with pytest.raises(TypeError, match="only an 8-byte integer field can hold a buffer"):
+        nh.record(np.dtype([("p", np.int32)]), p=a[1])
+    # A record field takes it as its value, as before.
+    assert nh.record(np.dtype([("inner", rec_dtype)]), inner=a[1]).data["inner"]["x"][0] == 7
+    del rec
+    gc.collect()
+    memory.extend(b"x")  # released with the record
+
+
 @pytest.mark.parametrize(
     "data, keep, error, fragment",
     [
