@@ -127,6 +127,11 @@ def _jitted(value: Any) -> bool:
         return False
 
 
+#: How deep _frozen_globals follows the modules and classes the code names
+#: (``pkg.sub.CONST``: 2).
+_KEYED_DEPTH = 3
+
+
 def _frozen_globals(py_func: Callable, hashlib: Any) -> str:
     """The values of the globals ``py_func`` reads, as numba freezes them into its
     machine code, as a string that is the same in every process for the same values.
@@ -135,13 +140,16 @@ def _frozen_globals(py_func: Callable, hashlib: Any) -> str:
     bytecode alone: a host function made again (in this process, or the next) after a
     global it reads changed would load the old value's code.  So the key holds, for
     each name the code (and code nested in it) names: a number, string, numpy scalar
-    or dtype, enum member, tuple of those, or array (by its bytes), a module's
-    attribute of those kinds read as ``module.NAME``, a class's or function's name,
-    and for a jitted function it calls, its own code, options and globals, so that a
-    callee edited in another file (which numba's cache does not notice) is compiled
-    anew too.  Other objects count by their type's name only.
+    or dtype, enum member, tuple of those, or array (by its bytes), a class's or
+    function's name, and for a jitted function it calls, its own code, options and
+    globals, so that a callee edited in another file (which numba's cache does not
+    notice) is compiled anew too.  Other objects count by their type's name only.
+    The same for what a module or class it names holds under a name the code
+    names, and so on down (``helpers.f()``, ``E.A``, ``pkg.sub.CONST``), a few
+    levels deep (``_KEYED_DEPTH``).
     """
     seen: set[int] = set()
+    walked: set[tuple[int, tuple[str, ...]]] = set()
     parts: list[str] = []
 
     def names_of(code: pytypes.CodeType) -> set[str]:
@@ -172,6 +180,22 @@ def _frozen_globals(py_func: Callable, hashlib: Any) -> str:
             return f"{kind.__qualname__}:{value.__module__}.{value.__qualname__}"
         return f"object:{kind.__module__}.{kind.__qualname__}"
 
+    def members(path: str, holder: Any, names: list[str], depth: int) -> None:
+        # What a module or class holds under the names the code names, read with
+        # vars(): no module __getattr__ or descriptor runs.
+        if depth > _KEYED_DEPTH or not isinstance(holder, (pytypes.ModuleType, type)):
+            return
+        key = (id(holder), tuple(names))  # a callee may name other members of it
+        if key in walked:
+            return
+        walked.add(key)
+        attributes = vars(holder)
+        for attribute in names:
+            found = attributes.get(attribute, _MISSING)
+            if found is not _MISSING:
+                parts.append(f"{path}.{attribute}={describe(found)}")
+                members(f"{path}.{attribute}", found, names, depth + 1)
+
     def visit(func: Callable) -> None:
         if id(func) in seen:
             return
@@ -183,12 +207,7 @@ def _frozen_globals(py_func: Callable, hashlib: Any) -> str:
                 continue  # a builtin, or an attribute's name
             value = scope[name]
             parts.append(f"{name}={describe(value)}")
-            if isinstance(value, pytypes.ModuleType):
-                attributes = vars(value)  # not getattr: no module __getattr__ runs
-                for attribute in names:
-                    found = attributes.get(attribute, _MISSING)
-                    if isinstance(found, (*_PLAIN, enum.Enum, tuple, np.ndarray)):
-                        parts.append(f"{name}.{attribute}={describe(found)}")
+            members(name, value, names, 1)
         for cell in func.__closure__ or ():
             try:
                 contents = cell.cell_contents
@@ -883,10 +902,12 @@ def host_callback(
         Cache the machine code on disk (numba's cache), so a later process
         loads it instead of compiling.  numba compiles the value of each global
         the body reads into the code; the cache entry is keyed by those values
-        (numbers, strings, numpy scalars, dtypes and arrays, tuples of them, a
-        module's such attributes read as ``module.NAME``) and by the code,
-        options and globals of the jitted functions it calls, so a changed value
-        compiles anew instead of loading the old one's code.  An object of any
+        (numbers, strings, numpy scalars, dtypes and arrays, enum members, tuples
+        of them; read through a module or class too, as ``module.NAME``,
+        ``Enum.MEMBER``, ``pkg.sub.NAME``, a few levels deep) and by the code,
+        options and globals of the jitted functions it calls (``helpers.f()``
+        too), so a changed value compiles anew instead of loading the old one's
+        code.  An object of any
         other kind counts by its type only: pass what changes as user data.
         The function must be defined in a file (a module or script; an IPython
         cell, with IPython installed).

@@ -1004,6 +1004,70 @@ def test_a_body_s_frozen_globals_are_part_of_its_cache_key(tmp_path):
     assert second.split() == "2 1000 1 2 1000 1 7 600 1 7 600 1".split(), second
 
 
+def test_what_a_module_or_class_holds_is_part_of_the_cache_key(tmp_path):
+    """A global read through a module or a class (a jitted function as
+    ``helpers.f()``, an enum member as ``E.A``, a constant two modules down as
+    ``pkg.sub.CONST``) is compiled into the machine code as a bare global is, but
+    only a module's number, one level down, was in the cache key: after a change,
+    a cache=True host function loaded the old value's code."""
+    package = tmp_path / "frozen_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        textwrap.dedent("""
+        import enum
+        from numba import njit
+        from . import sub
+
+        @njit
+        def f():
+            return 1
+
+        @njit
+        def g():
+            return 2
+
+        def make_enum(value):
+            return enum.IntEnum("E", {"A": value})
+
+        E = make_enum(1)
+    """)
+    )
+    (package / "sub.py").write_text("CONST = 10\n")
+    (tmp_path / "frozen_members.py").write_text(
+        textwrap.dedent("""
+        import numpy as np
+        from numba import carray
+        import numba_hostfn as nh
+        import frozen_pkg
+
+        def made():
+            @nh.host_callback(cache=True)
+            def fn(p):
+                a = carray(p, (3,), np.int64)
+                a[0] = frozen_pkg.f()
+                a[1] = frozen_pkg.E.A
+                a[2] = frozen_pkg.sub.CONST
+            return fn
+    """)
+    )
+    script = textwrap.dedent("""
+        import numpy as np, frozen_members as m, frozen_pkg
+        seen = []
+        for change in range(2):
+            if change:
+                frozen_pkg.f, frozen_pkg.E = frozen_pkg.g, frozen_pkg.make_enum(2)
+                frozen_pkg.sub.CONST = 20
+            out = np.zeros(3, np.int64)
+            fn = m.made()
+            fn.ctypes(out.ctypes.data)  # the code a launch runs
+            seen += [*out.tolist(), fn.cache_hits]
+        print(*seen)
+    """)
+    first, second = _twice_in_new_processes(script, tmp_path)  # compiled, then loaded
+    assert first.split() == "1 1 10 0 2 2 20 0".split(), first
+    assert second.split() == "1 1 10 1 2 2 20 1".split(), second
+
+
 @pytest.mark.parametrize("filename", ["<string>", "<ipython-input-1-0123456789ab>"])
 def test_cache_true_where_numba_cannot_cache_says_so_not_that_the_body_fails(filename):
     """A function numba finds no cache locator for (made by exec, ``python -c``, a
