@@ -172,9 +172,17 @@ def stream_handle(
         or not isinstance(value[1], int)
         or isinstance(value[1], bool)
     ):
+        # Its version's type where it prints as a number (0.0, False, an int
+        # subclass's 0): the repr alone reads as right.
+        version = value[0] if type(value) is tuple and value else None
+        named = (
+            ""
+            if type(version) in (int, type(None))
+            else f" (its version a {type(version).__name__})"
+        )
         raise TypeError(
-            f"{type(stream).__name__}.__cuda_stream__ returned {value!r}; expected "
-            "(0, handle) as in version 0 of the protocol"
+            f"{type(stream).__name__}.__cuda_stream__ returned {value!r}{named}; expected "
+            "(0, handle) as in version 0 of the protocol, the version the int 0"
         )
     # Its value, as the enqueue reads it: an int subclass's own comparisons and hash
     # decide neither the range check nor which registered stream it names.

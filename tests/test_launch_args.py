@@ -125,9 +125,18 @@ def test_bad_cuda_stream_protocol_value_rejected():
         nh.host_launch(Weird(), touch)
 
 
-@pytest.mark.parametrize("version", [0.0, False, None, "0"])
-def test_only_the_int_zero_is_protocol_version_zero(stream, version):
-    """(0.0, h) and (False, h) compare equal to 0 but are not version 0 of the protocol."""
+class _Version(int):
+    pass
+
+
+@pytest.mark.parametrize(
+    "version, named",
+    [(0.0, "float"), (False, "bool"), (None, None), ("0", "str"), (_Version(0), "_Version")],
+)
+def test_only_the_int_zero_is_protocol_version_zero(stream, version, named):
+    """(0.0, h), (False, h) and an int subclass's (0, h) compare equal to 0 but are not
+    version 0 of the protocol; the error names the version's type where its repr
+    reads as 0 (it printed "returned (0, h); expected (0, handle)")."""
     handle = stream.__cuda_stream__()[1]
 
     class Versioned:
@@ -135,9 +144,11 @@ def test_only_the_int_zero_is_protocol_version_zero(stream, version):
             return (version, handle)
 
     before = nh.pending()
-    with pytest.raises(TypeError, match=r"expected\s+\(0, handle\)"):
+    with pytest.raises(TypeError, match=r"expected\s+\(0, handle\)") as info:
         nh.host_launch(Versioned(), touch)
     assert nh.pending() == before
+    if named is not None:
+        assert f"(its version a {named})" in str(info.value)
 
 
 class Alarm(Exception):
