@@ -111,32 +111,37 @@ def test_a_host_function_that_queries_a_stream_or_makes_one_or_a_context_is_refu
         return
     seen = []
     threads = threads_but_watchdog()
-    with nh.simulator.Stream() as s, nh.simulator.Stream() as other:
-        calls = {
-            "is_done": other.is_done,
-            "Stream()": nh.simulator.Stream,
-            "create_stream()": nh.create_stream,
-            "new_context()": nh.simulator.new_context,
-        }
+    try:
+        with nh.simulator.Stream() as s, nh.simulator.Stream() as other:
+            calls = {
+                "is_done": other.is_done,
+                "Stream()": nh.simulator.Stream,
+                "create_stream()": nh.create_stream,
+                "new_context()": nh.simulator.new_context,
+            }
 
-        def asks():
-            for name, call in calls.items():
-                try:
-                    call()
-                    seen.append((name, "answered"))
-                except RuntimeError as exc:
-                    seen.append((name, "CUDA forbids a host function any CUDA call" in str(exc)))
+            def asks():
+                for name, call in calls.items():
+                    try:
+                        call()
+                        seen.append((name, "answered"))
+                    except RuntimeError as exc:
+                        message = str(exc)
+                        seen.append((name, "CUDA forbids a host function any CUDA call" in message))
 
-        nh.host_launch(s, asks)
-        s.sync()
-        nh.drain()
-        assert seen == [(name, True) for name in calls] and not unraisables
-        # The context is the one it was: a stream made now shares other's.
-        with nh.simulator.Stream() as third:
-            other.fault()
-            with pytest.raises(nh.DeviceFaultError):
-                third.sync()
-    nh.simulator.new_context()
+            nh.host_launch(s, asks)
+            s.sync()
+            nh.drain()
+            assert seen == [(name, True) for name in calls] and not unraisables
+            # The context is the one it was: a stream made now shares other's fault.
+            with nh.simulator.Stream() as third:
+                other.fault()
+                with pytest.raises(nh.DeviceFaultError):
+                    other.sync()  # the fault has run
+                with pytest.raises(nh.DeviceFaultError):
+                    third.sync()
+    finally:
+        nh.simulator.new_context()  # the next test's streams: a healthy context
     assert _settled(threads), threads_but_watchdog() - threads
 
 
