@@ -1512,6 +1512,8 @@ DEFAULT_LANE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     stream.sync()
     capture.close()
     lane = _executor._default
+    if lane is not None:
+        settle()  # other's wait: its result() may return before the pool counts it done
     print("under capture", counter[0] == 2, lane is not None and lane.outstanding() == 0)
     with Hold(stream):
         future = nh.done_future(stream)
