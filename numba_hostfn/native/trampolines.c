@@ -107,9 +107,10 @@ int nhf_in_host_function(void) { return host_function_depth() > 0; }
 
 void nhf_mark_host_function_thread(void) { host_function_depth_add(1); }
 
-/* GIL held: the record's callable, called; its exception reported with the
- * callable as the object (a blocking Python callable reports every exception,
- * KeyboardInterrupt included, as the stream cannot stop). */
+/* GIL held: a launch's callable (a record's, or a graph slot's), called; its
+ * exception reported with the callable as the object (a blocking Python callable
+ * reports every exception, KeyboardInterrupt included, as the stream cannot
+ * stop). */
 static PyObject *call_python(PyObject *callable) {
     host_function_depth_add(1);
     PyObject *result = PyObject_CallNoArgs(callable);
