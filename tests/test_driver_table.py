@@ -488,6 +488,44 @@ def test_a_graph_record_is_owned_by_a_user_object_or_released_at_once():
         assert alive() is None, refuse
 
 
+def test_a_refused_retain_lets_the_owner_go_before_the_destructor_runs():
+    """A graph that refuses the record's user object (cuGraphRetainUserObject):
+    the error keeps nothing (LIFETIME.md, invariant 3), though the driver runs the
+    user object's destructor later, on a thread of its own (no destructor sync):
+    the owner is let go before the call returns, and the record, still taken
+    until that destructor completes it, comes back empty after it."""
+    made = {}
+
+    def create(out, record, destroy, refcount, flags):
+        made["destroy"] = (destroy, record)
+        out[0] = 0x0B
+        return 0
+
+    def release(obj, count):
+        made["released"] = (obj, count)  # the destructor is the driver's, later
+        return 0
+
+    fakes = dict(
+        cuUserObjectCreate=create,
+        cuGraphRetainUserObject=lambda *a: 3,
+        cuUserObjectRelease=release,
+    )
+    before = nh.pending()
+    owner = _Owner()
+    alive = weakref.ref(owner)
+    with stand_ins(**fakes):
+        answer = _core.cuda_graph_record(0x6A, 0xF0, 0xA0, owner)
+    assert answer == (0, 3, "cuGraphRetainUserObject")
+    assert made["released"] == (0x0B, 1)
+    del owner
+    assert alive() is None, "the refused record's owner is kept until the destructor runs"
+    assert nh.pending() == before + 1  # the driver still holds the record
+    destroy, record = made["destroy"]
+    ctypes.CFUNCTYPE(None, vp)(destroy)(record)  # the driver destroys the user object
+    nh.drain()
+    assert nh.pending() == before
+
+
 def test_routes_and_trampolines_are_numbers_the_core_checks():
     """Python names where a launch goes and what runs it by number (_core.ROUTE_*,
     _core.RUN_*); the core picks the functions.  A number that names none is a

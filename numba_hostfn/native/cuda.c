@@ -82,7 +82,8 @@ static PyObject *answer(PyObject *value, int rc, const char *call) {
  * Takes a record for fn(arg) owning owner and makes the graph own it, through a
  * user object whose destructor completes it (LIFETIME.md, invariant 8), in one
  * call: no exception can come between taking the record and the graph owning it
- * (a record no one would release), and a failure releases what was made.  The
+ * (a record no one would release), and a failure lets the owner go at once (the
+ * record itself once a user object made for it is destroyed).  The
  * graph owns it from here whatever follows: a node that cannot be added leaves
  * the record with the graph, released with it, never released before the node's
  * last replay (undoing after an add that may have succeeded freed what replays
@@ -110,12 +111,23 @@ static PyObject *py_cuda_graph_record(PyObject *self, PyObject *const *args, Py_
     if (rc == 0) {
         call = "cuGraphRetainUserObject";
         rc = NHF_CU(cuGraphRetainUserObject)(graph, object, 1, CU_GRAPH_USER_OBJECT_MOVE);
-        if (rc != 0) /* the user object's destructor completes the record */
-            (void)NHF_CU(cuUserObjectRelease)(object, 1);
     }
     Py_END_ALLOW_THREADS
-    if (rc != 0 && strcmp(call, "cuUserObjectCreate") == 0)
+    if (rc != 0 && strcmp(call, "cuUserObjectCreate") == 0) {
         nhf_record_release(record);
+    } else if (rc != 0) {
+        /* A refused retain: the user object is ours alone, and its destructor
+         * completes the record whenever the driver runs it (later, on a thread of
+         * its own: no destructor sync).  The owner is let go now, before the
+         * release, so that the error leaves nothing kept (invariant 3): the
+         * record goes back to the free list empty once the destructor has run. */
+        PyObject *owner = record->owner;
+        record->owner = NULL;
+        Py_BEGIN_ALLOW_THREADS
+        (void)NHF_CU(cuUserObjectRelease)(object, 1);
+        Py_END_ALLOW_THREADS
+        Py_DECREF(owner);
+    }
     return answer(PyLong_FromVoidPtr(rc == 0 ? record : NULL), rc, call);
 }
 
