@@ -759,6 +759,60 @@ def test_a_cuda_stream_attribute_on_a_registered_stream_type_means_what_python_m
     stream.close()
 
 
+def _takes_an_argument(x):
+    pass
+
+
+_TAKES_AN_ARGUMENT = _takes_an_argument.__code__.replace(co_freevars=("ran",))
+
+
+@pytest.mark.parametrize("change", ["code", "prototype"])
+def test_what_cuda_stream_changes_in_fn_is_decided_after_it_on_both_paths(request, change):
+    """The stream is asked first on both paths (its ``__cuda_stream__`` runs Python):
+    a callable whose code, or a ``CUhostFn`` whose prototype, that call changes is
+    decided as it is after it.  The native path decided ``fn`` first and launched the
+    old decision: a callable that then takes an argument (its TypeError raised on
+    the host, unraisable), a pointer whose prototype is no ``CUhostFn``'s."""
+    if rerun_on_simulator(request):
+        return
+    outcomes = []
+    for path in (contextlib.nullcontext(), _launch.python_path()):
+        stream = nh.create_stream()
+        ran = []
+        if change == "code":
+
+            def fn():
+                ran.append(1)
+
+            def change_fn():
+                fn.__code__ = _TAKES_AN_ARGUMENT
+        else:
+            fn = nh.CUhostFn(touch.address)
+
+            def change_fn():
+                fn.restype = ctypes.c_int
+
+        def protocol(handle=stream.handle):
+            change_fn()
+            return (0, handle)
+
+        stream.__cuda_stream__ = protocol
+        try:
+            with path:
+                nh.host_launch(stream, fn)
+            outcomes.append("launched")
+        except TypeError as e:
+            outcomes.append(str(e))
+        finally:
+            del stream.__cuda_stream__
+        stream.sync()
+        stream.close()
+        nh.drain()
+        assert ran == []
+    expected = "takes 1 argument(s)" if change == "code" else "a ctypes function pointer"
+    assert len(set(outcomes)) == 1 and expected in outcomes[0], outcomes
+
+
 def test_a_bare_buffer_ref_is_user_data_on_neither_path_or_both(stream):
     """A _core.BufferRef that is no ByRef: the Python path refuses it (TypeError, it
     has no buffer), the native path launched it as a ByRef."""

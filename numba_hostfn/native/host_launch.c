@@ -273,6 +273,12 @@ static int fast_launch(PyObject *stream, PyObject *fn, PyObject *data, PyObject 
                        PyObject **answer) {
     uintptr_t address = 0, arg = 0;
     nhf_compiled_object *compiled = NULL;
+    void *handle = NULL, *target;
+    /* The stream first, as the Python path asks it: its __cuda_stream__ runs
+     * Python, which may change fn (its code, a ctypes prototype), and what is
+     * decided after it is what is launched. */
+    if (!stream_handle(stream, &handle, answer))
+        return PyErr_Occurred() ? -1 : 1;
     enum nhf_kind kind = function_kind(fn, &address, &compiled);
     if (kind == UNKNOWN)
         return PyErr_Occurred() ? -1 : 1;
@@ -286,7 +292,6 @@ static int fast_launch(PyObject *stream, PyObject *fn, PyObject *data, PyObject 
         return PyErr_Occurred() ? -1 : 1;
     }
     int outcome = 1;
-    void *handle = NULL, *target;
     PyObject *owner = NULL;
     nhf_pool *pool = NULL;
     if (executor != Py_None) {
@@ -296,8 +301,6 @@ static int fast_launch(PyObject *stream, PyObject *fn, PyObject *data, PyObject 
         if (pool == NULL)
             goto done;
     }
-    if (!stream_handle(stream, &handle, answer))
-        goto done;
     target = handle;
     if (pool != NULL && (target = nhf_exec_find_lane(pool, handle)) == NULL)
         goto done; /* Python makes the lane */
