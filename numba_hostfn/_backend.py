@@ -151,7 +151,7 @@ class Backend:
         if status & _core.IN_HOST_FUNCTION:  # the simulator's: before anything else
             return in_host_function_error()
         if status & _core.KEPT:
-            return self._kept_error(status, code)
+            return self._kept_error(status, code, stream)
         if status & _core.FAULTED or code in FAULT_NAMES:
             if self.names_driver_calls:
                 return self.fault_error(code, f"nothing was enqueued ({call} refused)", stream)
@@ -180,12 +180,14 @@ class Backend:
             call = "cuStreamIsCapturing"
         return self.driver_error(f"{call} failed: {self.error_text(code)}", code)
 
-    def _kept_error(self, status: int, code: int) -> Exception:
+    def _kept_error(self, status: int, code: int, stream: int = 0) -> Exception:
         """The error of an executor's wait refused after its write (status KEPT): the
         task was enqueued and will run, but the stream does not wait for it."""
         if status & _core.FAULTED or code in FAULT_NAMES:
             return self.fault_error(
-                code, "the HostExecutor task was enqueued, but not the stream's wait for it"
+                code,
+                "the HostExecutor task was enqueued, but not the stream's wait for it",
+                stream,
             )
         for flag, what in (
             (_core.QUEUE_STOPPED, "the simulated stream closed"),
@@ -244,13 +246,16 @@ class Backend:
         route: int = 0,
         call: str = "cuLaunchHostFunc",
         context: tuple = (),
+        stream: int = 0,
     ) -> bool:
         """Enqueue ``launch`` on ``target`` (a stream's handle, an executor's lane).
 
         Returns False, having enqueued nothing, if the stream is capturing.
         ``route`` replaces the backend's own (simulated device work, an
         executor's lane); ``call`` names the driver call in errors; ``context`` is
-        the record's context (an executor's copy: its pool).
+        the record's context (an executor's copy: its pool); ``stream``: the
+        stream's handle where ``target`` is a lane (a fault's error names the
+        fault of that stream's context).
         """
         status = _core.enqueue(
             route or self.route,
@@ -264,7 +269,8 @@ class Backend:
         if status == _core.CAPTURING:
             return False
         if status:  # target is the stream unless the route is an executor's lane
-            stream = 0 if route == self.executor_route else target
+            if route != self.executor_route:
+                stream = target
             raise self.refusal_error(status, call, stream, launch.executor)
         return True
 

@@ -300,11 +300,10 @@ def _executor_enqueue(backend: Backend, handle: int, launch: Launch) -> bool:
     # The executor's copy trampoline finds its pool in the record's context.
     context = copy_context_of(executor) if launch.copy else ()
     lane = lane_of(executor, handle)
+    route, call = backend.executor_route, "cuStreamWriteValue32"
     for _ in range(RENEWALS):
         try:
-            return backend.enqueue(
-                lane, launch, backend.executor_route, "cuStreamWriteValue32", context
-            )
+            return backend.enqueue(lane, launch, route, call, context, handle)
         except StaleLane:
             lane = renew_lane(executor, handle, lane)
-    return backend.enqueue(lane, launch, backend.executor_route, "cuStreamWriteValue32", context)
+    return backend.enqueue(lane, launch, route, call, context, handle)

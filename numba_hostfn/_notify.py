@@ -118,7 +118,7 @@ class _Channel:
             route = fallback
             status, task = self.dispatcher.launch(*route, entry)
         if status:
-            refuse_signal(status, executor, refusal)
+            refuse_signal(status, executor, refusal, handle)
         return (route[1], task) if task else (0, 0)
 
 
@@ -433,7 +433,7 @@ def done_future(stream: Any, *, executor: Any = None) -> concurrent.futures.Futu
         stream, executor, _FUTURE_IN_GRAPH, "done_future", making=_futures is None
     )
     future = _stream_future_type()(stream)
-    entry = _FutureEntry(future)
+    entry = _FutureEntry(future, handle)
     future._watch = _the_futures().launch(
         stream, entry, executor, _FUTURE_IN_GRAPH, caller="done_future", handle=handle
     )
@@ -641,42 +641,40 @@ class _FutureEntry:
     """What a done_future's signal acts on: its future, resolved with the stream, or
     failed with the device fault that kept the stream from getting there."""
 
-    __slots__ = ("future",)
+    __slots__ = ("future", "handle")
 
-    def __init__(self, future: Any) -> None:
+    def __init__(self, future: Any, handle: int) -> None:
         self.future = future
+        self.handle = handle  # the stream's, as the wait's call read it
 
     def __call__(self) -> None:
         self.future._settle()
 
     def fail(self, code: int) -> None:
-        self.future._settle(_fault_error(code, self.future._stream))
+        self.future._settle(_fault_error(code, self.future._stream, self.handle))
 
 
-def _fault_error(code: int, stream: Any) -> Exception:
+def _fault_error(code: int, stream: Any, handle: int) -> Exception:
     """The DeviceFaultError of a wait on ``stream`` that a device fault ``code`` ended.
 
-    The stream object is not asked for its handle here (its ``__cuda_stream__``
-    could be anyone's code, and failing a wait runs none), nor for its repr (a
-    cuda.core Stream's asks the driver, which after a fault, on this thread,
-    raises): the fault is named by its code, with the stream the watchdog found
-    it on, and the wait's stream by its type, and its handle where it is the
-    backend's own stream type (a stored field)."""
-    backend = get_backend()
-    what = type(stream).__name__
-    handle = 0
-    if type(stream) is backend.stream_type:
-        handle = int(stream.handle)
-        what = f"{what} {handle:#x}"
-    return backend.fault_error(code, f"this wait's stream ({what}) will never get here", handle)
+    ``handle``: the stream's, as the wait's call read it (its ``__cuda_stream__``
+    is not asked again: it could be anyone's code, and failing a wait runs none),
+    which names the fault of that stream's context where two contexts faulted
+    with one code.  Nor is its repr asked (a cuda.core Stream's asks the driver,
+    which after a fault, on this thread, raises): the wait's stream is named by
+    its type and that handle."""
+    what = f"{type(stream).__name__} {handle:#x}"
+    return get_backend().fault_error(
+        code, f"this wait's stream ({what}) will never get here", handle
+    )
 
 
 def _fail_loop_wait(entry: Any, code: int) -> None:
     """on_fault of a loop's waits: the future gets the error (it schedules its awaiting
     coroutines with call_soon, as a result does: no user code runs here)."""
-    future, stream = entry
+    future, stream, handle = entry
     if not future.done():
-        future.set_exception(_fault_error(code, stream))
+        future.set_exception(_fault_error(code, stream, handle))
 
 
 # ---- async_done: one channel per event loop ----
@@ -799,6 +797,11 @@ def async_done(stream: Any, *, executor: Any = None) -> asyncio.Future:
         _loops[loop] = weakref.ref(waits)
     future = loop.create_future()
     waits.channel.launch(
-        stream, executor, _ASYNC_IN_GRAPH, (future, stream), caller="async_done", handle=handle
+        stream,
+        executor,
+        _ASYNC_IN_GRAPH,
+        (future, stream, handle),
+        caller="async_done",
+        handle=handle,
     )
     return future

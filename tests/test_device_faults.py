@@ -510,11 +510,11 @@ def test_a_ctrl_c_inside_a_loop_waits_failure_leaves_no_wait_unresolved(request,
 
     real, calls = _notify._fault_error, []
 
-    def interrupted_once(code, stream):
+    def interrupted_once(code, stream, handle):
         calls.append(code)
         if len(calls) == 1:
             raise KeyboardInterrupt  # as the SIGINT handler raises between two bytecodes
-        return real(code, stream)
+        return real(code, stream, handle)
 
     monkeypatch.setattr(_notify, "_fault_error", interrupted_once)
     s = nh.simulator.Stream()
@@ -795,6 +795,83 @@ def test_the_error_names_the_stream_of_its_own_contexts_fault(request):
 
     failed, refused, a, b = asyncio.run(main())
     assert (hex(failed), hex(refused)) == (hex(a), hex(a)), f"the other stream is {b:#x}"
+
+
+class _Wrapped:
+    """A stream object of another library: the protocol only."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def __cuda_stream__(self):
+        return self.stream.__cuda_stream__()
+
+
+def test_every_wait_and_refusal_names_its_own_contexts_fault(request):
+    """As above, for the waits and refusals that named the other context's stream:
+    a wait on a stream object that is not the backend's own type (another
+    library's, a subclass) read no handle when it failed; a signal the enqueue
+    refused (its thread, channel or lane made before the fault) and a refusal of
+    an executor's lane passed none (the error then names the latest fault of the
+    code).  Each now names the stream its call read."""
+    if rerun_on_simulator(request):
+        return
+
+    class Subclass(nh.simulator.Stream):
+        pass
+
+    async def main():
+        a = Subclass()
+        executor = nh.HostExecutor(threads=1)
+        # The futures thread, the loop's channel, the callbacks thread and the lanes.
+        nh.done_future(a).result(10)
+        await nh.async_done(a)
+        nh.done_future(a, executor=executor).result(10)
+        nh.host_launch(a, lambda: None, blocking=False)
+        nh.host_launch(a, lambda: None, executor=executor)
+        a.sync()
+        a.sleep(0.5)
+        a.fault()  # CUDA_ERROR_LAUNCH_FAILED
+        waiting = {"async_done, a subclass": nh.async_done(a)}
+        waiting["async_done, another library's"] = nh.async_done(_Wrapped(a))
+        nh.simulator.new_context()
+        b = nh.simulator.Stream()
+        b.sleep(0.8)
+        b.fault()  # the same code, another context, later
+        named = {}
+        try:
+            with pytest.raises(nh.DeviceFaultError, match="LAUNCH_FAILED"):
+                b.sync()  # both faults have happened (b's after a's)
+            for what, wait in waiting.items():
+                with pytest.raises(nh.DeviceFaultError) as failed:
+                    await asyncio.wait_for(wait, 60)
+                named[what] = failed.value.stream
+            for what, call in {
+                "blocking=False": lambda: nh.host_launch(a, lambda: None, blocking=False),
+                "done_future": lambda: nh.done_future(a),
+                "async_done": lambda: nh.async_done(a),
+                "done_future(executor=)": lambda: nh.done_future(a, executor=executor),
+                "host_copy(executor=)": lambda: nh.host_copy(
+                    a, np.zeros(4), np.ones(4), executor=executor
+                ),
+                "release_after(executor=)": lambda: nh.release_after(
+                    a, object(), executor=executor
+                ),
+            }.items():
+                with pytest.raises(nh.DeviceFaultError) as refused:
+                    call()
+                named[what] = refused.value.stream
+            return named, a.handle, b.handle
+        finally:
+            executor.close()
+            a.close()
+            b.close()
+            nh.simulator.new_context()  # the tests after this one: a healthy context
+
+    named, a, b = asyncio.run(main())
+    assert {what: hex(on) for what, on in named.items()} == dict.fromkeys(named, hex(a)), (
+        f"the other stream is {b:#x}"
+    )
 
 
 MANY_CONTEXTS_SCRIPT = textwrap.dedent("""

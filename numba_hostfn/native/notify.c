@@ -317,10 +317,11 @@ static int act(dispatcher *d, PyObject *entry) {
         Py_XDECREF(nhf_call_reporting(entry));
         return 0;
     }
-    /* (future, stream): the result is the stream; a future cancelled meanwhile
-     * is skipped (interest dropped).  Resolving runs no user code: the awaiting
-     * coroutines are scheduled with call_soon. */
-    if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 2)
+    /* (future, stream, ...): the result is the stream (what follows it is for
+     * on_fault: async_done's handle); a future cancelled meanwhile is skipped
+     * (interest dropped).  Resolving runs no user code: the awaiting coroutines
+     * are scheduled with call_soon. */
+    if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) < 2)
         return 0;
     PyObject *future = PyTuple_GET_ITEM(entry, 0), *stream = PyTuple_GET_ITEM(entry, 1);
     PyObject *done = PyObject_CallMethod(future, "done", NULL);
