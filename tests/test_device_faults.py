@@ -797,6 +797,61 @@ def test_the_error_names_the_stream_of_its_own_contexts_fault(request):
     assert (hex(failed), hex(refused)) == (hex(a), hex(a)), f"the other stream is {b:#x}"
 
 
+GREEN_CONTEXT_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import asyncio
+    from cuda.core import ContextOptions, SMResourceOptions
+
+    groups, _ = device.cuda.resources.sm.split(SMResourceOptions(count=[16, 16]))
+    contexts = [device.cuda.create_context(ContextOptions(resources=[g])) for g in groups]
+    a, b = (context.create_stream() for context in contexts)
+    ex = nh.HostExecutor(threads=1)
+    counter = np.zeros(1, np.int64)
+    for s in (a, b):
+        nh.host_launch(s, increment, user_data=nh.by_ref(counter))
+        nh.host_launch(s, increment, user_data=nh.by_ref(counter), executor=ex)
+        nh.host_launch(s, lambda: counter.__setitem__(0, counter[0] + 1))
+        nh.done_future(s).result(30)
+        asyncio.run(asyncio.wait_for(nh.async_done(s), 30))
+    print("ran", counter[0], flush=True)
+    fire = device.armed_fault(a)
+    waiting = nh.done_future(a)
+    nh.host_launch(a, increment, user_data=nh.by_ref(counter))  # behind the fault
+    fire()
+    try:
+        waiting.result(60)
+    except nh.DeviceFaultError as e:
+        print("wait failed, naming its stream", e.stream == int(a.handle), flush=True)
+    try:
+        nh.host_launch(b, increment, user_data=nh.by_ref(counter))
+    except nh.DeviceFaultError:
+        print("the other green context refused", flush=True)
+    ex.close()
+    for s in (a, b):
+        try:
+            s.sync()
+        except Exception:
+            pass
+    nh.drain()
+    print("pending", nh.pending(), "ran", counter[0], flush=True)
+""")
+
+
+@pytest.mark.gpu
+def test_a_fault_in_a_green_context_reaches_its_waits():
+    """cuda.core's green contexts (an SM partition, ``Device.create_context``): every
+    kind runs on their streams, and a fault on one fails the wait behind it, naming
+    its stream, and releases what will never run.  (The watchdog asks the stream's
+    context with ``cuStreamGetCtx`` in its CUDA 12.5 form, which answers the device's
+    primary context for a green context's stream: a fault there is the device's,
+    and the primary context's and the other green context's work is refused too.)"""
+    out = run_child(GREEN_CONTEXT_SCRIPT, timeout=120)
+    lines = out.splitlines()
+    assert "ran 6" in lines, out
+    assert "wait failed, naming its stream True" in lines, out
+    assert "the other green context refused" in lines, out
+    assert "pending 0 ran 6" in lines, out
+
+
 class _Wrapped:
     """A stream object of another library: the protocol only."""
 

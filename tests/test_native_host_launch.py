@@ -766,6 +766,43 @@ def _takes_an_argument(x):
 _TAKES_AN_ARGUMENT = _takes_an_argument.__code__.replace(co_freevars=("ran",))
 
 
+def _launch_changed_by_the_stream(path, change):
+    """host_launch on a new stream whose ``__cuda_stream__`` changes ``fn``: the
+    outcome ("launched", or the TypeError's message) and whether ``fn`` ran."""
+    stream = nh.create_stream()
+    ran = []
+    if change == "code":
+
+        def fn():
+            ran.append(1)
+
+        def change_fn():
+            fn.__code__ = _TAKES_AN_ARGUMENT
+    else:
+        fn = nh.CUhostFn(touch.address)
+
+        def change_fn():
+            fn.restype = ctypes.c_int
+
+    def protocol(handle=stream.handle):
+        change_fn()
+        return (0, handle)
+
+    stream.__cuda_stream__ = protocol
+    try:
+        with path:
+            nh.host_launch(stream, fn)
+        outcome = "launched"
+    except TypeError as e:
+        outcome = str(e)
+    finally:
+        del stream.__cuda_stream__
+    stream.sync()
+    stream.close()
+    nh.drain()
+    return outcome, ran
+
+
 @pytest.mark.parametrize("change", ["code", "prototype"])
 def test_what_cuda_stream_changes_in_fn_is_decided_after_it_on_both_paths(request, change):
     """The stream is asked first on both paths (its ``__cuda_stream__`` runs Python):
@@ -777,38 +814,9 @@ def test_what_cuda_stream_changes_in_fn_is_decided_after_it_on_both_paths(reques
         return
     outcomes = []
     for path in (contextlib.nullcontext(), _launch.python_path()):
-        stream = nh.create_stream()
-        ran = []
-        if change == "code":
-
-            def fn():
-                ran.append(1)
-
-            def change_fn():
-                fn.__code__ = _TAKES_AN_ARGUMENT
-        else:
-            fn = nh.CUhostFn(touch.address)
-
-            def change_fn():
-                fn.restype = ctypes.c_int
-
-        def protocol(handle=stream.handle):
-            change_fn()
-            return (0, handle)
-
-        stream.__cuda_stream__ = protocol
-        try:
-            with path:
-                nh.host_launch(stream, fn)
-            outcomes.append("launched")
-        except TypeError as e:
-            outcomes.append(str(e))
-        finally:
-            del stream.__cuda_stream__
-        stream.sync()
-        stream.close()
-        nh.drain()
+        outcome, ran = _launch_changed_by_the_stream(path, change)
         assert ran == []
+        outcomes.append(outcome)
     expected = "takes 1 argument(s)" if change == "code" else "a ctypes function pointer"
     assert len(set(outcomes)) == 1 and expected in outcomes[0], outcomes
 

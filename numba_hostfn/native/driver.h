@@ -131,8 +131,9 @@ typedef int (*nhf_cuStreamBatchMemOp_fn)(void *stream, unsigned count,
                                          nhf_cu_batch_mem_op_params *paramArray, unsigned flags);
 typedef int (*nhf_cuStreamQuery_fn)(void *hStream);
 /* cuStreamGetCtx(stream, &ctx): a driver whose cuStreamGetCtx is the _v2 form
- * (CUDA 12.5+: a third out, the green context) writes it to the third pointer,
- * which the older form ignores (one argument too many is harmless, as above). */
+ * (CUDA 12.5+: a third out, the green context; cuda.bindings asks for it by this
+ * name at 12050 too) writes it to the third pointer, which the older form ignores
+ * (one argument too many is harmless, as above). */
 typedef int (*nhf_cuStreamGetCtx_fn)(void *hStream, void **pctx, void **pGreenCtx);
 typedef int (*nhf_cuThreadExchangeStreamCaptureMode_fn)(int *mode);
 typedef int (*nhf_cuCtxGetCurrent_fn)(void **pctx);

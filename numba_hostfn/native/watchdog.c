@@ -526,17 +526,21 @@ static int nhf_cuda_query_context(void *ctx) {
     return rc;
 }
 
-/* Any thread: a CUDA stream's context (cuStreamGetCtx), or its green context. */
+/* Any thread: a CUDA stream's context (cuStreamGetCtx).  The form of CUDA 12.5
+ * and later (cuGetProcAddress at NHF_DRIVER_ABI_VERSION gives it) answers, for a
+ * green context's stream, the device's primary context, and the green context
+ * in the third out, which is not needed: a fault in a green context is the
+ * device's, and the primary context and every other green context refuse work
+ * after it (an H200, 2026-12-06: test_device_faults.py::
+ * test_a_fault_in_a_green_context_reaches_its_waits).  The older form answers the
+ * green context's own CUcontext, which a fault fails as well. */
 static int nhf_cuda_context_of(void *stream, void **ctx) {
     nhf_cuStreamGetCtx_fn get_ctx = NHF_CU(cuStreamGetCtx);
     if (get_ctx == NULL)
         return CUDA_ERROR_NOT_INITIALIZED;
-    void *green = NULL;
+    void *green = NULL; /* written by the newer form only; not read */
     *ctx = NULL;
-    int rc = get_ctx(stream, ctx, &green);
-    if (rc == 0 && *ctx == NULL)
-        *ctx = green;
-    return rc;
+    return get_ctx(stream, ctx, &green);
 }
 
 /* ---- from Python ------------------------------------------------------------------------ */
