@@ -192,8 +192,11 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
 # SUSPENDING_FLAGS (_hostfunction's, which @host_callback refuses): a call of a function
 # with them makes a generator, a coroutine or an async generator instead of running its
 # body, so it is refused as fn; native/host_launch.c falls through here for the same flags.
-# Those of them whose call makes something to await (a @types.coroutine generator too).
-_AWAITABLE_FLAGS = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE
+# Those of them whose call makes something to await; and a @types.coroutine generator's
+# (CO_ITERABLE_COROUTINE with CO_GENERATOR: on a plain function that flag changes
+# nothing, its call runs the body, as the native path launches it).
+_AWAITABLE_FLAGS = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+_ITERABLE_COROUTINE = inspect.CO_GENERATOR | inspect.CO_ITERABLE_COROUTINE
 # Callables whose coroutine-ness differs from one instance to the next: checked each time.
 _PER_INSTANCE = (types.FunctionType, types.MethodType, functools.partial)
 # Callables of one type whose arguments differ from one instance to the next
@@ -317,7 +320,8 @@ def refuse_coroutine_function(fn: Any, caller: str = "host_launch", found: Any =
         target, found = target.func, None
     function, _ = found if found is not None else _function_of(target)
     flags = _suspending_flags(target, function)
-    if flags & _AWAITABLE_FLAGS or _is_coroutine_partial(fn):
+    iterable_coroutine = flags & _ITERABLE_COROUTINE == _ITERABLE_COROUTINE
+    if flags & _AWAITABLE_FLAGS or iterable_coroutine or _is_coroutine_partial(fn):
         name = _attribute(fn, "__qualname__") or fn
         raise TypeError(
             f"{caller}() got a coroutine function ({name!r}): a host function is called, "

@@ -9,6 +9,7 @@ explicit graph (``_graphs``).
 from __future__ import annotations
 
 import ctypes
+import inspect
 import weakref
 from typing import Any
 
@@ -55,6 +56,17 @@ def _is_graph_builder(target: Any) -> bool:
     )
 
 
+def _has_protocol(target: Any) -> bool:
+    """Whether ``target`` has ``__cuda_stream__``, read without running it: a
+    property's getter would be the protocol asked once more in the call
+    (``stream_handle`` asks it).  An attribute only ``__getattr__`` gives is read."""
+    try:
+        inspect.getattr_static(target, "__cuda_stream__")
+    except AttributeError:
+        return hasattr(target, "__cuda_stream__")
+    return True
+
+
 def target_kind(target: Any, caller: str = "host_launch", graphs: bool = True) -> str:
     """ "stream", "builder" (a GraphBuilder) or "node" (an explicit graph), cached per type.
 
@@ -69,7 +81,7 @@ def target_kind(target: Any, caller: str = "host_launch", graphs: bool = True) -
             f"{caller}() needs a stream, got None; pass a cuda.core Stream{also} or a "
             "stream object with __cuda_stream__ (CuPy, PyTorch, numba-cuda)"
         )
-    if isinstance(target, int):
+    if isinstance(target, int) and not _has_protocol(target):
         raise TypeError(
             f"{caller}() got a bare int ({target!r}) as stream; wrap a raw CUstream "
             "handle with cuda.core.Stream.from_handle(handle) (and keep the stream alive)"
@@ -86,7 +98,7 @@ def target_kind(target: Any, caller: str = "host_launch", graphs: bool = True) -
         kind = "builder"
     elif _is_graph_node(target):
         kind = "node"
-    elif hasattr(target, "__cuda_stream__"):
+    elif _has_protocol(target):
         kind = "stream"
     else:
         expected = (

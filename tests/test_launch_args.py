@@ -481,6 +481,24 @@ def test_a_types_coroutine_generator_is_refused_as_a_coroutine_function(stream):
     _rejects(stream, TypeError, "coroutine function.*async_done", suspend)
 
 
+def test_a_plain_function_with_the_iterable_coroutine_flag_runs(stream):
+    """CO_ITERABLE_COROUTINE on a function that is no generator changes nothing (its
+    call runs the body): it is launched on both paths.  The Python path refused it as
+    a coroutine function, where the native path launched it."""
+    import inspect
+
+    ran = []
+
+    def fn():
+        ran.append(1)
+
+    fn.__code__ = fn.__code__.replace(co_flags=fn.__code__.co_flags | inspect.CO_ITERABLE_COROUTINE)
+    nh.host_launch(stream, fn)
+    stream.sync()
+    nh.drain()
+    assert ran == [1]
+
+
 def test_an_async_mock_is_refused_as_a_coroutine_function(stream):
     """unittest.mock.AsyncMock() was launched: what it calls was read off its class's
     __call__ (plain), not the CO_COROUTINE code object it sets on the instance, so a
@@ -1620,3 +1638,40 @@ def test_add_callback_asks_cuda_stream_once(stream):
     nh.drain()
     assert seen == [(counting, 0, 7)]
     assert nh.pending() == 0
+
+
+def test_a_protocol_property_is_asked_once_even_by_the_first_call_of_its_type(stream):
+    """``__cuda_stream__`` as a property: the first call for an object of a new type
+    read it twice (``hasattr`` ran the getter to decide that it is a stream, then the
+    launch read it); it is found without running it now."""
+    asked = []
+
+    class PropertyStream:
+        @property
+        def __cuda_stream__(self):
+            asked.append(1)
+            return stream.__cuda_stream__()
+
+    for _ in range(2):
+        asked.clear()
+        nh.host_launch(PropertyStream(), touch)
+        assert len(asked) == 1
+    stream.sync()
+    nh.drain()
+
+
+def test_an_int_subclass_with_the_protocol_is_a_stream(stream):
+    """An int subclass with ``__cuda_stream__`` speaks the protocol, which decides:
+    it was refused as "a bare int"."""
+
+    class IntStream(int):
+        def __cuda_stream__(self):
+            return stream.__cuda_stream__()
+
+    ran = []
+    nh.host_launch(IntStream(7), lambda: ran.append(1))
+    stream.sync()
+    nh.drain()
+    assert ran == [1]
+    with pytest.raises(TypeError, match="bare int"):
+        nh.host_launch(7, lambda: ran.append(2))
