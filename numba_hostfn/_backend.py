@@ -28,6 +28,7 @@ __all__ = [
 ]
 
 _CURESULT_MASK = 0xFFFFFFFF  # nhf.h's NHF_CURESULT_MASK: a driver call's CUresult
+_CUDA_ERROR_INVALID_VALUE = 1  # an executor's write to words its stream's context lacks
 #: How a task that an executor's wait left behind goes on (status KEPT).
 _KEPT = "the task runs when the stream reaches it, but the stream does not wait for it"
 
@@ -178,6 +179,14 @@ class Backend:
             )
         if status & _core.CAPTURE_CHECK_FAILED:
             call = "cuStreamIsCapturing"
+        elif call == "cuStreamWriteValue32" and code == _CUDA_ERROR_INVALID_VALUE:
+            return self.driver_error(
+                f"{call} failed: {self.error_text(code)}; nothing was enqueued. A "
+                "HostExecutor's words are pinned memory of the context current when it "
+                "took them: after that context is destroyed or reset (cuCtxDestroy, "
+                "cuDevicePrimaryCtxReset, numba's cuda.close()), make a new HostExecutor",
+                code,
+            )
         return self.driver_error(f"{call} failed: {self.error_text(code)}", code)
 
     def _kept_error(self, status: int, code: int, stream: int = 0) -> Exception:

@@ -65,6 +65,8 @@ CUDA = [
     (_core.LANE_STALE, WRITE, StaleLane, "still serves an earlier stream"),
     # the write refused: taken back
     (INVALID_VALUE, WRITE, CudaDriverError, "cuStreamWriteValue32 failed: CUresult 1"),
+    # ... where the words' context was destroyed or reset (an H200, 2026-12-06)
+    (INVALID_VALUE, WRITE, CudaDriverError, "make a new HostExecutor"),
     (ILLEGAL_ADDRESS, WRITE, DeviceFaultError, "nothing was enqueued (cuStreamWrite"),
     # the wait refused after the write: the task is kept
     (KEPT | INVALID_VALUE, WRITE, CudaDriverError, "cuStreamWaitValue32 failed: CUresult 1"),
