@@ -92,11 +92,13 @@ PROBES = [
     (1, "host_launch's argument checks", "host_launch.c",
      "    switch (fast_launch(args[0], args[1], data, executor, &answer)) {",
      "    PROBE(1);\n    switch (fast_launch(args[0], args[1], data, executor, &answer)) {"),
-    (2, "function_kind, user_data, the executor", "host_launch.c",
-     "    if (!stream_handle(stream, &handle, answer))\n        goto done;",
-     "    PROBE(2);\n    if (!stream_handle(stream, &handle, answer))\n        goto done;\n"
-     "    PROBE(3);"),
-    (3, "stream.__cuda_stream__() (stream_handle)", "host_launch.c", None, None),
+    (2, "stream.__cuda_stream__() (stream_handle)", "host_launch.c",
+     "    if (!stream_handle(stream, &handle, answer))\n        return PyErr_Occurred() ? -1 : 1;",
+     "    if (!stream_handle(stream, &handle, answer))\n        return PyErr_Occurred() ? -1 : 1;\n"
+     "    PROBE(2);"),
+    (3, "function_kind, user_data, the executor", "host_launch.c",
+     "    target = handle;",
+     "    PROBE(3);\n    target = handle;"),
     (4, "the lane, nhf_launch_owner", "host_launch.c",
      "    nhf_hostfn trampoline = info->run;",
      "    PROBE(4);\n    nhf_hostfn trampoline = info->run;"),
