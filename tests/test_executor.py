@@ -1398,6 +1398,100 @@ def test_a_tasks_owner_is_released_with_no_drain_and_nothing_launched_after(exec
     assert released == ["MainThread"]
 
 
+def test_a_tasks_owner_is_released_where_a_record_waits_at_the_pools_last_settle(request):
+    """A pool thread's last settle found the lane's producer active (it had taken out
+    an owner since the last look: look again later) and a completed record waiting:
+    it scheduled the record's drain only, and owed nothing more, so the owner of the
+    task that ran last stayed held until some later launch or drain() (invariant 14).
+    It owes the lanes' look again now, for its settle before it parks."""
+    if rerun_on_simulator(request):
+        return
+    s1, s2 = nh.simulator.Stream(), nh.simulator.Stream()
+    ex = nh.HostExecutor(threads=1)
+    counter = np.zeros(1, np.int64)
+
+    def held():
+        _, ran, filled, drained = _core._testing.lane_owners()
+        return ran - filled - drained
+
+    try:
+        for _ in range(3):
+            # A task that ran, and whose owner a drain took out.
+            nh.host_launch(s1, increment, user_data=nh.by_ref(counter), executor=ex)
+            s1.sync()
+            for _ in range(50):
+                time.sleep(0.001)  # pending calls run between the main thread's bytecodes
+            # A record that completes at about 2 ms; the next task, run at about 5 ms
+            # (its launch takes the first task's owner out: the producer is active).
+            s2.sleep(0.002)
+            nh.host_launch(s2, lambda: None)
+            s1.sleep(0.005)
+            nh.host_launch(s1, increment, user_data=nh.by_ref(counter), executor=ex)
+            time.sleep(0.2)  # one call: no pending call runs, the record waits
+            deadline = time.monotonic() + 5
+            while held() and time.monotonic() < deadline:
+                time.sleep(0.002)
+            assert held() == 0, "the last task's owner is still held"
+    finally:
+        ex.close()
+        s1.close()
+        s2.close()
+        nh.drain()
+
+
+def test_a_refused_launch_on_a_lane_a_drain_skipped_takes_its_owners_out(request):
+    """A drain skips a lane whose producer is inside an enqueue (its mutex is never
+    waited for with the GIL held) and owes the lanes another look; where that enqueue
+    is refused, no task follows for a pool thread to settle after, and the owners of
+    the tasks that ran before, past the two the enqueue took out itself, stayed held
+    until some later launch or drain() (invariant 14).  The refused enqueue drains
+    now, the lanes owed."""
+    if rerun_on_simulator(request):
+        return
+    s = nh.simulator.Stream()
+    ex = nh.HostExecutor(threads=1)
+    counter = np.zeros(1, np.int64)
+    refused = []
+
+    def held():
+        _, ran, filled, drained = _core._testing.lane_owners()
+        return ran - filled - drained
+
+    def launch():  # paused under the lane's mutex, then refused: the stream closed
+        try:
+            nh.host_launch(s, increment, user_data=nh.by_ref(counter), executor=ex)
+        except RuntimeError as e:
+            refused.append(str(e))
+
+    nh.drain()
+    try:
+        # More tasks than a launch takes the owners of out of its lane (two): held
+        # until all four are launched, so that none is taken out meanwhile.
+        s.sleep(0.05)
+        for _ in range(4):
+            nh.host_launch(s, increment, user_data=nh.by_ref(counter), executor=ex)
+        _core._testing.exec_test_pause(1_000_000_000)
+        t = threading.Thread(target=launch)
+        t.start()
+        # One call: the tasks run, the pool thread settles and schedules the drain,
+        # and the other thread's launch reaches its pause, all before a pending call
+        # can run here; the drain then runs, and skips the lane.
+        time.sleep(0.3)
+        assert _core._testing.exec_test_paused() == 1 and held() == 4
+        s.close()
+        t.join()
+        assert refused and "closed" in refused[0], refused
+        deadline = time.monotonic() + 2
+        while held() and time.monotonic() < deadline:
+            time.sleep(0.002)  # pending calls run between the main thread's bytecodes
+        assert held() == 0, "the owner of the task that ran is still held"
+    finally:
+        _core._testing.exec_test_pause(0)
+        ex.close()
+        s.close()
+        nh.drain()
+
+
 def test_a_compiled_tasks_owner_is_held_by_its_lane_task_with_no_record(executor, stream):
     """Compiled code on a lane is a direct task (invariant 15): no launch record is
     taken, completed or drained for it; the lane holds the owner, which pending()

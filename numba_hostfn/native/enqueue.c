@@ -98,8 +98,10 @@ uint64_t nhf_enqueue_record(int route, void *target, nhf_hostfn trampoline, nhf_
     Py_END_ALLOW_THREADS
     if (status == 0 || (status & NHF_KEPT))
         nhf_watch_enqueued(record, taken);
-    bool drain = status == 0 && nhf_drain_wanted();
     bool refused = status != 0 && !(status & NHF_KEPT);
+    /* A refusal drains where the lanes are owed a look: a drain may have skipped
+     * this lane while this enqueue held it, and no task of it follows to settle. */
+    bool drain = status == 0 ? nhf_drain_wanted() : refused && nhf_lanes_owed();
     /* The drain and the releases below run finalizers, which may launch on a lane
      * from this thread: this enqueue's task number (nhf_enqueue_last_task) is kept
      * across them.  Read only where they run: a pthread key's value is a call here. */
@@ -134,10 +136,12 @@ uint64_t nhf_enqueue_launch(int route, void *target, nhf_hostfn trampoline, nhf_
     if (status == 0 || (status & NHF_KEPT))
         nhf_watch_wake();
     Py_END_ALLOW_THREADS
-    if (status != 0 && !(status & NHF_KEPT))
+    bool refused = status != 0 && !(status & NHF_KEPT);
+    if (refused)
         release_owners(&owner, 1); /* refused: nothing will run it (invariant 3) */
     release_owners(released, NHF_LANE_RELEASED);
-    if (status == 0 && nhf_drain_wanted()) /* other launches' records, as above */
+    /* other launches' records, as above; refused, the lanes' owners a drain skipped */
+    if (status == 0 ? nhf_drain_wanted() : refused && nhf_lanes_owed())
         (void)nhf_drain();
     return status;
 }

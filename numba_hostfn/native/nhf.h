@@ -293,6 +293,10 @@ void nhf_settle_drain(long now);
 void nhf_defer_release(PyObject *object);
 /* Any thread.  Whether a drain would find work (a hint). */
 bool nhf_drain_wanted(void);
+/* Any thread.  Whether a drain owes the lanes a look (a lane it skipped, its
+ * producer inside an enqueue; a settle's): a refused enqueue, which leaves no
+ * task for a pool thread to settle after, drains then (invariant 14). */
+bool nhf_lanes_owed(void);
 /* Records taken and not released, and owners held by lanes' direct tasks. */
 Py_ssize_t nhf_records_held(void);
 /* GIL held: an owner that a lane's direct task holds (change 1), or one released

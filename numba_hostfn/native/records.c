@@ -260,7 +260,7 @@ void nhf_settle_drain(long now) {
         atomic_store(&handoff.lanes_owed, true);
     if (lanes > 0 || nhf_drain_wanted())
         schedule_drain();
-    else if (lanes < 0)
+    if (lanes < 0) /* owed again whatever was scheduled: that drain skips the lanes */
         nhf_owe_drain();
 }
 
@@ -304,6 +304,8 @@ bool nhf_drain_wanted(void) {
     return atomic_load(&handoff.completed) != NULL ||
            atomic_load(&handoff.deferred_objects) != NULL;
 }
+
+bool nhf_lanes_owed(void) { return atomic_load(&handoff.lanes_owed); }
 
 /* ---- from Python ------------------------------------------------------------------ */
 
