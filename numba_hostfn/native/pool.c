@@ -61,6 +61,13 @@ static task *claim(nhf_pool *pool, lane **lane_out, bool *failing) {
             (int32_t)(reached - atomic_load_explicit(&next->seq, memory_order_relaxed)) >= 0;
         *failing = next != NULL && !reached_it && faulted &&
                    pthread_mutex_trylock(&l->enqueue_mutex) == 0;
+        if (*failing && atomic_load_explicit(&cursor->next, memory_order_acquire) != next) {
+            /* Its producer took it back (its write refused) between the read above
+             * and the lock: claimed, it would count a task out that never was, and
+             * close() would then miss one outstanding on another lane. */
+            pthread_mutex_unlock(&l->enqueue_mutex);
+            *failing = false;
+        }
         if (reached_it || *failing) {
             /* Taken: the cursor moves onto it, and the task before it may be reused
              * by the producer (never this one, until the next claim moves past it:
