@@ -108,7 +108,10 @@ def _memory_owner(obj: Any) -> tuple[Any, bool]:
     (which they do not pin where it is a numpy array's own base): a
     ``memoryview``'s ``obj`` (``np.asarray(memoryview(a))``, ``np.frombuffer`` of a
     ``pickle.PickleBuffer``, ``np.ctypeslib.as_array``), and the memoryview a ctypes
-    object made by ``from_buffer`` keeps.  A released memoryview ends the way."""
+    object made by ``from_buffer`` keeps.  ``np.ctypeslib.as_ctypes``'s result keeps
+    its array in an attribute, ``__keep`` (no export).  A released memoryview ends
+    the way, and so does a DLPack capsule (``np.from_dlpack``'s base), whose owner
+    no Python object reaches."""
     base, loose = obj, False
     while True:
         if isinstance(base, np.ndarray):
@@ -130,6 +133,10 @@ def _memory_owner(obj: Any) -> tuple[Any, bool]:
                 if not isinstance(link, memoryview):
                     link = None
                 holds = True
+            if link is None:
+                # np.ctypeslib.as_ctypes(a): from_address, with a kept in an
+                # attribute of the result, which holds no export of it.
+                link, holds = getattr(base, "__keep", None), False
         else:
             return base, loose
         if link is None:
@@ -583,6 +590,11 @@ def _record_value(name: str, field: np.dtype, value: Any, keep: list) -> Any:
     start = f"record() field {name!r} is {field} and cannot hold"
     if isinstance(value, list) and len(value) == 1:  # [record]: numpy broadcasts it
         value = value[0]
+    if isinstance(value, Record):
+        # Its record, and what its address fields point to, kept by this one too
+        # (its numpy.void alone would store those addresses and keep nothing).
+        keep.extend(value.keep)
+        value = value.data[0]
     if isinstance(value, (ctypes.Structure, ctypes.Union)):  # numpy reads its fields
         value = _ctypes_record(name, field, value)
     if isinstance(value, (np.void, np.ndarray)) and value.dtype.names is not None:

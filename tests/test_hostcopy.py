@@ -584,6 +584,9 @@ _WRAPPERS = {
         (ctypes.c_double * 64).from_buffer(inner)
     ),
     "ctypes_field": lambda inner: _Float64s.from_buffer(inner).values,
+    # from_address, inner kept in an attribute of the result (no export)
+    "ctypeslib_as_ctypes": lambda inner: np.ctypeslib.as_ctypes(inner),
+    "as_array_of_as_ctypes": lambda inner: np.ctypeslib.as_array(np.ctypeslib.as_ctypes(inner)),
 }
 
 

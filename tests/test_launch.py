@@ -1028,6 +1028,27 @@ def test_record_stores_the_address_of_a_record_item_in_an_address_field():
     memory.extend(b"x")  # released with the record
 
 
+def test_a_record_for_a_nested_record_field_keeps_what_its_fields_point_to():
+    """A Record given for a field that is itself a record: its record is stored, and
+    the buffers its address fields point to are kept by the outer record too.  It
+    was refused, and its ``data[0]`` (a numpy.void), the way left to nest it, stored
+    those addresses and kept nothing: the buffer was freed under the outer record."""
+    inner_dtype = np.dtype([("src", np.uint64)])
+    outer_dtype = np.dtype([("inner", inner_dtype), ("n", np.int64)])
+    memory = bytearray(64)
+    inner = nh.record(inner_dtype, src=memory)
+    outer = nh.record(outer_dtype, inner=inner, n=3)
+    address = inner.data["src"][0]
+    assert outer.data["inner"]["src"][0] == address
+    del inner
+    gc.collect()
+    with pytest.raises(BufferError):
+        memory.extend(b"x")  # pinned by the outer record
+    del outer
+    gc.collect()
+    memory.extend(b"x")  # released with it
+
+
 @pytest.mark.parametrize(
     "data, keep, error, fragment",
     [
