@@ -198,13 +198,18 @@ class HostExecutor(_core.ExecutorBase):
             return 0
         with self._lock:
             lane = self._lanes.get(handle)
+            if lane is None:
+                # One an interrupted call made natively and did not record (a Ctrl-C
+                # between _lane_new and the store below): the native launch finds it,
+                # so it is the stream's lane here too, not a second one.
+                lane = self._find_lane(handle) or None
             if lane is None or lane == stale:
                 # A renewal: one of its lanes passed by earlier whose tasks have run
                 # serves, else a new one (a handle then has as many lanes as its
                 # streams with tasks outstanding at once).
                 reused = self._reuse_lane(handle, lane) if lane is not None else 0
                 lane = reused or self._lane_new(handle, self._words())
-                self._lanes[handle] = lane
+            self._lanes[handle] = lane
         return lane
 
     def _reserve(self) -> None:

@@ -153,8 +153,19 @@ class _Callbacks:
         # can refuse it (_enqueue.check_signal), and a refusal only the enqueue can see
         # (a CUDA stream destroyed, or another thread's close or capture in between)
         # leaves this process-wide thread to the next signal, which would start it.
+        # Made here, started by start() once the object is where its callers find it:
+        # an interrupt in between leaves it unstarted, never a thread nothing knows of
+        # (launch() starts it then).
         self._helper = threading.Thread(target=self._serve, name=name, daemon=True)
-        self._helper.start()
+        self._started = False
+
+    def start(self) -> None:
+        """Start the helper thread, unless it is started (once: under the lock)."""
+        if not self._started:
+            with _callbacks_lock:
+                if not self._started:
+                    self._helper.start()
+                    self._started = True
 
     def launch(
         self,
@@ -167,6 +178,8 @@ class _Callbacks:
         handle: int | None = None,
     ) -> tuple[int, int]:
         """``_Channel.launch`` of ``fn``: ``(lane, task)``, or ``(0, 0)``."""
+        if not self._started:  # made, and an interrupt came before start()
+            self.start()
         return self._channel.launch(target, executor, refusal, fn, default_lane, caller, handle)
 
     def run(self, block: bool = True) -> int:
@@ -283,6 +296,7 @@ def _the_callbacks() -> _Callbacks:
                 made = _Callbacks()
                 if _callbacks is None:
                     _callbacks = made
+                    made.start()
     return _callbacks
 
 
@@ -296,6 +310,7 @@ def _the_futures() -> _Callbacks:
                 )
                 if _futures is None:
                     _futures = made
+                    made.start()
     return _futures
 
 
@@ -701,14 +716,30 @@ class _LoopWaits:
         self.channel = _Channel(
             wake_main=wake, nonblocking=True, resolve=True, on_fault=_fail_loop_wait
         )
+        self._loop, self.reading = weakref.ref(loop), False  # no cycle with the loop
+        # Recorded before the loop holds it (its reader): an interrupt in between
+        # leaves it recorded, and read() is called again by the next async_done; an
+        # interrupt before this line leaves nothing holding it, and it is collected.
+        # (Recorded after, one made and not recorded kept its reader and channel on
+        # the loop for good, and the next call made another.)
+        _loops[loop] = weakref.ref(self)
+        self.read()
+
+    def read(self) -> None:
+        """Have the loop read the channel's descriptor (again: add_reader replaces)."""
+        loop = self._loop()
+        if loop is None:
+            return
         try:
             loop.add_reader(self.channel.fd, self._ready)
         except NotImplementedError:  # a loop that watches no descriptor (proactor-style)
+            _loops.pop(loop, None)
             raise RuntimeError(
                 f"async_done() needs an event loop that supports add_reader; "
                 f"{type(loop).__name__} does not. Await "
                 "asyncio.wrap_future(numba_hostfn.done_future(stream)) instead"
             ) from None
+        self.reading = True
 
     def _ready(self) -> None:
         # One native step: read the descriptor first (a signal after the take writes
@@ -793,8 +824,9 @@ def async_done(stream: Any, *, executor: Any = None) -> asyncio.Future:
     # reader on the loop) or a lane, the enqueue's refusals: a refused call makes none.
     handle = check_signal(stream, executor, _ASYNC_IN_GRAPH, "async_done", making=waits is None)
     if waits is None:
-        waits = _LoopWaits(loop)
-        _loops[loop] = weakref.ref(waits)
+        waits = _LoopWaits(loop)  # recorded in _loops
+    elif not waits.reading:  # an interrupt came between its record and its reader
+        waits.read()
     future = loop.create_future()
     waits.channel.launch(
         stream,

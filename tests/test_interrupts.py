@@ -1018,3 +1018,84 @@ def test_an_empty_call_on_an_executor_whose_close_was_interrupted_is_refused():
     out = run_child(EMPTY_AFTER_CTRL_C_CLOSE_SCRIPT, timeout=120)
     refused = "['refused', 'refused', 'refused', 'refused']"
     assert out.split("\n")[-2] == f"{refused} {refused} True 0 0", out
+
+
+FIRST_USE_SCRIPT = (
+    CHILD_PREAMBLE
+    + INJECT
+    + textwrap.dedent("""
+    import asyncio, gc, inspect
+    from numba_hostfn import _executor, _notify
+
+    def line_of(fn, text):
+        lines, first = inspect.getsourcelines(fn)
+        return first + [line.strip() for line in lines].index(text)
+
+    def helpers():
+        names = ("numba_hostfn-futures", "numba_hostfn-callbacks")
+        return sorted(t.name for t in threading.enumerate() if t.name in names)
+
+    # The first done_future and the first blocking=False launch, interrupted just
+    # before the process records the thread it made: then called again.
+    for getter, text, op in (
+        (_notify._the_futures, "_futures = made", lambda: nh.done_future(stream).result(10)),
+        (_notify._the_callbacks, "_callbacks = made",
+         lambda: nh.host_launch(stream, lambda: None, blocking=False)),
+    ):
+        print(interrupted(getter, line_of(getter, text), op), flush=True)
+        for _ in range(2):
+            op()
+            stream.sync()
+            nh.drain()
+    print("helpers", helpers(), flush=True)
+
+    # A loop's first async_done, interrupted at each line of its making: the next
+    # one works, and the loop reads one channel (and its own self-pipe).
+    leaked = []
+    making = (_notify._LoopWaits.__init__, _notify._LoopWaits.read, _notify.async_done.__wrapped__)
+    for fn in making:
+        for line in lines_of(fn):
+            async def main():
+                loop = asyncio.get_running_loop()
+                interrupted(fn, line, lambda: nh.async_done(stream))
+                gc.collect()
+                await asyncio.wait_for(nh.async_done(stream), 10)
+                return len(loop._selector.get_map())
+            readers = asyncio.run(main())
+            if readers != 2:
+                leaked.append((fn.__qualname__, line, readers))
+    print("loops reading more than one channel", leaked, flush=True)
+
+    # A HostExecutor's lane for a stream, interrupted before it is recorded: the
+    # native lane is the stream's, on the Python path too.
+    ex = nh.HostExecutor(threads=1)
+    print(interrupted(_executor.HostExecutor._lane,
+                      line_of(_executor.HostExecutor._lane, "self._lanes[handle] = lane"),
+                      lambda: nh.host_launch(stream, lambda: None, executor=ex)), flush=True)
+    nh.release_after(stream, object(), executor=ex)  # the Python path
+    nh.host_launch(stream, lambda: None, executor=ex)
+    stream.sync()
+    nh.drain()
+    print("lanes", len(ex._lanes), ex._lane_count(), flush=True)
+    ex.close()
+    nh.drain()
+    print("pending", nh.pending(), flush=True)
+""")
+)
+
+
+def test_an_interrupted_first_use_leaves_no_second_thread_channel_or_lane():
+    """A Ctrl-C while the process makes its futures or callbacks thread, a loop its
+    async_done channel, or an executor a stream's lane, landing after the thing was
+    made and before it was recorded: the next call made another, and the first was
+    kept for good (a thread and its descriptor; a channel the loop went on reading; a
+    native lane the Python path did not know of, beside a second one).  Each is
+    made, then recorded, then started now (the thread by its first launch if an
+    interrupt came first), and a lane not recorded is found natively."""
+    out = run_child(FIRST_USE_SCRIPT, timeout=300)
+    lines = out.splitlines()
+    assert lines[:2] == ["interrupted", "interrupted"], out
+    assert "helpers ['numba_hostfn-callbacks', 'numba_hostfn-futures']" in lines, out
+    assert "loops reading more than one channel []" in lines, out
+    assert "lanes 1 1" in lines, out
+    assert "pending 0" in lines, out
