@@ -9,7 +9,6 @@ explicit graph (``_graphs``).
 from __future__ import annotations
 
 import ctypes
-import inspect
 import weakref
 from typing import Any
 
@@ -59,12 +58,18 @@ def _is_graph_builder(target: Any) -> bool:
 def _has_protocol(target: Any) -> bool:
     """Whether ``target`` has ``__cuda_stream__``, read without running it: a
     property's getter would be the protocol asked once more in the call
-    (``stream_handle`` asks it).  An attribute only ``__getattr__`` gives is read."""
+    (``stream_handle`` asks it).  Looked up in its classes' and its own ``__dict__``
+    (not with ``inspect.getattr_static``, whose cache in Python 3.12 keeps every
+    class it is given alive); an attribute only ``__getattr__`` gives is read."""
+    if any("__cuda_stream__" in vars(cls) for cls in type(target).__mro__):
+        return True
     try:
-        inspect.getattr_static(target, "__cuda_stream__")
+        own = object.__getattribute__(target, "__dict__")
     except AttributeError:
-        return hasattr(target, "__cuda_stream__")
-    return True
+        own = None
+    if isinstance(own, dict) and "__cuda_stream__" in own:
+        return True
+    return hasattr(target, "__cuda_stream__")
 
 
 def target_kind(target: Any, caller: str = "host_launch", graphs: bool = True) -> str:
