@@ -153,19 +153,12 @@ class _Callbacks:
         # can refuse it (_enqueue.check_signal), and a refusal only the enqueue can see
         # (a CUDA stream destroyed, or another thread's close or capture in between)
         # leaves this process-wide thread to the next signal, which would start it.
-        # Made here, started by start() once the object is where its callers find it:
-        # an interrupt in between leaves it unstarted, never a thread nothing knows of
-        # (launch() starts it then).
+        # (An interrupt after this start and before the caller records the object
+        # leaves this thread and its descriptor for good, and the next call makes
+        # another: a start deferred until after the record was tried, and a SIGINT
+        # storm then started one thread twice.  LIFETIME.md, invariant 21.)
         self._helper = threading.Thread(target=self._serve, name=name, daemon=True)
-        self._started = False
-
-    def start(self) -> None:
-        """Start the helper thread, unless it is started (once: under the lock)."""
-        if not self._started:
-            with _callbacks_lock:
-                if not self._started:
-                    self._helper.start()
-                    self._started = True
+        self._helper.start()
 
     def launch(
         self,
@@ -178,8 +171,6 @@ class _Callbacks:
         handle: int | None = None,
     ) -> tuple[int, int]:
         """``_Channel.launch`` of ``fn``: ``(lane, task)``, or ``(0, 0)``."""
-        if not self._started:  # made, and an interrupt came before start()
-            self.start()
         return self._channel.launch(target, executor, refusal, fn, default_lane, caller, handle)
 
     def run(self, block: bool = True) -> int:
@@ -296,7 +287,6 @@ def _the_callbacks() -> _Callbacks:
                 made = _Callbacks()
                 if _callbacks is None:
                     _callbacks = made
-                    made.start()
     return _callbacks
 
 
@@ -310,7 +300,6 @@ def _the_futures() -> _Callbacks:
                 )
                 if _futures is None:
                     _futures = made
-                    made.start()
     return _futures
 
 
