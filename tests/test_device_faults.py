@@ -806,12 +806,16 @@ GREEN_CONTEXT_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     a, b = (context.create_stream() for context in contexts)
     ex = nh.HostExecutor(threads=1)
     counter = np.zeros(1, np.int64)
+
+    async def reached(s):
+        await asyncio.wait_for(nh.async_done(s), 30)
+
     for s in (a, b):
         nh.host_launch(s, increment, user_data=nh.by_ref(counter))
         nh.host_launch(s, increment, user_data=nh.by_ref(counter), executor=ex)
         nh.host_launch(s, lambda: counter.__setitem__(0, counter[0] + 1))
         nh.done_future(s).result(30)
-        asyncio.run(asyncio.wait_for(nh.async_done(s), 30))
+        asyncio.run(reached(s))
     print("ran", counter[0], flush=True)
     fire = device.armed_fault(a)
     waiting = nh.done_future(a)
