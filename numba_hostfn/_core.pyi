@@ -229,8 +229,6 @@ class GraphSlot:
 def exec_slot_op(slot: int, i: int, /) -> int: ...
 
 # ---- notify.c ----
-def channel_new(fd: int, wake_main: bool, /) -> int: ...
-def channel_release(channel: int, /) -> None: ...
 def set_notify_callable(callable: Callable[[], object], /) -> None: ...
 def set_any_thread_pending(add: int, interpreter: int, /) -> None: ...
 def call_done_callbacks(
@@ -239,12 +237,21 @@ def call_done_callbacks(
     report: Callable[[Any, BaseException], object],
     /,
 ) -> None: ...
+def settle_future(
+    future: Any,
+    outcome: object,
+    failed: bool,
+    report: Callable[[Any, BaseException], object],
+    /,
+) -> bool: ...
 
 @final
 class Dispatcher:
+    fd: Final[int]
     def __init__(
         self,
-        channel: int,
+        wake_main: bool,
+        nonblocking: bool = False,
         resolve: bool = False,
         invalid_state: type[BaseException] | None = None,
         on_fault: Callable[[Any, int], object] | None = None,

@@ -53,31 +53,27 @@ __all__ = [
 class _Channel:
     """A native channel over a new eventfd, and its dispatcher (``native/notify.c``):
     the entries its signals act on, registered with their signal's enqueue and acted
-    on in batches, natively.  Its reference is dropped when this dies."""
+    on in batches, natively.  The Dispatcher owns the channel: its reference is
+    dropped when the Dispatcher dies."""
 
     def __init__(
         self, *, wake_main: bool, nonblocking: bool, resolve: bool = False, on_fault: Any = None
     ) -> None:
         get_backend()  # in a forked child: RuntimeError, naming spawn
-        flags = os.EFD_CLOEXEC | (os.EFD_NONBLOCK if nonblocking else 0)
-        self.fd = os.eventfd(0, flags)
-        try:
-            self.address = _core.channel_new(self.fd, wake_main)
-        except BaseException:
-            os.close(self.fd)
-            raise
-        # From here the native channel owns the descriptor: it is closed by the
-        # last release, after the last signal has written it (invariant 17).
-        # Not at exit: a reader on a daemon thread may still be taking from it
-        # (invariant 6: leak rather than dangle).
-        weakref.finalize(self, _core.channel_release, self.address).atexit = False
         invalid = None
         if resolve:  # a loop's channel: asyncio is imported already
             import asyncio
 
             invalid = asyncio.InvalidStateError
-        # on_fault(entry, code): a device fault failed the entry's launch (invariant 23).
-        self.dispatcher = _core.Dispatcher(self.address, resolve, invalid, on_fault)
+        # The eventfd and its native channel, made and owned by the Dispatcher in one
+        # native call: an interrupt after it drops the Dispatcher, which releases the
+        # channel (invariant 21). The last release closes the descriptor, after the
+        # last signal has written it (invariant 17); not at exit, where a reader on a
+        # daemon thread may still be taking from it (invariant 6: leak rather than
+        # dangle). on_fault(entry, code): a device fault failed the entry's launch
+        # (invariant 23).
+        self.dispatcher = _core.Dispatcher(wake_main, nonblocking, resolve, invalid, on_fault)
+        self.fd = self.dispatcher.fd
 
     def launch(
         self,
@@ -461,7 +457,6 @@ def _stream_future_type() -> type[concurrent.futures.Future]:
     global _stream_future
     if _stream_future is None:
         import concurrent.futures
-        from concurrent.futures import _base  # its states, which _settle moves through
 
         class StreamFuture(concurrent.futures.Future):
             """A ``concurrent.futures.Future`` whose result is its stream, set once:
@@ -482,30 +477,21 @@ def _stream_future_type() -> type[concurrent.futures.Future]:
             def _settle(self, error: BaseException | None = None) -> None:
                 """Set the result (the stream), or ``error``, unless already settled
                 (or cancelled: interest dropped, and its waiters told, as an executor
-                tells them).  No token is taken first: a Ctrl-C at any line here
-                leaves the future PENDING or RUNNING, for the other thread or a
-                retried result() to finish (invariant 21).  The state is moved under
-                the future's own lock, so two settles never both start it; its done
-                callbacks run outside that lock, as set_result runs them."""
-                with self._condition:
-                    if self._state in (_base.PENDING, _base.CANCELLED):
-                        if not self.set_running_or_notify_cancel():
-                            return  # cancelled: its waiters are told now
-                    elif self._state != _base.RUNNING:
-                        return  # settled by the other thread
-                try:
-                    if error is None:
-                        self.set_result(self._stream)
-                    else:
-                        self.set_exception(error)
-                except concurrent.futures.InvalidStateError:
-                    pass  # the other thread's settle, from RUNNING too, came first
+                tells them).  In one native call (``settle_future``): the state moved
+                under the future's own lock, so two settles never both set it; its
+                waiting threads woken and its done callbacks called once it is
+                FINISHED, with no bytecode between, so that a Ctrl-C here strands
+                none of them (it is raised after).  Interrupted before the state
+                moves, the future stays PENDING or RUNNING, for the other thread or a
+                retried result() to finish (invariant 21)."""
+                outcome = self._stream if error is None else error
+                _core.settle_future(self, outcome, error is not None, _callback_failed)
 
             def _invoke_callbacks(self) -> None:
                 """Call the done callbacks, oldest first, as concurrent.futures does
-                (an Exception logged, the next called), in one native call: this
-                future's are called on whichever thread settles it, main's result()
-                or drain() too, where a Ctrl-C lands.  A KeyboardInterrupt (or a
+                (an Exception logged, the next called), in one native call: for
+                cancel(), on whichever thread cancels (a settle calls them itself,
+                in ``settle_future``), where a Ctrl-C lands.  A KeyboardInterrupt (or a
                 signal handler's exception) in one is raised once the rest have run:
                 nothing calls them later, as the future is settled once, and
                 concurrent.futures stopped at it (an ``asyncio.wrap_future`` bridge

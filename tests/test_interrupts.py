@@ -1079,3 +1079,113 @@ def test_an_interrupted_first_use_leaves_no_second_channel_or_lane():
     assert "interrupted" in lines, out
     assert "lanes 1 1" in lines, out
     assert "pending 0" in lines, out
+
+
+SETTLE_SCRIPT = (
+    CHILD_PREAMBLE
+    + INJECT
+    + textwrap.dedent("""
+    import concurrent.futures
+    from concurrent.futures import _base
+    from _device import Hold
+    from numba_hostfn import _notify
+
+    StreamFuture = _notify._stream_future_type()
+    inside, gate = threading.Event(), threading.Event()
+
+    def held_in_its_batch(_):
+        # Keeps the futures thread in its batch (a hang guard, 120 s at most), so that
+        # each future below is settled by the main thread's result(), where a Ctrl-C lands.
+        inside.set()
+        gate.wait(120)
+
+    with Hold(stream):
+        nh.done_future(stream).add_done_callback(held_in_its_batch)
+    inside.wait(30)
+
+    def blocked(predicate, seconds=20):
+        deadline = time.monotonic() + seconds
+        while not predicate() and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+    cases, bad = 0, []
+    # The Python a settle on the main thread runs (set_result's own lines: before, it
+    # ran them).  Not the threading.Condition or Event methods that a waiter's own
+    # add_result and Future.result's `with` run after it: the standard library's.
+    for fn in (StreamFuture.result, StreamFuture._watch_stream, StreamFuture._settle,
+               StreamFuture._invoke_callbacks, _base.Future.set_result, _base.Future.result):
+        for line in lines_of(fn):
+            calls, waited, woke = [], [], []
+            hold = Hold(stream)
+            future = nh.done_future(stream)
+            future.add_done_callback(calls.append)
+            # One thread in concurrent.futures.wait(), one in the plain Future.result():
+            # neither settles the future; both are woken by its settle.
+            threading.Thread(target=lambda: waited.append(
+                len(concurrent.futures.wait([future], timeout=30).done)), daemon=True).start()
+            threading.Thread(target=lambda: woke.append(
+                _base.Future.result(future, 30) is stream), daemon=True).start()
+            blocked(lambda: len(future._waiters) == 1 and len(future._condition._waiters) == 1)
+            hold.release()
+            how = interrupted(fn, line, lambda: future.result(30))
+            try:
+                future.result(30)  # again, as a program would after the Ctrl-C
+            except KeyboardInterrupt:
+                how += " twice"
+            blocked(lambda: waited and woke, 5)  # a stranded one: reported below
+            cases += 1
+            if (len(calls), waited, woke) != (1, [1], [True]):
+                bad.append((fn.__qualname__, line, how, len(calls), waited, woke))
+    gate.set()
+    print("cases", cases, "bad", bad, flush=True)
+""")
+)
+
+
+def test_a_done_future_settled_by_an_interrupted_result_wakes_and_calls_everything_once():
+    """The main thread's result() settles a done_future (the futures thread is held
+    in its batch), with a Ctrl-C at each line of the Python that settles it: the
+    future's done callback runs once, a thread in concurrent.futures.wait() and one
+    in the plain Future.result() both wake.  Before, concurrent.futures' set_result
+    settled it, and an interrupt after it marked the future FINISHED stranded the
+    callbacks (an asyncio.wrap_future bridge waited for ever) and the thread in
+    wait()."""
+    out = run_child(SETTLE_SCRIPT, timeout=600)
+    words = out.split()
+    assert words[0] == "cases" and int(words[1]) > 15, out
+    assert out.split("bad", 1)[1].strip() == "[]", out
+
+
+CHANNEL_SCRIPT = (
+    CHILD_PREAMBLE
+    + INJECT
+    + textwrap.dedent("""
+    import gc
+    from numba_hostfn import _notify
+
+    def descriptors():
+        return len(os.listdir("/proc/self/fd"))
+
+    _notify._Channel(wake_main=False, nonblocking=False)  # what a first one imports
+    gc.collect()
+    before, cases, interrupts = descriptors(), 0, 0
+    for line in lines_of(_notify._Channel.__init__):
+        how = interrupted(_notify._Channel.__init__, line,
+                          lambda: _notify._Channel(wake_main=False, nonblocking=True))
+        cases += 1
+        interrupts += how == "interrupted"
+        gc.collect()
+    print("cases", cases, "interrupts", interrupts, "descriptors left", descriptors() - before)
+""")
+)
+
+
+def test_a_channel_interrupted_at_any_line_of_its_making_leaves_no_descriptor():
+    """A notification channel (an eventfd and its native channel) made with a
+    Ctrl-C at each line of ``_Channel.__init__``: once the half-made object is
+    gone, no descriptor is left open.  Before, one between ``os.eventfd`` and the
+    finalizer that releases the channel left the descriptor for good."""
+    out = run_child(CHANNEL_SCRIPT, timeout=120)
+    words = out.split()
+    assert words[0] == "cases" and int(words[3]) > 2, out
+    assert words[4:] == ["descriptors", "left", "0"], out

@@ -408,19 +408,28 @@ AFTER_ENQUEUE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
 """)
 
 
-def test_a_channel_has_one_dispatcher(stream):
-    """A channel's signals are taken under its one Dispatcher's batch lock (the
-    channel has no lock of its own): a second Dispatcher over it is refused, and
-    the first still acts on the channel's signals."""
-    channel = _notify._Channel(wake_main=False, nonblocking=False)
-    with pytest.raises(RuntimeError, match="has a Dispatcher already"):
-        nh._core.Dispatcher(channel.address)
+def test_a_dispatcher_owns_its_channels_descriptor(stream):
+    """A Dispatcher makes its channel's eventfd (non-blocking where asked), reads its
+    signals, and closes it once it is gone and no signal is left to write it."""
+    import fcntl
+
+    channel = _notify._Channel(wake_main=False, nonblocking=True)
+    fd = channel.fd
+    assert os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[eventfd]"
+    assert fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_NONBLOCK
+    blocking = _notify._Channel(wake_main=False, nonblocking=False)
+    assert not fcntl.fcntl(blocking.fd, fcntl.F_GETFL) & os.O_NONBLOCK
+    del blocking
     ran = []
     channel.launch(stream, None, "no graphs", lambda: ran.append(True), default_lane=False)
     stream.sync()
-    os.read(channel.fd, 8)
+    os.read(fd, 8)
     assert channel.dispatcher.run(True) == 1
     assert ran == [True]
+    del channel
+    gc.collect()
+    with pytest.raises(OSError):  # closed (no other eventfd is made meanwhile)
+        os.readlink(f"/proc/self/fd/{fd}")
 
 
 def test_a_dispatcher_never_made_refuses_instead_of_crashing():

@@ -97,7 +97,7 @@ static PyThreadState *current_thread_state(void) {
 #endif
 }
 
-static bool interpreter_finalizing(void) {
+bool nhf_interpreter_finalizing(void) {
 #if PY_VERSION_HEX >= 0x030D0000
     return Py_IsFinalizing();
 #else
@@ -119,7 +119,7 @@ static bool interpreter_finalizing(void) {
  * finalization has begun nothing is read.  Counted as inside, so that an
  * nhf_guard_close waiting meanwhile waits for the release. */
 void nhf_gil_give_back_leaked(void) {
-    if (!nhf_guard_open() && interpreter_finalizing())
+    if (!nhf_guard_open() && nhf_interpreter_finalizing())
         return;
     PyThreadState *own = PyGILState_GetThisThreadState();
     if (own == NULL || current_thread_state() != own)

@@ -23,6 +23,7 @@
 #include "nhf.h"
 
 #include <errno.h>
+#include <sys/eventfd.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -38,9 +39,8 @@ typedef struct channel {
     int fd;        /* an eventfd, closed by the last release */
     int wake_main; /* also schedule pending_notify on the main thread */
     _Atomic(signal_node *) pushed; /* signals run, newest first (lock-free) */
-    /* Its one reader: set once by the Dispatcher made over it, whose batch lock
-     * then guards taken (no lock of the channel's own). */
-    atomic_int has_reader;
+    /* Taken by its one reader, the Dispatcher that made it, under that one's batch
+     * lock (no lock of the channel's own). */
     signal_node *taken; /* signals taken, oldest first */
 } channel;
 
@@ -159,40 +159,6 @@ static void record_failed(nhf_record *record, unsigned code) {
 
 /* ---- from Python ---------------------------------------------------------------- */
 
-static channel *channel_arg(PyObject *value) {
-    return nhf_pointer_arg(value, "notification channel");
-}
-
-/* channel_new(fd, wake_main): a channel over the eventfd fd, with one reference
- * (the caller's), which from now on owns the descriptor. */
-static PyObject *py_channel_new(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nhf_check_nargs("channel_new(fd, wake_main)", nargs, 2) < 0)
-        return NULL;
-    long fd = PyLong_AsLong(args[0]);
-    if (fd == -1 && PyErr_Occurred())
-        return NULL;
-    int wake_main = PyObject_IsTrue(args[1]);
-    if (wake_main < 0)
-        return NULL;
-    channel *ch = calloc(1, sizeof(channel));
-    if (ch == NULL)
-        return PyErr_NoMemory();
-    atomic_store(&ch->refs, 1);
-    ch->fd = fd;
-    ch->wake_main = wake_main;
-    return PyLong_FromVoidPtr(ch);
-}
-
-static PyObject *py_channel_release(PyObject *self, PyObject *arg) {
-    (void)self;
-    channel *ch = channel_arg(arg);
-    if (ch == NULL)
-        return NULL;
-    channel_release(ch);
-    Py_RETURN_NONE;
-}
-
 /* Under its reader's batch lock: the signals run since the last take, oldest
  * first, in ch->taken (the newest-first stack reversed). */
 static void take_locked(channel *ch) {
@@ -270,7 +236,7 @@ static int dispatcher_ready(dispatcher *d) {
     if (d->ch != NULL && d->waiting != NULL)
         return 0;
     PyErr_SetString(PyExc_RuntimeError,
-                    "this Dispatcher was never made (Dispatcher(channel, ...)) or is cleared");
+                    "this Dispatcher was never made (Dispatcher(wake_main, ...)) or is cleared");
     return -1;
 }
 
@@ -592,43 +558,65 @@ static PyObject *dispatcher_due(PyObject *self_, PyObject *unused) {
     return PyLong_FromSize_t(((dispatcher *)self_)->due_len);
 }
 
-/* Dispatcher(channel, resolve=False, invalid_state=None, on_fault=None) */
+/* Dispatcher(wake_main, nonblocking=False, resolve=False, invalid_state=None,
+ * on_fault=None): a new channel over a new eventfd (nonblocking: read without
+ * blocking), which this Dispatcher alone reads and owns, made in this one native
+ * call: an exception right after it (a Ctrl-C) drops the object, whose dealloc
+ * releases the channel and so closes the descriptor, where a descriptor made by
+ * Python and handed to the channel in a later step leaked (invariant 21).
+ * wake_main: a signal run also schedules pending_notify on the main thread. */
 static int dispatcher_init(PyObject *self_, PyObject *args, PyObject *kwargs) {
     dispatcher *d = (dispatcher *)self_;
-    PyObject *address, *invalid_state = Py_None, *on_fault = Py_None;
-    int resolve = 0;
-    static char *keywords[] = {"channel", "resolve", "invalid_state", "on_fault", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|pOO:Dispatcher", keywords, &address,
-                                     &resolve, &invalid_state, &on_fault))
+    PyObject *invalid_state = Py_None, *on_fault = Py_None;
+    int wake_main, nonblocking = 0, resolve = 0;
+    static char *keywords[] = {"wake_main",     "nonblocking", "resolve",
+                               "invalid_state", "on_fault",    NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "p|ppOO:Dispatcher", keywords, &wake_main,
+                                     &nonblocking, &resolve, &invalid_state, &on_fault))
         return -1;
     if (d->waiting != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "a Dispatcher is made once");
         return -1;
     }
-    channel *ch = channel_arg(address);
-    if (ch == NULL)
-        return -1;
-    int none = 0;
-    if (!atomic_compare_exchange_strong(&ch->has_reader, &none, 1)) {
-        PyErr_SetString(PyExc_RuntimeError,
-                        "this channel has a Dispatcher already: a channel has one reader, "
-                        "which takes its signals under its own lock");
-        return -1;
-    }
-    d->waiting = PyDict_New();
-    if (d->waiting == NULL || pthread_mutex_init(&d->lock, NULL)) {
-        Py_CLEAR(d->waiting);
-        atomic_store(&ch->has_reader, 0);
+    channel *ch = calloc(1, sizeof(channel));
+    if (ch == NULL) {
         PyErr_NoMemory();
         return -1;
     }
-    atomic_fetch_add(&ch->refs, 1);
+    ch->fd = eventfd(0, EFD_CLOEXEC | (nonblocking ? EFD_NONBLOCK : 0));
+    if (ch->fd < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        free(ch);
+        return -1;
+    }
+    atomic_store(&ch->refs, 1);
+    ch->wake_main = wake_main;
+    d->waiting = PyDict_New();
+    if (d->waiting == NULL || pthread_mutex_init(&d->lock, NULL)) {
+        Py_CLEAR(d->waiting);
+        channel_release(ch);
+        PyErr_NoMemory();
+        return -1;
+    }
     d->ch = ch;
     d->mode = resolve ? DISPATCH_RESOLVE : DISPATCH_CALL;
     d->invalid_state = invalid_state == Py_None ? NULL : Py_NewRef(invalid_state);
     d->on_fault = on_fault == Py_None ? NULL : Py_NewRef(on_fault);
     return 0;
 }
+
+/* The channel's descriptor, which its readers wait on (a loop's add_reader, the
+ * callbacks thread's read); -1 where the Dispatcher was never made. */
+static PyObject *dispatcher_fd(PyObject *self_, void *unused) {
+    (void)unused;
+    dispatcher *d = (dispatcher *)self_;
+    return PyLong_FromLong(d->ch == NULL ? -1 : d->ch->fd);
+}
+
+static PyGetSetDef dispatcher_getset[] = {
+    {"fd", dispatcher_fd, NULL, "The channel's eventfd, which its readers wait on.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
 
 static int dispatcher_traverse(PyObject *self_, visitproc visit, void *arg) {
     dispatcher *d = (dispatcher *)self_;
@@ -652,7 +640,10 @@ static void dispatcher_dealloc(PyObject *self_) {
     dispatcher_clear(self_);
     if (d->ch != NULL) {
         pthread_mutex_destroy(&d->lock);
-        channel_release(d->ch);
+        /* Not once the interpreter is finalizing: a reader on a daemon thread may
+         * still wait on the descriptor (invariant 6: leak rather than dangle). */
+        if (!nhf_interpreter_finalizing())
+            channel_release(d->ch);
     }
     free(d->due);
     Py_TYPE(self_)->tp_free(self_);
@@ -694,6 +685,7 @@ static PyTypeObject dispatcher_type = {
     .tp_traverse = dispatcher_traverse,
     .tp_clear = dispatcher_clear,
     .tp_methods = dispatcher_methods,
+    .tp_getset = dispatcher_getset,
 };
 
 /* ---- a done_future's done callbacks ------------------------------------------ */
@@ -707,29 +699,14 @@ static void keep_first(PyObject *kept[3], PyObject *culprit) {
         PyErr_WriteUnraisable(culprit);
 }
 
-/* call_done_callbacks(callbacks, future, report): GIL held, on the thread that
- * settles (or cancels) a done_future.  Its done callbacks, oldest first, each
- * called with the future, as concurrent.futures calls them, but in one native
- * call: an Exception a callback raises goes to report(future, error) (which logs
- * it, as concurrent.futures does) and the next callback runs; a BaseException (a
- * Ctrl-C landing in a callback, a signal handler's exception) is raised once every
- * callback has run, the first of them (a later one goes to sys.unraisablehook).
- * No bytecode lies between two callbacks, so an asynchronous exception lands
- * inside a callback or after the last: it strands none of the rest, which nothing
- * would call later, as a future is settled once (LIFETIME.md, invariant 21). */
-static PyObject *py_call_done_callbacks(PyObject *self, PyObject *const *args,
-                                        Py_ssize_t nargs) {
-    (void)self;
-    if (nhf_check_nargs("call_done_callbacks(callbacks, future, report)", nargs, 3) < 0)
-        return NULL;
-    PyObject *callbacks = args[0], *future = args[1], *report = args[2];
-    if (!PyList_Check(callbacks)) {
-        PyErr_Format(PyExc_TypeError, "call_done_callbacks() expected a list, got %.100s",
-                     Py_TYPE(callbacks)->tp_name);
-        return NULL;
-    }
-    PyObject *kept[3] = {NULL, NULL, NULL};
-    /* The list read afresh at each step, as concurrent.futures iterates it. */
+/* Call a done_future's done callbacks, oldest first, each with the future, as
+ * concurrent.futures calls them: an Exception a callback raises goes to
+ * report(future, error) (which logs it, as concurrent.futures does) and the next
+ * callback runs; a BaseException (a Ctrl-C landing in a callback, a signal
+ * handler's exception) is kept in kept (keep_first) and the rest run.  The list is
+ * read afresh at each step, as concurrent.futures iterates it.  GIL held. */
+static void call_callbacks(PyObject *callbacks, PyObject *future, PyObject *report,
+                           PyObject *kept[3]) {
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(callbacks); i++) {
         PyObject *callback = Py_NewRef(PyList_GET_ITEM(callbacks, i));
         PyObject *result = PyObject_CallOneArg(callback, future);
@@ -753,11 +730,178 @@ static PyObject *py_call_done_callbacks(PyObject *self, PyObject *const *args,
         Py_XDECREF(result);
         Py_DECREF(callback);
     }
+}
+
+/* Raise the kept exception, if any (NULL), else return ok (a new reference). */
+static PyObject *raise_kept(PyObject *kept[3], PyObject *ok) {
     if (kept[0] != NULL) {
         PyErr_Restore(kept[0], kept[1], kept[2]);
         return NULL;
     }
-    Py_RETURN_NONE;
+    return Py_NewRef(ok);
+}
+
+/* call_done_callbacks(callbacks, future, report): GIL held, on the thread that
+ * cancels a done_future (concurrent.futures' cancel() calls _invoke_callbacks,
+ * which calls this).  call_callbacks in one native call: no bytecode lies between
+ * two callbacks, so an asynchronous exception lands inside a callback or after the
+ * last, and strands none of the rest, which nothing would call later; the first
+ * BaseException is raised once every callback has run (a later one goes to
+ * sys.unraisablehook).  LIFETIME.md, invariant 21. */
+static PyObject *py_call_done_callbacks(PyObject *self, PyObject *const *args,
+                                        Py_ssize_t nargs) {
+    (void)self;
+    if (nhf_check_nargs("call_done_callbacks(callbacks, future, report)", nargs, 3) < 0)
+        return NULL;
+    if (!PyList_Check(args[0])) {
+        PyErr_Format(PyExc_TypeError, "call_done_callbacks() expected a list, got %.100s",
+                     Py_TYPE(args[0])->tp_name);
+        return NULL;
+    }
+    PyObject *kept[3] = {NULL, NULL, NULL};
+    call_callbacks(args[0], args[1], args[2], kept);
+    return raise_kept(kept, Py_None);
+}
+
+/* Call method(future) of each of a future's concurrent.futures waiters (wait()'s,
+ * as_completed()'s), the list read afresh at each step; a BaseException is kept
+ * and the rest are called.  What runs inside one waiter's method (a few
+ * bytecodes of concurrent.futures) is the one place left where an asynchronous
+ * exception can strand that waiter.  GIL held, the future's lock held. */
+static void tell_waiters(PyObject *future, const char *method, PyObject *kept[3]) {
+    PyObject *waiters = PyObject_GetAttrString(future, "_waiters");
+    if (waiters == NULL || !PyList_Check(waiters)) {
+        if (waiters != NULL)
+            PyErr_Format(PyExc_TypeError, "a done_future's _waiters is a %.100s, not a list",
+                         Py_TYPE(waiters)->tp_name);
+        keep_first(kept, future);
+        Py_XDECREF(waiters);
+        return;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(waiters); i++) {
+        PyObject *waiter = Py_NewRef(PyList_GET_ITEM(waiters, i));
+        PyObject *result = PyObject_CallMethod(waiter, method, "O", future);
+        if (result == NULL)
+            keep_first(kept, waiter);
+        Py_XDECREF(result);
+        Py_DECREF(waiter);
+    }
+    Py_DECREF(waiters);
+}
+
+/* Wake every thread waiting on condition (a threading.Condition whose lock this
+ * thread holds), as its notify_all() does, but natively: each waiter's lock is
+ * taken off the condition's deque and released with no bytecode between, where
+ * notify_all's Python loop, interrupted, left the rest waiting for ever.  A waiter
+ * whose wait timed out meanwhile removes itself under the lock, which is ours. */
+static void wake_all(PyObject *condition, PyObject *kept[3]) {
+    PyObject *waiters = PyObject_GetAttrString(condition, "_waiters");
+    if (waiters == NULL) {
+        keep_first(kept, condition);
+        return;
+    }
+    for (;;) {
+        Py_ssize_t left = PyObject_Length(waiters);
+        if (left <= 0) {
+            if (left < 0)
+                keep_first(kept, waiters);
+            break;
+        }
+        PyObject *waiter = PyObject_CallMethod(waiters, "popleft", NULL);
+        if (waiter == NULL) {
+            keep_first(kept, waiters);
+            break;
+        }
+        PyObject *result = PyObject_CallMethod(waiter, "release", NULL);
+        if (result == NULL && PyErr_ExceptionMatches(PyExc_RuntimeError))
+            PyErr_Clear(); /* released already, as notify() allows */
+        else if (result == NULL)
+            keep_first(kept, waiter);
+        Py_XDECREF(result);
+        Py_DECREF(waiter);
+    }
+    Py_DECREF(waiters);
+}
+
+/* concurrent.futures' states that settle_future sets (equal strings are the same
+ * state to it: it compares them by value); made once, kept for the process. */
+static PyObject *finished_state, *cancelled_notified_state;
+
+static int state_is(PyObject *state, const char *name) {
+    return PyUnicode_Check(state) && PyUnicode_CompareWithASCIIString(state, name) == 0;
+}
+
+/* settle_future(future, outcome, failed, report): GIL held.  Set a done_future's
+ * result (outcome), or its exception (outcome, when failed), as concurrent.futures'
+ * set_result and set_exception do, from PENDING or RUNNING, and return True; or
+ * return False where it is settled already (or cancelled: its waiters are told, as
+ * set_running_or_notify_cancel tells them).  In one native call: the future's lock
+ * is taken (interrupted there, nothing has changed) and given back natively, its
+ * waiting threads woken natively (wake_all), and its done callbacks called
+ * (call_callbacks) once it is FINISHED, so that an asynchronous exception raised
+ * in between (a Ctrl-C in the main thread's result()) strands none of them: it is
+ * raised once all is done.  Before, concurrent.futures' Python did it, and a
+ * Ctrl-C after its state change left the callbacks uncalled, or the condition's
+ * waiters asleep, or its lock held.  LIFETIME.md, invariant 21. */
+static PyObject *py_settle_future(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nhf_check_nargs("settle_future(future, outcome, failed, report)", nargs, 4) < 0)
+        return NULL;
+    PyObject *future = args[0], *outcome = args[1], *report = args[3];
+    int failed = PyObject_IsTrue(args[2]);
+    if (failed < 0)
+        return NULL;
+    PyObject *condition = PyObject_GetAttrString(future, "_condition");
+    PyObject *lock = condition == NULL ? NULL : PyObject_GetAttrString(condition, "_lock");
+    PyObject *acquired = lock == NULL ? NULL : PyObject_CallMethod(lock, "acquire", NULL);
+    if (acquired == NULL) {
+        Py_XDECREF(lock);
+        Py_XDECREF(condition);
+        return NULL; /* nothing has changed */
+    }
+    Py_DECREF(acquired);
+    PyObject *kept[3] = {NULL, NULL, NULL};
+    PyObject *settled = Py_False;
+    PyObject *state = PyObject_GetAttrString(future, "_state");
+    if (state == NULL) {
+        keep_first(kept, future);
+    } else if (state_is(state, "PENDING") || state_is(state, "RUNNING")) {
+        if (PyObject_SetAttrString(future, failed ? "_exception" : "_result", outcome) < 0 ||
+            PyObject_SetAttrString(future, "_state", finished_state) < 0) {
+            keep_first(kept, future);
+        } else {
+            settled = Py_True;
+            tell_waiters(future, failed ? "add_exception" : "add_result", kept);
+            wake_all(condition, kept);
+        }
+    } else if (state_is(state, "CANCELLED")) {
+        if (PyObject_SetAttrString(future, "_state", cancelled_notified_state) < 0)
+            keep_first(kept, future);
+        else
+            tell_waiters(future, "add_cancelled", kept);
+    } else if (!state_is(state, "CANCELLED_AND_NOTIFIED") && !state_is(state, "FINISHED")) {
+        PyErr_Format(PyExc_RuntimeError, "a done_future in an unexpected state: %R", state);
+        keep_first(kept, future);
+    }
+    Py_XDECREF(state);
+    PyObject *released = PyObject_CallMethod(lock, "release", NULL);
+    if (released == NULL)
+        keep_first(kept, lock);
+    Py_XDECREF(released);
+    Py_DECREF(lock);
+    Py_DECREF(condition);
+    if (settled == Py_True) {
+        PyObject *callbacks = PyObject_GetAttrString(future, "_done_callbacks");
+        if (callbacks != NULL && PyList_Check(callbacks))
+            call_callbacks(callbacks, future, report, kept);
+        else if (callbacks != NULL)
+            PyErr_Format(PyExc_TypeError, "a done_future's _done_callbacks is a %.100s",
+                         Py_TYPE(callbacks)->tp_name);
+        if (PyErr_Occurred())
+            keep_first(kept, future);
+        Py_XDECREF(callbacks);
+    }
+    return raise_kept(kept, settled);
 }
 
 /* set_notify_callable(callable): what the pending call calls; kept for the
@@ -785,16 +929,14 @@ static PyObject *py_set_any_thread_pending(PyObject *self, PyObject *const *args
 }
 
 static PyMethodDef methods[] = {
-    {"channel_new", (PyCFunction)(void (*)(void))py_channel_new, METH_FASTCALL,
-     "channel_new($module, fd, wake_main, /)\n--\n\n"
-     "Returns channel address"},
-    {"channel_release", py_channel_release, METH_O,
-     "channel_release($module, channel, /)\n--\n\n"
-     "Drop one reference to the channel."},
     {"call_done_callbacks", (PyCFunction)(void (*)(void))py_call_done_callbacks, METH_FASTCALL,
      "call_done_callbacks($module, callbacks, future, report, /)\n--\n\n"
      "Call a done_future's done callbacks, each with the future; raise the first "
      "BaseException after the last."},
+    {"settle_future", (PyCFunction)(void (*)(void))py_settle_future, METH_FASTCALL,
+     "settle_future($module, future, outcome, failed, report, /)\n--\n\n"
+     "Set a done_future's result or exception, wake its waiters and call its done "
+     "callbacks, in one native call; False where it was settled already."},
     {"set_notify_callable", py_set_notify_callable, METH_O,
      "set_notify_callable($module, callable, /)\n--\n\n"
      "The callable the notification pending call calls."},
@@ -806,6 +948,10 @@ static PyMethodDef methods[] = {
 };
 
 int nhf_notify_init(PyObject *module) {
+    finished_state = PyUnicode_InternFromString("FINISHED");
+    cancelled_notified_state = PyUnicode_InternFromString("CANCELLED_AND_NOTIFIED");
+    if (finished_state == NULL || cancelled_notified_state == NULL)
+        return -1;
     if (PyModule_AddFunctions(module, methods) < 0 || PyType_Ready(&dispatcher_type) < 0 ||
         PyModule_AddObjectRef(module, "Dispatcher", (PyObject *)&dispatcher_type) < 0)
         return -1;
