@@ -509,7 +509,7 @@ def test_a_queued_copy_pins_its_buffers_memory(stream, kind, layout, executor):
                     rows = rows.view(np.float64)
                 nh.host_copy(stream, rows, src, executor=pool)
                 nh.host_copy(stream, dst, rows, executor=pool)
-                pinned = (src,)
+                pinned = (src, dst)
             for buf in pinned:
                 assert not resizable(buf)
                 with pytest.raises(BufferError):

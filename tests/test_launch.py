@@ -138,6 +138,24 @@ def test_release_happens_on_the_main_thread_without_explicit_drain(stream):
     assert released_on == [threading.main_thread()]
 
 
+def test_a_python_callables_return_value_is_released_on_the_main_thread(stream):
+    """What a Python callable returns is kept by its record and released with it, on
+    the main thread, as the callable is: its finalizer may take locks that the
+    driver's thread must never wait for (invariants 2 and 5)."""
+    released_on = []
+
+    class Result:
+        def __del__(self):
+            released_on.append(threading.current_thread())
+
+    nh.host_launch(stream, lambda: Result())
+    stream.sync()
+    deadline = time.monotonic() + 10
+    while not released_on and time.monotonic() < deadline:
+        time.sleep(0.001)  # pending calls run between bytecodes of the main thread
+    assert released_on == [threading.main_thread()]
+
+
 def test_finalizer_run_by_the_drain_may_launch_again(stream):
     """The drain unlinks a record before dropping its owner (invariant 11)."""
     ran = []
