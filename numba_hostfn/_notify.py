@@ -40,6 +40,7 @@ from ._process import forked, get_backend
 if TYPE_CHECKING:  # imported where used: a first launch needs neither (start-up time)
     import asyncio
     import concurrent.futures
+    from collections.abc import Callable
 
 __all__ = [
     "async_done",
@@ -134,7 +135,12 @@ class _Callbacks:
     """
 
     def __init__(
-        self, *, wake_main: bool = True, name: str = "numba_hostfn-callbacks", on_fault: Any = None
+        self,
+        record: Callable[[_Callbacks], bool],
+        *,
+        wake_main: bool = True,
+        name: str = "numba_hostfn-callbacks",
+        on_fault: Any = None,
     ) -> None:
         self._channel = _Channel(wake_main=wake_main, nonblocking=False, on_fault=on_fault)
         self._batch = self._channel.dispatcher
@@ -149,11 +155,14 @@ class _Callbacks:
         # can refuse it (_enqueue.check_signal), and a refusal only the enqueue can see
         # (a CUDA stream destroyed, or another thread's close or capture in between)
         # leaves this process-wide thread to the next signal, which would start it.
-        # (An interrupt after this start and before the caller records the object
-        # leaves this thread and its descriptor for good, and the next call makes
-        # another: a start deferred until after the record was tried, and a SIGINT
-        # storm then started one thread twice.  LIFETIME.md, invariant 21.)
-        self._helper = threading.Thread(target=self._serve, name=name, daemon=True)
+        # The thread records its own object as the process's (record(self), under
+        # _record_lock), not the caller: no Ctrl-C reaches it (Python runs signal
+        # handlers on the main thread only), so once it runs, its object is recorded,
+        # or it finds another recorded first and ends, its channel with it.  Before,
+        # an interrupt between this start and the caller's record left this thread
+        # for good, and the next call made another.  ``decided`` is set then.
+        self.decided = threading.Event()
+        self._helper = threading.Thread(target=self._serve, args=(record,), name=name, daemon=True)
         self._helper.start()
 
     def launch(
@@ -176,7 +185,11 @@ class _Callbacks:
         """
         return self._batch.run(block)
 
-    def _serve(self) -> None:
+    def _serve(self, record: Callable[[_Callbacks], bool]) -> None:
+        recorded = record(self)
+        self.decided.set()
+        if not recorded:
+            return  # another is the process's: this one, and its channel, go
         fd = self._channel.fd
         while True:
             os.read(fd, 8)  # blocks without the GIL until a signal writes
@@ -271,31 +284,55 @@ _futures: _Callbacks | None = None
 # Reentrant, as HostExecutor._lock (LIFETIME.md, invariant 11): making the batches
 # runs Python, and a finalizer, a signal handler or a pending call's callback run
 # meanwhile on this thread may launch blocking=False or make a done_future itself.
-# One made by such a nested call is kept; the outer one is dropped (its helper idles).
+# Whichever object's thread records it first is the process's; the other's thread
+# ends (_Callbacks._serve).
 _callbacks_lock = threading.RLock()
+# Taken by the helper threads alone, to record their object (never held while Python
+# that could wait for one of them runs).
+_record_lock = threading.Lock()
+
+
+def _record_callbacks(made: _Callbacks) -> bool:
+    """On ``made``'s helper thread: record it as the process's non-blocking callbacks,
+    unless another is; whether it is the process's."""
+    global _callbacks
+    with _record_lock:
+        if _callbacks is None:
+            _callbacks = made
+        return _callbacks is made
+
+
+def _record_futures(made: _Callbacks) -> bool:
+    """On ``made``'s helper thread: record it as the process's futures, unless another
+    is; whether it is the process's."""
+    global _futures
+    with _record_lock:
+        if _futures is None:
+            _futures = made
+        return _futures is made
 
 
 def _the_callbacks() -> _Callbacks:
-    global _callbacks
     if _callbacks is None:
         with _callbacks_lock:
             if _callbacks is None:
-                made = _Callbacks()
-                if _callbacks is None:
-                    _callbacks = made
+                _Callbacks(_record_callbacks).decided.wait()
+    assert _callbacks is not None  # recorded by the thread that decided
     return _callbacks
 
 
 def _the_futures() -> _Callbacks:
-    global _futures
     if _futures is None:
         with _callbacks_lock:
             if _futures is None:
                 made = _Callbacks(
-                    wake_main=False, name="numba_hostfn-futures", on_fault=_FutureEntry.fail
+                    _record_futures,
+                    wake_main=False,
+                    name="numba_hostfn-futures",
+                    on_fault=_FutureEntry.fail,
                 )
-                if _futures is None:
-                    _futures = made
+                made.decided.wait()
+    assert _futures is not None  # recorded by the thread that decided
     return _futures
 
 

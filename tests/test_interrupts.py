@@ -1229,3 +1229,71 @@ def test_a_channel_interrupted_at_any_line_of_its_making_leaves_no_descriptor():
     words = out.split()
     assert words[0] == "cases" and int(words[3]) > 2, out
     assert words[4:] == ["descriptors", "left", "0"], out
+
+
+FIRST_THREAD_SCRIPT = (
+    CHILD_PREAMBLE
+    + INJECT
+    + textwrap.dedent("""
+    import gc
+    from numba_hostfn import _notify
+
+    def eventfds():
+        count = 0
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                count += os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[eventfd]"
+            except OSError:  # the listing's own descriptor, closed
+                pass
+        return count
+
+    def named(name):
+        return sum(t.name == name and t.is_alive() for t in threading.enumerate())
+
+    def one_more(name, threads, fds):
+        gc.collect()
+        return named(name) == threads + 1 and eventfds() == fds + 1
+
+    def future():
+        nh.done_future(stream).result(20)
+
+    def callback():
+        nh.host_launch(stream, lambda: None, blocking=False)
+        stream.sync()
+        nh.drain()
+
+    future(), callback()  # what a first use imports
+    cases, interrupts, wrong = 0, 0, []
+    for fn, name, record, use in (
+        (_notify._the_futures, "numba_hostfn-futures", "_futures", future),
+        (_notify._Callbacks.__init__, "numba_hostfn-futures", "_futures", future),
+        (_notify._the_callbacks, "numba_hostfn-callbacks", "_callbacks", callback),
+        (_notify._Callbacks.__init__, "numba_hostfn-callbacks", "_callbacks", callback),
+    ):
+        for line in lines_of(fn):
+            # A first use again: the last case's thread stays, with nothing to serve.
+            setattr(_notify, record, None)
+            threads, fds = named(name), eventfds()
+            how = interrupted(fn, line, use)
+            interrupts += how == "interrupted"
+            use()  # again, as a program would after the Ctrl-C
+            # One more thread and descriptor: a second one made meanwhile ends.
+            if not settle(lambda: one_more(name, threads, fds), seconds=5):
+                wrong.append((fn.__qualname__, line, how, named(name) - threads,
+                              eventfds() - fds))
+            cases += 1
+    print("cases", cases, "interrupts", interrupts, "wrong", wrong)
+""")
+)
+
+
+def test_an_interrupted_first_use_leaves_one_futures_or_callbacks_thread():
+    """The process's first done_future (or blocking=False launch), with a Ctrl-C at
+    each line of the Python that makes its thread and channel, then the call again:
+    one thread and one descriptor are left, the process's.  Before, an interrupt
+    after the thread started and before the caller recorded it left that thread
+    and its descriptor for good, beside the one the next call made."""
+    out = run_child(FIRST_THREAD_SCRIPT, timeout=300)
+    words = out.split()
+    assert words[0] == "cases" and int(words[1]) > 10 and int(words[3]) > 5, out
+    assert words[4:] == ["wrong", "[]"], out
