@@ -186,8 +186,10 @@ class _Callbacks:
         return self._batch.run(block)
 
     def _serve(self, record: Callable[[_Callbacks], bool]) -> None:
-        recorded = record(self)
-        self.decided.set()
+        try:
+            recorded = record(self)
+        finally:  # a failed record (no memory) ends this thread: its caller is told
+            self.decided.set()
         if not recorded:
             return  # another is the process's: this one, and its channel, go
         fd = self._channel.fd
@@ -287,53 +289,72 @@ _futures: _Callbacks | None = None
 # Whichever object's thread records it first is the process's; the other's thread
 # ends (_Callbacks._serve).
 _callbacks_lock = threading.RLock()
-# Taken by the helper threads alone, to record their object (never held while Python
-# that could wait for one of them runs).
-_record_lock = threading.Lock()
+# The objects recorded, by kind: set once, by dict.setdefault (one native step, no
+# lock), on the helper thread of the object that is recorded (_Callbacks._serve).
+# A finalizer run on a helper thread while it records may make a first use of
+# either kind, and waits for another helper's record: a lock held here would be
+# waited for by that helper, for ever.
+_recorded: dict[str, _Callbacks] = {}
 
 
 def _record_callbacks(made: _Callbacks) -> bool:
     """On ``made``'s helper thread: record it as the process's non-blocking callbacks,
     unless another is; whether it is the process's."""
     global _callbacks
-    with _record_lock:
-        if _callbacks is None:
-            _callbacks = made
-        return _callbacks is made
+    _callbacks = winner = _recorded.setdefault("callbacks", made)
+    return winner is made
 
 
 def _record_futures(made: _Callbacks) -> bool:
     """On ``made``'s helper thread: record it as the process's futures, unless another
     is; whether it is the process's."""
     global _futures
-    with _record_lock:
-        if _futures is None:
-            _futures = made
-        return _futures is made
+    _futures = winner = _recorded.setdefault("futures", made)
+    return winner is made
 
 
 def _the_callbacks() -> _Callbacks:
     if _callbacks is None:
-        with _callbacks_lock:
-            if _callbacks is None:
-                _Callbacks(_record_callbacks).decided.wait()
-    assert _callbacks is not None  # recorded by the thread that decided
+        _wait_for_record(_make_callbacks(), "callbacks")
+    assert _callbacks is not None  # recorded (_wait_for_record raises if not)
     return _callbacks
 
 
 def _the_futures() -> _Callbacks:
     if _futures is None:
-        with _callbacks_lock:
-            if _futures is None:
-                made = _Callbacks(
-                    _record_futures,
-                    wake_main=False,
-                    name="numba_hostfn-futures",
-                    on_fault=_FutureEntry.fail,
-                )
-                made.decided.wait()
-    assert _futures is not None  # recorded by the thread that decided
+        _wait_for_record(_make_futures(), "futures")
+    assert _futures is not None  # recorded (_wait_for_record raises if not)
     return _futures
+
+
+def _make_callbacks() -> _Callbacks | None:
+    with _callbacks_lock:  # one thread makes it at a time (a loser would end)
+        return _Callbacks(_record_callbacks) if _callbacks is None else None
+
+
+def _make_futures() -> _Callbacks | None:
+    with _callbacks_lock:
+        if _futures is not None:
+            return None
+        return _Callbacks(
+            _record_futures,
+            wake_main=False,
+            name="numba_hostfn-futures",
+            on_fault=_FutureEntry.fail,
+        )
+
+
+def _wait_for_record(made: _Callbacks | None, kind: str) -> None:
+    """Wait, outside ``_callbacks_lock``, until ``made``'s helper thread has recorded
+    the process's ``kind`` (its own object, or found another's): a finalizer run on
+    that thread before it records may make a first use itself, which takes the lock."""
+    if made is not None:
+        made.decided.wait()
+    if kind not in _recorded:
+        raise RuntimeError(
+            f"numba_hostfn's {kind} thread ended before it recorded itself (its error "
+            "went to threading.excepthook); call again to start another"
+        )
 
 
 def dropped_callbacks() -> int:

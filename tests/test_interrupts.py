@@ -1266,13 +1266,17 @@ FIRST_THREAD_SCRIPT = (
     cases, interrupts, wrong = 0, 0, []
     for fn, name, record, use in (
         (_notify._the_futures, "numba_hostfn-futures", "_futures", future),
+        (_notify._make_futures, "numba_hostfn-futures", "_futures", future),
+        (_notify._wait_for_record, "numba_hostfn-futures", "_futures", future),
         (_notify._Callbacks.__init__, "numba_hostfn-futures", "_futures", future),
         (_notify._the_callbacks, "numba_hostfn-callbacks", "_callbacks", callback),
+        (_notify._make_callbacks, "numba_hostfn-callbacks", "_callbacks", callback),
         (_notify._Callbacks.__init__, "numba_hostfn-callbacks", "_callbacks", callback),
     ):
         for line in lines_of(fn):
             # A first use again: the last case's thread stays, with nothing to serve.
             setattr(_notify, record, None)
+            _notify._recorded.pop(record.lstrip("_"))
             threads, fds = named(name), eventfds()
             how = interrupted(fn, line, use)
             interrupts += how == "interrupted"

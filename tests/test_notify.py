@@ -748,11 +748,11 @@ FIRST_FUTURE_FROM_A_PENDING_CALL_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     # makes a done_future, while the main thread makes the process's first.
     nh.host_launch(stream, lambda: made.append(nh.done_future(other)), blocking=False)
     nh.host_launch(stream, increment, user_data=nh.by_ref(flag))
-    code = _notify._the_futures.__code__
+    code = _notify._make_futures.__code__
     fired = []
 
     def local(frame, event, arg):
-        # Inside _the_futures(), _callbacks_lock held: the callback's signal runs now,
+        # Inside _make_futures(), _callbacks_lock held: the callback's signal runs now,
         # and its pending call lands in the loops below, on this thread, lock held.
         # The helper thread, woken too, cannot take the GIL (and the callback) first.
         if event == "line" and not fired and _notify._callbacks_lock._is_owned():
@@ -1988,6 +1988,68 @@ def test_a_handler_waiting_on_a_stream_while_the_first_done_future_is_made_does_
     done_future (or a blocking=False launch) there waits for its own thread for ever."""
     out = run_child(NESTED_FIRST_USE, timeout=60)
     assert out.split()[0] == "ok", out
+
+
+HELPER_FINALIZER_FIRST_USE = CHILD_PREAMBLE + textwrap.dedent("""
+    import gc, threading
+    from numba_hostfn import _notify
+
+    _notify._stream_future_type()  # imported already, as a first done_future would
+    ran = []
+
+    class Garbage:
+        # Only the collector frees it; collected on whichever thread allocates next.
+        def __init__(self):
+            self.me = self
+
+        def __del__(self):
+            name = threading.current_thread().name
+            if name.startswith("numba_hostfn-"):  # a helper thread, before it records
+                ran.append(name)
+                nh.done_future(stream)  # the process's first: makes the futures
+            elif not ran:
+                Garbage()  # garbage again, for the next collection
+
+    Garbage()
+    gc.set_threshold(1, 1, 1)
+    nh.host_launch(stream, lambda: None, blocking=False)  # makes the callbacks' thread
+    gc.set_threshold(700, 10, 10)
+    stream.sync()
+    nh.drain()
+    f = nh.done_future(stream)
+    print("ok", f.result(timeout=30) is stream, flush=True)
+""")
+
+
+@pytest.mark.timeout(120)
+def test_a_finalizer_on_a_new_helper_thread_may_make_the_first_done_future():
+    """A collection on the callbacks' new thread, before it has recorded itself, runs
+    a finalizer that makes the process's first done_future, while the main thread
+    waits for that record: both finish.  Before, the main thread waited holding
+    _callbacks_lock, which the finalizer's first use waited for, for ever."""
+    out = run_child(HELPER_FINALIZER_FIRST_USE, timeout=60)
+    assert out.split()[:2] == ["ok", "True"], out
+
+
+def test_a_helper_thread_that_fails_to_record_itself_is_reported_not_waited_for():
+    """A helper thread whose record raised (no memory) ends; its caller, which waits
+    for the record, raises RuntimeError saying so, instead of waiting for ever, and
+    the error went to threading.excepthook."""
+    reported = []
+
+    def failing(made):
+        raise MemoryError("no memory for the record")
+
+    hook, threading.excepthook = threading.excepthook, reported.append
+    try:
+        made = _notify._Callbacks(failing, wake_main=False, name="numba_hostfn-test")
+        with pytest.raises(RuntimeError, match="test thread ended before it recorded itself"):
+            _notify._wait_for_record(made, "test")
+        made._helper.join(10)
+    finally:
+        threading.excepthook = hook
+    assert [type(args.exc_value) for args in reported] == [MemoryError]
+    assert not made._helper.is_alive()
 
 
 READER_WINDOW = CHILD_PREAMBLE + textwrap.dedent("""

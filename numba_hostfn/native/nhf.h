@@ -359,9 +359,9 @@ void nhf_gil_give(PyGILState_STATE state);
 /* Any thread: give back the thread state nhf_gil_take kept for this thread,
  * before the thread ends (a pool's threads). */
 void nhf_gil_forget(void);
-/* Any thread: after a compiled body, undo a PyGILState_Ensure the body left. */
 /* Whether the interpreter's finalization has begun (Py_IsFinalizing). */
 bool nhf_interpreter_finalizing(void);
+/* Any thread: after a compiled body, undo a PyGILState_Ensure the body left. */
 void nhf_gil_give_back_leaked(void);
 
 /* ---- trampolines (trampolines.c): what the driver calls ------------------------ */

@@ -11,11 +11,12 @@
  * The reader (an asyncio loop's reader callback; the non-blocking callbacks'
  * helper thread or pending call) reads the descriptor first, then takes the
  * signals, oldest first: a signal pushed after the take finds the stack empty
- * and writes again, so no wake-up is lost.  Takes of one channel are
- * serialized by its own mutex.
+ * and writes again, so no wake-up is lost.  A channel is made by its one
+ * reader, a Dispatcher, whose batch lock serializes the takes.
  *
- * A channel is reference counted: Python holds one reference while it reads
- * it, and each signal not yet run holds one.  The last release frees the
+ * A channel is reference counted: its Dispatcher holds one reference while it
+ * lives (not released once the interpreter is finalizing: a reader on a daemon
+ * thread may still wait on it), and each signal not yet run holds one.  The last release frees the
  * signals nobody took and closes the descriptor: nothing writes to it after
  * that, so a descriptor number the OS hands out again is never written
  * (LIFETIME.md, invariant 17).
@@ -574,7 +575,7 @@ static int dispatcher_init(PyObject *self_, PyObject *args, PyObject *kwargs) {
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "p|ppOO:Dispatcher", keywords, &wake_main,
                                      &nonblocking, &resolve, &invalid_state, &on_fault))
         return -1;
-    if (d->waiting != NULL) {
+    if (d->waiting != NULL || d->ch != NULL) { /* made, maybe cleared since */
         PyErr_SetString(PyExc_RuntimeError, "a Dispatcher is made once");
         return -1;
     }
@@ -674,9 +675,10 @@ static PyMethodDef dispatcher_methods[] = {
 static PyTypeObject dispatcher_type = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "numba_hostfn._core.Dispatcher",
-    .tp_doc = "Dispatcher(channel, resolve=False, invalid_state=None, on_fault=None)\n--\n\n"
-              "What a "
-              "channel's signals act on, registered and run without a Python-level window.",
+    .tp_doc = "Dispatcher(wake_main, nonblocking=False, resolve=False, invalid_state=None, "
+              "on_fault=None)\n--\n\n"
+              "A new channel over a new eventfd (fd), and what its signals act on, "
+              "registered and run without a Python-level window.",
     .tp_basicsize = sizeof(dispatcher),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_new = PyType_GenericNew,
