@@ -155,8 +155,8 @@ class _Callbacks:
         # can refuse it (_enqueue.check_signal), and a refusal only the enqueue can see
         # (a CUDA stream destroyed, or another thread's close or capture in between)
         # leaves this process-wide thread to the next signal, which would start it.
-        # The thread records its own object as the process's (record(self), under
-        # _record_lock), not the caller: no Ctrl-C reaches it (Python runs signal
+        # The thread records its own object as the process's (record(self): one
+        # dict.setdefault), not the caller: no Ctrl-C reaches it (Python runs signal
         # handlers on the main thread only), so once it runs, its object is recorded,
         # or it finds another recorded first and ends, its channel with it.  Before,
         # an interrupt between this start and the caller's record left this thread

@@ -16,10 +16,10 @@
  *
  * A channel is reference counted: its Dispatcher holds one reference while it
  * lives (not released once the interpreter is finalizing: a reader on a daemon
- * thread may still wait on it), and each signal not yet run holds one.  The last release frees the
- * signals nobody took and closes the descriptor: nothing writes to it after
- * that, so a descriptor number the OS hands out again is never written
- * (LIFETIME.md, invariant 17).
+ * thread may still wait on it), and each signal not yet run holds one.  The
+ * last release frees the signals nobody took and closes the descriptor: nothing
+ * writes to it after that, so a descriptor number the OS hands out again is
+ * never written (LIFETIME.md, invariant 17).
  */
 #include "nhf.h"
 
