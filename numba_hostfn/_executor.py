@@ -313,7 +313,8 @@ class HostExecutor(_core.ExecutorBase):
     # TypeError: "Exception ignored in HostExecutor.__del__", the pool left running).
     def __del__(self, _forked: Any = forked) -> None:
         # Launch records own their executor: it is collected only when no task
-        # of it is outstanding, so this never waits for a stream.
+        # of it is outstanding, so this never waits for a stream.  One stopped by an
+        # exception before its close is closed by the native dealloc after it.
         if self._pool and not self._closed:  # a pool started, not closed
             if not _forked():  # a forked child has none of the pool's threads
                 self._close()

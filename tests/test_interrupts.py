@@ -239,6 +239,46 @@ def test_a_close_interrupted_at_any_line_can_be_called_again_and_finishes():
     assert words[2:] == ["ran", "True", "threads", "left", "0", "0", "pending", "0"], out
 
 
+COLLECT_SCRIPT = (
+    CHILD_PREAMBLE
+    + INJECT
+    + textwrap.dedent("""
+    counter = np.zeros(1, np.int64)
+    ignored = []
+    sys.unraisablehook = lambda report: ignored.append(type(report.exc_value).__name__)
+    threads = native_threads()
+    fired = 0
+    for line in lines_of(nh.HostExecutor.__del__):
+        executor = nh.HostExecutor(threads=2)
+        nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=executor)
+        stream.sync()
+        nh.drain()  # the launch's record, which owns the executor, released
+        held = [executor]
+        del executor
+        # The last reference dropped: __del__ runs, interrupted at this line; its
+        # KeyboardInterrupt goes to sys.unraisablehook, as any exception of a __del__.
+        interrupted(nh.HostExecutor.__del__, line, held.clear)
+        fired += 1
+    settle(lambda: native_threads() == threads, seconds=5)
+    print("cases", fired, "interrupted", ignored.count("KeyboardInterrupt"),
+          "ran", int(counter[0]), "threads left", native_threads() - threads)
+""")
+)
+
+
+def test_an_executor_collected_with_its_del_interrupted_at_any_line_leaves_no_thread():
+    """A HostExecutor whose last reference goes while an interrupt stops its __del__ at
+    each line: its pool's threads still end (the native dealloc closes a pool that
+    __del__ left running, without waiting for a stream).  Before, an interrupt before
+    __del__'s close left two parked threads for the life of the process, for each
+    such executor; so did a __del__ that raised MemoryError."""
+    out = run_child(COLLECT_SCRIPT, timeout=120)
+    words = out.split()
+    assert words[0] == "cases" and int(words[1]) >= 3, out
+    assert words[2] == "interrupted" and int(words[3]) >= 2, out
+    assert words[4:] == ["ran", words[1], "threads", "left", "0"], out
+
+
 CTRL_C_CLOSE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     import signal, threading, time
     from numba_hostfn import _core
