@@ -627,6 +627,44 @@ def test_a_faulted_lane_fails_its_direct_tasks_and_releases_their_owners(request
     s.close()
 
 
+@pytest.mark.usefixtures("faulted_context")
+def test_a_fault_whose_list_of_streams_cannot_grow_still_answers_every_lane(request):
+    """The watchdog lists a faulted context's streams, to answer the executor lanes on
+    them; a record it fails leaves every later survey, so a stream that the list left
+    out (its growth failed: no memory) was never answered: its lane's tasks, which
+    carry those records, stayed outstanding and close() waited for ever.  Where the
+    list lost a stream, every lane of the context is answered instead."""
+    if rerun_on_simulator(request):
+        return
+    ran = []
+    s = nh.simulator.Stream()
+    ex = nh.HostExecutor(threads=1)
+    before = nh.pending()
+    _core._testing.watchdog_fail_stream_survey(True)
+    try:
+        s.sleep(0.5)  # simulated device work, no record: the tasks go in before the fault
+        s.fault()
+        for i in range(3):  # Python callables: each task carries a record, watched
+            nh.host_launch(s, lambda i=i: ran.append(i), executor=ex)
+        deadline = time.monotonic() + 30  # a hang guard: before, they stayed for good
+        while ex.outstanding() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        outstanding = ex.outstanding()
+    finally:
+        _core._testing.watchdog_fail_stream_survey(False)
+    assert outstanding == 0 and _core._testing.watchdog_stats()["failed"] >= 3
+    ex.close()  # returns: nothing outstanding
+    for _ in range(1000):
+        nh.drain()
+        if nh.pending() == before:
+            break
+        time.sleep(0.01)
+    assert nh.pending() == before and ran == []
+    with pytest.raises(nh.DeviceFaultError):
+        s.sync()
+    s.close()
+
+
 @nh.host_callback
 def _increment(p):
     carray(p, (1,), np.int64)[0] += 1

@@ -529,8 +529,9 @@ void nhf_watchdog_add_backend(int route, nhf_query_fn query, nhf_context_fn cont
 bool nhf_on_watchdog_thread(void);
 /* Hooks, set once at module load by the layers above, that the watchdog calls
  * when it fails a record (notify.c: a signal's record pushes its signal as
- * failed) and for each stream of a faulted context with a launch in flight
- * (executor.c: the lanes on it fail their tasks).  Any thread (the watchdog's). */
+ * failed) and for each stream of a faulted context with a launch in flight, or
+ * once with stream NULL for all of them where it lost one (executor.c: the lanes
+ * on it fail their tasks).  Any thread (the watchdog's). */
 typedef void (*nhf_record_failed_fn)(nhf_record *record, unsigned code);
 typedef void (*nhf_stream_faulted_fn)(void *stream, void *ctx, unsigned code);
 void nhf_fault_on_record_failed(nhf_record_failed_fn hook);
@@ -712,9 +713,9 @@ void nhf_exec_watch_lanes(nhf_watch_visit_fn visit, void *arg);
 void nhf_exec_copy(void *record);
 /* Any thread: the stream of an executor lane (the watchdog's query; pool.c). */
 void *nhf_exec_lane_stream(void *lane);
-/* Any thread (the watchdog's, through its hook): the lanes on stream, of every
- * pool, fail their tasks that the stream has not reached from now on (it never
- * will; pool.c). */
+/* Any thread (the watchdog's, through its hook): the lanes on stream (NULL: every
+ * lane whose noted context is ctx), of every pool, fail their tasks that the stream
+ * has not reached from now on (it never will; pool.c). */
 void nhf_exec_fault_stream(void *stream, void *ctx, unsigned code);
 /* exec_slot_op, GraphSlot (graph_slots.c); exec_test_pause (pool.c); ExecutorBase. */
 int nhf_graph_slots_init(PyObject *module);

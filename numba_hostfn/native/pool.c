@@ -575,7 +575,9 @@ void nhf_exec_fault_stream(void *stream, void *ctx, unsigned code) {
                     continue;
                 noted = atomic_load_explicit(&l->watch_ctx, memory_order_relaxed);
             }
-            bool same = l->stream == stream && (noted == NULL || noted == ctx);
+            /* stream NULL: every lane of the context (the watchdog lost a stream). */
+            bool same = stream == NULL ? noted == ctx
+                                       : l->stream == stream && (noted == NULL || noted == ctx);
             if (same && atomic_compare_exchange_strong(&l->fault, &expected, code))
                 marked = true;
         }

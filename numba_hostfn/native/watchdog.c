@@ -222,7 +222,13 @@ typedef struct survey {
     } *pairs;
     size_t count, capacity;
     long in_flight;
+    bool lost;       /* a pair left out: no memory to grow pairs */
+    bool fail_grows; /* tests only: each growth fails, as with no memory */
 } survey;
+
+/* Tests only: the growth of a faulted context's survey of streams fails, as a
+ * realloc with no memory does (watchdog_fail_stream_survey). */
+static atomic_bool test_fail_stream_survey;
 
 /* The executor's lanes with direct tasks outstanding (nhf_watch_on_lanes). */
 static _Atomic(void (*)(nhf_watch_visit_fn visit, void *arg)) lanes_each;
@@ -240,9 +246,12 @@ static void survey_pair(void *ctx, void *stream, long n, void *survey_) {
             return;
     if (s->count == s->capacity) {
         size_t capacity = s->capacity ? 2 * s->capacity : 16;
-        struct watched *pairs = realloc(s->pairs, capacity * sizeof(*pairs));
-        if (pairs == NULL)
-            return; /* this pair at the next poll */
+        struct watched *pairs =
+            s->fail_grows ? NULL : realloc(s->pairs, capacity * sizeof(*pairs));
+        if (pairs == NULL) {
+            s->lost = true; /* the poll's: its context at the next poll; fail_context's: */
+            return;         /* every lane of the context answered */
+        }
         s->pairs = pairs;
         s->capacity = capacity;
     }
@@ -262,6 +271,7 @@ static void survey_record(nhf_record *record, void *survey_) {
 static void survey_all(survey *s) {
     s->count = 0;
     s->in_flight = 0;
+    s->lost = false;
     nhf_records_each(survey_record, s);
     void (*each)(nhf_watch_visit_fn, void *) = atomic_load(&lanes_each);
     if (each != NULL)
@@ -274,7 +284,10 @@ static void survey_all(survey *s) {
  * those of every record failed here, which may have gone in flight after the
  * survey.  A failed record is in no later survey, so its stream, if it is a
  * lane's whose other tasks carry records too, would never be answered: the
- * lane's tasks stayed outstanding, and close() waited for ever. */
+ * lane's tasks stayed outstanding, and close() waited for ever.  So where a
+ * stream was left out (no memory for the list, in this survey or the poll's),
+ * every lane of the context is answered instead (stream NULL): none of them
+ * will be reached again. */
 static void fail_context(const survey *s, void *ctx, unsigned code) {
     void *found = NULL;
     for (size_t i = 0; i < s->count && found == NULL; i++)
@@ -282,6 +295,7 @@ static void fail_context(const survey *s, void *ctx, unsigned code) {
             found = s->pairs[i].stream;
     (void)nhf_fault_note(ctx, code, found);
     survey streams = {0}; /* the context's streams: the survey's, then the failed */
+    streams.fail_grows = atomic_load(&test_fail_stream_survey);
     for (size_t i = 0; i < s->count; i++)
         if (s->pairs[i].ctx == ctx)
             survey_pair(ctx, s->pairs[i].stream, 0, &streams);
@@ -290,6 +304,8 @@ static void fail_context(const survey *s, void *ctx, unsigned code) {
     nhf_stream_faulted_fn stream_faulted = atomic_load(&hooks.stream_faulted);
     for (size_t i = 0; i < streams.count && stream_faulted != NULL; i++)
         stream_faulted(streams.pairs[i].stream, ctx, code); /* executor.c: its lanes there */
+    if ((streams.lost || s->lost) && stream_faulted != NULL)
+        stream_faulted(NULL, ctx, code);
     free(streams.pairs);
 }
 
@@ -653,6 +669,16 @@ static PyObject *py_watchdog_stats(PyObject *self, PyObject *unused) {
                          atomic_load(&dog.unasked));
 }
 
+/* watchdog_fail_stream_survey(fail): tests only, see test_fail_stream_survey. */
+static PyObject *py_fail_stream_survey(PyObject *self, PyObject *arg) {
+    (void)self;
+    int fail = PyObject_IsTrue(arg);
+    if (fail < 0)
+        return NULL;
+    atomic_store(&test_fail_stream_survey, fail != 0);
+    Py_RETURN_NONE;
+}
+
 /* stream_fault(stream) -> 0 or the code of its context's noted fault. */
 static PyObject *py_stream_fault(PyObject *self, PyObject *arg) {
     (void)self;
@@ -708,6 +734,9 @@ static PyMethodDef testing_methods[] = {
     {"watchdog_stats", py_watchdog_stats, METH_NOARGS,
      "watchdog_stats($module, /)\n--\n\n"
      "The watchdog's counters."},
+    {"watchdog_fail_stream_survey", py_fail_stream_survey, METH_O,
+     "watchdog_fail_stream_survey($module, fail, /)\n--\n\n"
+     "Whether a faulted context's list of streams fails to grow, as with no memory."},
     {NULL, NULL, 0, NULL},
 };
 
