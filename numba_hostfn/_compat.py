@@ -108,6 +108,8 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
+from . import _core
+
 __all__ = [
     "CFuncPtr",
     "FUNCFLAG_CDECL",
@@ -186,7 +188,9 @@ def register_first_atexit(fn: Callable[[], None]) -> bool:
     """
     atexit.register(fn)
     try:
-        threading._register_atexit(functools.partial(_to_front_of_atexit, fn))
+        # The move is one native call: no Ctrl-C lands between its unregister and
+        # its register (native/guard.c, to_front_of_atexit).
+        threading._register_atexit(functools.partial(_core.to_front_of_atexit, fn))
     except AttributeError:  # no such hook: an ordinary atexit handler
         return False
     except RuntimeError:  # exit has begun already
@@ -200,11 +204,6 @@ def register_first_atexit(fn: Callable[[], None]) -> bool:
             fn()
         return False
     return True
-
-
-def _to_front_of_atexit(fn: Callable[[], None]) -> None:
-    atexit.unregister(fn)
-    atexit.register(fn)
 
 
 def any_thread_pending_call() -> tuple[int, int] | None:

@@ -302,6 +302,54 @@ def test_a_ctrl_c_as_exit_begins_still_closes_the_guard():
     assert interrupted[-1:] == ["ctrl-c in first_handler"], interrupted
 
 
+CTRL_C_MOVING_THE_CLOSE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
+    import atexit, os, sys, threading
+
+    package = os.path.dirname(nh.__file__)
+    nh.host_launch(stream, lambda: None)  # the records made: their close registered
+    stream.sync()
+    nh.drain()
+
+    def another_librarys_handler():  # registered after the close: runs after it, moved
+        nh.host_launch(stream, lambda: print("later handler's callable ran", flush=True))
+        stream.sync()
+        print("later handler synced", flush=True)
+
+    atexit.register(another_librarys_handler)
+
+    def ctrl_c_in_our_threading_exit_hooks(frame, event, arg):
+        # A Ctrl-C lands between two bytecodes: one raised as a Python function of
+        # numba_hostfn that threading's _shutdown calls (its exit hooks) begins.
+        caller = frame.f_back
+        if (
+            event == "call"
+            and caller is not None
+            and caller.f_code.co_name == "_shutdown"
+            and caller.f_code.co_filename == threading.__file__
+            and frame.f_code.co_filename.startswith(package)
+        ):
+            print("ctrl-c in", frame.f_code.co_name, flush=True)
+            raise KeyboardInterrupt
+        return None
+
+    sys.settrace(ctrl_c_in_our_threading_exit_hooks)
+    print("main returns", flush=True)
+""")
+
+
+def test_the_move_of_the_close_to_the_front_of_atexit_runs_no_python():
+    """Invariant 6 under a Ctrl-C in the threading exit hooks that move the guard's
+    close (and the other first handlers) to the front of the atexit handlers: each
+    hook is one native call (``_core.to_front_of_atexit``), so no Ctrl-C lands inside
+    it, and the close runs before a handler registered after the first use.  The hook
+    was a Python function that unregistered the close, then registered it again: a
+    Ctrl-C between its two lines lost the close for good, one before them left it
+    behind the program's handlers, and a later handler's Python callable ran with the
+    guard open."""
+    out = run_child(CTRL_C_MOVING_THE_CLOSE_SCRIPT, timeout=90, quiet=False).splitlines()
+    assert out == ["main returns", "later handler synced"], out
+
+
 FORK_WITH_A_CALLABLE_INSIDE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     import os, threading, warnings
     from numba_hostfn import _process

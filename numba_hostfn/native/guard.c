@@ -171,10 +171,40 @@ static PyObject *py_close_guard(PyObject *self, PyObject *arg) {
     return PyLong_FromLong(left);
 }
 
+/* to_front_of_atexit(fn): atexit.register(functools.partial(fn)), then
+ * atexit.unregister(fn): fn moved to the front of the atexit handlers (the last
+ * registered runs first), in one native call, the threading exit hook that
+ * _compat.register_first_atexit registers.  A Python function there took a
+ * Ctrl-C between its two lines: fn, unregistered, never ran (the guard stayed
+ * open through every later handler).  No bytecode runs here but a handler's own
+ * __eq__, which unregister() calls: an exception there leaves fn registered
+ * twice (each such fn is idempotent), never not at all; so the copy, a partial
+ * (equal only to itself), goes in first. */
+static PyObject *py_to_front_of_atexit(PyObject *self, PyObject *fn) {
+    (void)self;
+    PyObject *atexit = PyImport_ImportModule("atexit");
+    PyObject *functools = atexit == NULL ? NULL : PyImport_ImportModule("functools");
+    PyObject *copy = functools == NULL ? NULL : PyObject_CallMethod(functools, "partial", "O", fn);
+    PyObject *registered = copy == NULL ? NULL : PyObject_CallMethod(atexit, "register", "O", copy);
+    PyObject *unregistered =
+        registered == NULL ? NULL : PyObject_CallMethod(atexit, "unregister", "O", fn);
+    Py_XDECREF(unregistered);
+    Py_XDECREF(registered);
+    Py_XDECREF(copy);
+    Py_XDECREF(functools);
+    Py_XDECREF(atexit);
+    if (unregistered == NULL)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"close_guard", py_close_guard, METH_O,
      "close_guard($module, ms, /)\n--\n\n"
      "No thread of ours enters CPython from now on; wait for those inside."},
+    {"to_front_of_atexit", py_to_front_of_atexit, METH_O,
+     "to_front_of_atexit($module, fn, /)\n--\n\n"
+     "Move fn to the front of the atexit handlers, in one native call."},
     {NULL, NULL, 0, NULL},
 };
 
