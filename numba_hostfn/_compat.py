@@ -108,8 +108,6 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-from . import _core
-
 __all__ = [
     "CFuncPtr",
     "FUNCFLAG_CDECL",
@@ -171,7 +169,9 @@ def pointer_address(fn: Any) -> int | None:
     return _c_void_p.from_buffer(fn).value
 
 
-def register_first_atexit(fn: Callable[[], None]) -> bool:
+def register_first_atexit(
+    fn: Callable[[], None], to_front: Callable[[Callable[[], None]], None]
+) -> bool:
     """Run ``fn`` at exit once the non-daemon threads have ended, before every
     ``atexit`` handler registered until exit began; False if this Python can only
     run it as an ordinary ``atexit`` handler.
@@ -184,13 +184,13 @@ def register_first_atexit(fn: Callable[[], None]) -> bool:
     before it (``concurrent.futures``' ``_python_exit``) runs after it and is what
     wakes a ``ThreadPoolExecutor``'s idle workers, so joining first would hang.
     Only an ``atexit`` handler registered after exit began (by a thread still
-    running then) runs before ``fn``.
+    running then) runs before ``fn``.  ``to_front(fn)`` is that move:
+    ``_core.to_front_of_atexit``, one native call, so that no Ctrl-C lands between
+    its unregister and its register (passed in: the core is a layer above this).
     """
     atexit.register(fn)
     try:
-        # The move is one native call: no Ctrl-C lands between its unregister and
-        # its register (native/guard.c, to_front_of_atexit).
-        threading._register_atexit(functools.partial(_core.to_front_of_atexit, fn))
+        threading._register_atexit(functools.partial(to_front, fn))
     except AttributeError:  # no such hook: an ordinary atexit handler
         return False
     except RuntimeError:  # exit has begun already

@@ -494,7 +494,7 @@ def default_lane() -> _DefaultLane | None:
             if _default is None and not _default_off:
                 # LIFETIME.md, invariant 24: closed to new waits at exit, once the
                 # non-daemon threads have ended; its thread is never joined.
-                register_first_atexit(_close_default_lane)
+                register_first_atexit(_close_default_lane, _core.to_front_of_atexit)
                 _default = lane
             else:  # a finalizer run while it was made made the lane (or turned it off)
                 lane.close()  # nothing launched on it: joins its thread

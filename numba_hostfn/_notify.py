@@ -410,7 +410,7 @@ def _run_due_at_exit() -> None:
 # this runs first, while the guard is still open (a callback run here, and what it
 # waits for, runs as before exit), then the guard closes, before any other library's
 # atexit handler (LIFETIME.md, invariant 6).
-register_first_atexit(_run_due_at_exit)
+register_first_atexit(_run_due_at_exit, _core.to_front_of_atexit)
 
 
 _IN_GRAPH = (

@@ -43,7 +43,7 @@ class LaunchRecords:
         # references for ever: leaked, never released under a driver thread that
         # may yet run them.  In a forked child it waits for nothing (invariant 22).
         self._at_exit = functools.partial(_core.close_guard, _CLOSE_WAIT_MS)
-        register_first_atexit(self._at_exit)
+        register_first_atexit(self._at_exit, _core.to_front_of_atexit)
 
     def drain(self) -> int:
         """Release the records that have run; return how many."""
