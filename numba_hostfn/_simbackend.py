@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import weakref
 from typing import Any
 
@@ -34,13 +33,6 @@ class SimulatorBackend(Backend):
         self.device_route = _core.ROUTE_SIM_DEVICE
         self.executor_route = _core.ROUTE_SIM_LANE
         self.streams: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
-        #: handle -> the simulator's capture object, while that stream captures.
-        self.captures: dict[int, Any] = {}
-        #: Held while a capture is begun or ended (its check, record and native flag):
-        #: two threads that begin at once cannot both pass the check, as CUDA refuses
-        #: the second cuStreamBeginCapture.  Nothing under it waits or calls out;
-        #: reentrant, for a finalizer that the collector runs under it.
-        self.capture_lock = threading.RLock()
 
     @classmethod
     def register_stream_type(cls, stream_type: type) -> None:
@@ -69,7 +61,9 @@ class SimulatorBackend(Backend):
     def capture_graph(self, handle: int, builder: Any = None, caller: str = "host_launch") -> Any:
         if _core.sim_in_host_function():  # a GraphBuilder's capture enqueues nothing first
             raise in_host_function_error()
-        capture = self.captures.get(handle)
+        # The capture under way, which the stream itself holds (_capture_begin).
+        stream = self.streams.get(handle)
+        capture = None if stream is None else stream._capture
         # A builder's own capture (the one its begin_building() began), read in the
         # same step as the stream's: never another's on its stream (a begin_capture(),
         # another builder), which took the node of one not begun, ended or closed.

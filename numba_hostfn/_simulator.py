@@ -116,7 +116,7 @@ class Stream(_core.SimStreamBase):
     @property
     def is_capturing(self) -> bool:
         """True between :meth:`begin_capture` and :meth:`end_capture`."""
-        return self._backend is not None and self._handle in self._backend.captures
+        return self._capture is not None
 
     def sync(self) -> None:
         """Wait, without holding the GIL, until all work enqueued so far has run.
@@ -196,7 +196,7 @@ class Stream(_core.SimStreamBase):
             status = _core.sim_enqueue(handle, _core.SIM_DELAY, micros, True)
             if status != _core.CAPTURING:
                 break
-            capture = self._backend.captures.get(handle)
+            capture = self._capture
             if capture is not None:
                 # False: another thread ended the capture since it was read (end()).
                 if _core.sim_graph_add_node(capture, True, _core.SIM_DELAY, micros):
@@ -238,24 +238,18 @@ class Stream(_core.SimStreamBase):
         """Start capturing; the capture this call began (a SimGraph), the stream's.
         ``called``: the call a host function's refusal names (_refuse_in_host_function),
         where it is not begin_capture() on the stream."""
-        handle = self._live()
+        self._live()
         _refuse_in_host_function(*(called or ("begin_capture",)))
         capture = _core.SimGraph()
-        # The check and the record in one step: a begin on another thread in between
-        # passed the same check, and both began (the later record replaced the other).
-        with self._backend.capture_lock:
-            busy = handle in self._backend.captures
-            if not busy:
-                self._backend.captures[handle] = capture
-                _core.sim_set_capturing(handle, True)
-        if busy:
+        # The check, the record and the native flag in one native step (the stream
+        # holds the capture): a begin on another thread in between passed the same
+        # check, and both began (the later record replaced the other).
+        if not self._capture_begin(capture):
             capture.release()
             raise RuntimeError("the simulated stream is already capturing")
         if self._closed:  # closed by another thread since _live(): the close took none
-            taken = self._backend.captures.pop(handle, None)
+            taken = self._capture_take(capture)
             if taken is not None:
-                _core.sim_set_capturing(handle, False)
-                taken.end()
                 taken.release()
             self._live()  # its error
         return capture
@@ -268,16 +262,11 @@ class Stream(_core.SimStreamBase):
     def _end_capture(self, *called: str) -> Any:
         """Stop capturing; the capture's reference to its graph, now the caller's.
         ``called``: as ``_begin_capture``'s."""
-        _simulator()  # a forked child: capture_lock or the stream's mutex may be held
+        _simulator()  # a forked child: the stream's mutex may be held
         _refuse_in_host_function(*(called or ("end_capture",)))
-        with self._backend.capture_lock:  # one end takes it; no begin in between
-            capture = self._backend.captures.get(self._handle)
-            if capture is not None:
-                _core.sim_set_capturing(self._handle, False)
-                del self._backend.captures[self._handle]
-                # A node whose launch read the capture before this takes no place in
-                # it now: it goes to the stream, as after cuStreamEndCapture.
-                capture.end()
+        # One end takes it, ended: a node whose launch read the capture before this
+        # takes no place in it now: it goes to the stream, as after cuStreamEndCapture.
+        capture = self._capture_take()
         if capture is None:
             raise RuntimeError("end_capture() on a simulated stream that is not capturing")
         return capture
@@ -309,11 +298,10 @@ class Stream(_core.SimStreamBase):
             # it before is taken here.  (Marked closed after the take, a begin in
             # between returned a capture of the closed stream that nothing could end.)
             self._closed = True
-        # Also for a stream already closed: a close interrupted here finishes the job.
-        capture = self._backend.captures.pop(self._handle, None)  # one close takes it
+        # Also for a stream already closed: a close interrupted here finishes the job
+        # (and one dropped after such an interrupt gives it back when collected).
+        capture = self._capture_take()  # one close takes it
         if capture is not None:
-            _core.sim_set_capturing(self._handle, False)
-            capture.end()
             capture.release()
 
     def __enter__(self) -> Stream:
@@ -327,11 +315,12 @@ class Stream(_core.SimStreamBase):
     # close must still stop its thread (issue 31: "Exception ignored in
     # Stream.__del__ ... 'NoneType' object is not callable" at every exit).
     def __del__(self, _forked: Any = forked, _close: Any = _core.sim_close) -> None:
+        # The native dealloc after it gives back a capture this did not (stopped by an
+        # exception first), and stops the thread of a stream never marked open.
         if not self.__dict__.get("_closed", True) and not _forked():
             self._closed = True
-            capture = self._backend.captures.pop(self._handle, None)
+            capture = self._capture_take()
             if capture is not None:
-                capture.end()
                 capture.release()
             _close(self._handle, False)  # the thread ends on its own
 
@@ -463,7 +452,7 @@ class GraphBuilder:
         stream = self._stream  # its own capture: not one begun on the stream otherwise
         return (
             self._capture is not None
-            and stream._backend.captures.get(stream._handle) is self._capture
+            and stream._capture is self._capture
             and self._definition is None
             and not self._closed
         )
@@ -496,7 +485,7 @@ class GraphBuilder:
 
     def end_building(self) -> GraphBuilder:
         """Stop capturing: what was enqueued since :meth:`begin_building` is the graph."""
-        _simulator()  # a forked child: capture_lock or the stream's mutex may be held
+        _simulator()  # a forked child: the stream's mutex may be held
         if not self.is_building:
             raise RuntimeError("end_building() on a GraphBuilder that is not building")
         self._definition = self._stream._end_capture("end_building", *_BUILDER_AS_IT_WAS)
@@ -515,7 +504,7 @@ class GraphBuilder:
 
     def close(self) -> None:
         """Destroy the graph definition (executable graphs keep what they need)."""
-        _simulator()  # a forked child: capture_lock or the stream's mutex may be held
+        _simulator()  # a forked child: the stream's mutex may be held
         if self._closed:
             return
         _refuse_in_host_function("close", "a simulated GraphBuilder", "the builder is as it was")
@@ -530,18 +519,15 @@ class GraphBuilder:
     # __dealloc__: before, the stream stayed capturing for its life, keeping the partial
     # graph's owners, and each later launch on it became a node nothing could replay.
     # Not refused on the host-function thread (a finalizer the collector runs there):
-    # nothing is enqueued, and nothing can be raised.  What it calls is bound here, as
-    # Stream.__del__'s is, for a builder collected at interpreter exit.
-    def __del__(self, _forked: Any = forked, _capturing: Any = _core.sim_set_capturing) -> None:
+    # nothing is enqueued, and nothing can be raised.  Its own capture only, never one
+    # begun since, taken and the stream's flag cleared in one native step (an
+    # exception between the two left the stream refusing every enqueue with no capture
+    # to take them: a launch there spun for ever).  One stopped before the take leaves
+    # the capture to the stream's close, or its collection.
+    def __del__(self, _forked: Any = forked) -> None:
         capture = self.__dict__.get("_capture")
         if capture is None or _forked():  # a forked child: the stream's mutex may be held
             return
-        stream = self._stream
-        backend = stream._backend
-        with backend.capture_lock:  # its own capture only, never one begun since
-            if backend.captures.get(stream._handle) is not capture:
-                return
-            del backend.captures[stream._handle]
-            _capturing(stream._handle, False)
-        capture.end()
-        capture.release()
+        taken = self._stream._capture_take(capture)
+        if taken is not None:
+            taken.release()

@@ -279,6 +279,89 @@ def test_an_executor_collected_with_its_del_interrupted_at_any_line_leaves_no_th
     assert words[4:] == ["ran", words[1], "threads", "left", "0"], out
 
 
+CAPTURE_FINALIZER_SCRIPT = (
+    CHILD_PREAMBLE
+    + INJECT
+    + textwrap.dedent("""
+    import gc, weakref
+
+    sys.unraisablehook = lambda report: None  # the interrupts of the __del__ methods
+    Stream, GraphBuilder = nh.simulator.Stream, nh.simulator.GraphBuilder
+    held = nh.pending()
+    buffers, hung, cases = [], [], 0
+
+    def captured_launch(target):
+        # A launch captured on target: its buffer owned by the partial graph.
+        buffer = np.zeros(1 << 16, np.int64)
+        buffers.append(weakref.ref(buffer))
+        nh.host_launch(target, increment, user_data=nh.by_ref(buffer))
+
+    def still_launches(s):
+        # A launch on the stream returns: it runs there, or is a node of the builder's
+        # capture where an interrupt before the take left it to the stream's close (a
+        # stream left refusing enqueues with no capture to take them spun for ever).
+        returned = threading.Event()
+        worker = threading.Thread(
+            target=lambda: (nh.host_launch(s, lambda: None), returned.set()), daemon=True)
+        worker.start()
+        return returned.wait(20)  # a hang guard, not a timing
+
+    for line in lines_of(GraphBuilder.__del__):  # a builder dropped while it builds
+        s = Stream()
+        builder = s.create_graph_builder().begin_building()
+        captured_launch(builder)
+        held_builder = [builder]
+        del builder
+        interrupted(GraphBuilder.__del__, line, held_builder.clear)
+        if not still_launches(s):
+            hung.append(("GraphBuilder.__del__", line))
+            break
+        s.close()
+        del s
+        cases += 1
+    for line in lines_of(Stream.__del__):  # a capturing stream dropped
+        s = Stream()
+        s.begin_capture()
+        captured_launch(s)
+        held_stream = [s]
+        del s
+        interrupted(Stream.__del__, line, held_stream.clear)
+        cases += 1
+    for line in lines_of(Stream.close):  # `with Stream() as s:` whose close is stopped
+        def with_block():
+            with Stream() as s:
+                s.begin_capture()
+                captured_launch(s)
+        interrupted(Stream.close, line, with_block)
+        cases += 1
+    gc.collect()
+    settle(lambda: nh.pending() == held and all(r() is None for r in buffers))
+    print("cases", cases, "hung", hung, "buffers kept", sum(r() is not None for r in buffers),
+          "pending", nh.pending() - held)
+    os._exit(0)  # a hung launch's thread, if any, is not waited for
+""")
+)
+
+
+def test_a_simulated_capture_dropped_with_an_interrupt_at_any_line_keeps_and_hangs_nothing():
+    """A simulated GraphBuilder dropped while it builds, a capturing simulated Stream
+    dropped, and a `with Stream()` whose close() raises, each with an interrupt at
+    each line of that finalizer or close: no launch on the stream hangs, and the
+    partial graph's owners (a by_ref buffer) are released.  The capture was a Python
+    dict entry beside the native stream's flag: a builder's __del__ stopped between
+    clearing them left the stream refusing every enqueue with no capture to take it (a
+    launch spun for ever), and a stream's __del__ or close() stopped before it took
+    the capture kept the buffer for the life of the process.  The stream now holds its
+    capture natively; taking it clears the flag in the same call, and the stream's
+    dealloc gives back a capture nothing took."""
+    out = run_child(
+        CAPTURE_FINALIZER_SCRIPT, env=child_env(NUMBA_HOSTFN_SIMULATOR="1"), timeout=240
+    )
+    words = out.split()
+    assert words[0] == "cases" and int(words[1]) >= 8, out
+    assert words[2:] == ["hung", "[]", "buffers", "kept", "0", "pending", "0"], out
+
+
 CTRL_C_CLOSE_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     import signal, threading, time
     from numba_hostfn import _core

@@ -691,7 +691,7 @@ def test_a_sleep_whose_capture_another_thread_ends_goes_to_the_stream(request):
         s.begin_capture()
         _, graph = run_at_line(
             nh.simulator.Stream.sleep,
-            "capture = self._backend.captures.get(handle)",
+            "capture = self._capture",
             lambda: s.sleep(2),
             s.end_capture,
         )
@@ -773,15 +773,14 @@ def test_a_capture_begun_as_another_thread_closes_the_stream_is_not_left_behind(
     if rerun_on_simulator(request):
         return
     s = nh.simulator.Stream()
-    backend = s._backend
     with pytest.raises(RuntimeError, match="closed"):
         run_at_line(
             nh.simulator.Stream._begin_capture,
-            "with self._backend.capture_lock:",
+            "if not self._capture_begin(capture):",
             s.begin_capture,
             s.close,
         )
-    assert s.handle not in backend.captures
+    assert s._capture is None
     assert not s.is_capturing
 
 
@@ -798,7 +797,6 @@ def test_a_capture_begun_as_another_thread_finishes_closing_the_stream_is_not_le
         return
     s = nh.simulator.Stream()
     builder = s.create_graph_builder()
-    backend = s._backend
     held = _core.held()
 
     def begin():  # on this thread, inside close(): where another thread could run it
@@ -810,7 +808,7 @@ def test_a_capture_begun_as_another_thread_finishes_closing_the_stream_is_not_le
 
     _, began = run_at_line(nh.simulator.Stream.close, "if capture is not None:", s.close, begin)
     assert isinstance(began, RuntimeError) and "closed" in str(began)
-    assert s.handle not in backend.captures
+    assert s._capture is None
     assert not s.is_capturing and not builder.is_building
     with pytest.raises(RuntimeError, match="not building"):
         nh.host_launch(builder, increment, user_data=nh.by_ref(np.zeros(1, np.int64)))

@@ -542,6 +542,7 @@ typedef struct {
     PyObject_HEAD
     nhf_sim_stream *stream; /* NULL until _open */
     int opening;            /* an _open is making the stream (GIL released) */
+    PyObject *capture;      /* the capture under way (a SimGraph), or NULL: see below */
 } sim_stream_object;
 
 static PyObject *sim_stream_open(PyObject *self, PyObject *unused) {
@@ -571,26 +572,107 @@ static PyObject *sim_stream_handle(PyObject *self, void *closure) {
     return PyLong_FromVoidPtr(((sim_stream_object *)self)->stream);
 }
 
+/* ---- the stream's capture: its SimGraph and the native flag, set together ------ */
+
+/* GIL held: the capture's graph takes no more nodes (SimGraph.end()). */
+static void capture_end(PyObject *capture) {
+    sim_graph *k = atomic_load(&((sim_graph_ref *)capture)->k);
+    if (k == NULL)
+        return;
+    pthread_mutex_lock(&k->lock);
+    k->ended = 1;
+    pthread_mutex_unlock(&k->lock);
+}
+
+static void set_capturing(nhf_sim_stream *stream, int capturing) {
+    pthread_mutex_lock(&stream->mutex);
+    stream->capturing = capturing;
+    pthread_mutex_unlock(&stream->mutex);
+}
+
+/* _capture_begin(capture) -> whether it began: the stream's capture from now on,
+ * unless one is under way.  The record and the flag that makes enqueues refuse in
+ * one call with the GIL: two threads that begin at once cannot both begin, and no
+ * exception comes between the two (kept apart, a GraphBuilder's __del__ stopped
+ * between them left the flag set with no capture, and every later launch on the
+ * stream spun for ever). */
+static PyObject *sim_stream_capture_begin(PyObject *self, PyObject *capture) {
+    sim_stream_object *object = (sim_stream_object *)self;
+    if (graph_arg(capture) == NULL)
+        return NULL;
+    if (object->stream == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the simulated stream is not open");
+        return NULL;
+    }
+    if (object->capture != NULL)
+        Py_RETURN_FALSE;
+    object->capture = Py_NewRef(capture);
+    set_capturing(object->stream, 1);
+    Py_RETURN_TRUE;
+}
+
+/* _capture_take(only=None) -> the capture, ended, now the caller's; None if none is
+ * under way, or if it is not `only` (a GraphBuilder's own, never another's begun
+ * since).  A node whose launch read the capture before this goes to the stream, as
+ * after cuStreamEndCapture (graph_add_node answers False once it has ended). */
+static PyObject *sim_stream_capture_take(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    sim_stream_object *object = (sim_stream_object *)self;
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError, "_capture_take(only=None) takes at most 1 argument");
+        return NULL;
+    }
+    PyObject *capture = object->capture;
+    if (capture == NULL || (nargs == 1 && args[0] != Py_None && args[0] != capture))
+        Py_RETURN_NONE;
+    object->capture = NULL;
+    if (object->stream != NULL)
+        set_capturing(object->stream, 0);
+    capture_end(capture);
+    return capture; /* the stream's reference */
+}
+
+static PyObject *sim_stream_capture(PyObject *self, void *closure) {
+    (void)closure;
+    PyObject *capture = ((sim_stream_object *)self)->capture;
+    return Py_NewRef(capture != NULL ? capture : Py_None);
+}
+
 /* Collected: a stream still open is stopped, its thread detached (it runs what is
  * queued, then ends), whatever the Python layer above recorded: an exception
  * between _open() and Stream.__init__'s marks (a Ctrl-C while the thread was
  * made) left a stream that nothing stopped.  A stream closed before was joined or
- * detached by that close; in a forked child there is no thread. */
+ * detached by that close; in a forked child there is no thread.  A capture no
+ * close or end took (a __del__ or close() stopped by an exception before it) is
+ * ended and given back, its partial graph's owners with it; in a forked child it is
+ * kept (the parent's: its graph's lock may be held, invariant 22). */
 static void sim_stream_dealloc(PyObject *self) {
-    nhf_sim_stream *stream = ((sim_stream_object *)self)->stream;
+    sim_stream_object *object = (sim_stream_object *)self;
+    nhf_sim_stream *stream = object->stream;
     if (stream != NULL && !nhf_forked() && stream_stop(stream))
         pthread_detach(stream->thread);
+    PyObject *capture = object->capture;
+    object->capture = NULL;
+    if (capture != NULL && !nhf_forked()) {
+        capture_end(capture);
+        Py_DECREF(capture);
+    }
     Py_TYPE(self)->tp_free(self);
 }
 
 static PyMethodDef sim_stream_methods[] = {
     {"_open", sim_stream_open, METH_NOARGS, "_open($self, /)\n--\n\n"
      "Open the native stream (once)."},
+    {"_capture_begin", sim_stream_capture_begin, METH_O, "_capture_begin($self, capture, /)\n--\n\n"
+     "Begin capturing into capture (a SimGraph), unless a capture is under way."},
+    {"_capture_take", (PyCFunction)(void (*)(void))sim_stream_capture_take, METH_FASTCALL,
+     "_capture_take($self, only=None, /)\n--\n\n"
+     "End the capture under way (only this one, if given) and return it, or None."},
     {NULL, NULL, 0, NULL},
 };
 
 static PyGetSetDef sim_stream_getset[] = {
     {"_handle", sim_stream_handle, NULL, "The native stream's address (0 before _open).", NULL},
+    {"_capture", sim_stream_capture, NULL, "The capture under way (a SimGraph), or None.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -611,20 +693,6 @@ void *nhf_sim_stream_of(PyObject *object) {
     if (!PyObject_TypeCheck(object, &sim_stream_type))
         return NULL;
     return ((sim_stream_object *)object)->stream;
-}
-
-static PyObject *py_set_capturing(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nhf_check_nargs("sim_set_capturing(stream, capturing)", nargs, 2) < 0)
-        return NULL;
-    nhf_sim_stream *stream = stream_arg(args[0]);
-    int capturing = stream == NULL ? -1 : PyObject_IsTrue(args[1]);
-    if (capturing < 0)
-        return NULL;
-    pthread_mutex_lock(&stream->mutex);
-    stream->capturing = capturing;
-    pthread_mutex_unlock(&stream->mutex);
-    Py_RETURN_NONE;
 }
 
 /* A host function must not wait for streams (CUDA forbids it any CUDA call):
@@ -1076,8 +1144,6 @@ static PyMethodDef methods[] = {
      "Returns zeroed memory, never freed"},
     {"sim_context_start", py_context_start, METH_NOARGS, "sim_context_start($module, /)\n--\n\n"
      "Start the host-function thread."},
-    {"sim_set_capturing", (PyCFunction)(void (*)(void))py_set_capturing, METH_FASTCALL,
-     "sim_set_capturing($module, stream, capturing, /)\n--\n\n"},
     {"sim_sync", py_sync, METH_O, "sim_sync($module, stream, /)\n--\n\n"
      "Wait (GIL released) until the stream's work has run."},
     {"sim_in_host_function", py_in_host_function, METH_NOARGS,
