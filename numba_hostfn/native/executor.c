@@ -207,14 +207,14 @@ static void executor_dealloc(PyObject *self) {
     /* The pool is never freed: a stream may still wait on its words.  __del__
      * closes it; one that raised (an interrupt between its lines, no memory) or a
      * subclass's that did not call it left its threads running, parked for good:
-     * stopped here, never waiting for a stream (a task still outstanding: the
-     * threads run it and end, not joined), and joined when nothing is.  Not in a
-     * forked child (the parent's threads: a mutex may be held by one) nor at exit
-     * (a thread may wait for the GIL in a task, as Dispatcher's dealloc). */
+     * stopped here, never waiting for a stream (nhf_pool_let_go: joined when
+     * nothing is outstanding, else detached, to end once they ran the tasks).  Not
+     * in a forked child (the parent's threads: a mutex may be held by one) nor at
+     * exit (a thread may wait for the GIL in a task, as Dispatcher's dealloc). */
     nhf_pool *pool = ((nhf_executor_object *)self)->pool;
     if (pool != NULL && pool->pid == getpid() && !nhf_interpreter_finalizing()) {
         Py_BEGIN_ALLOW_THREADS
-        (void)nhf_pool_close(pool, true, 0); /* idempotent: 0 where __del__ closed it */
+        nhf_pool_let_go(pool); /* nothing to do where __del__ closed it */
         Py_END_ALLOW_THREADS
     }
     Py_TYPE(self)->tp_free(self);

@@ -330,6 +330,7 @@ nhf_pool *nhf_pool_new(long nthreads, long spin_ns, long poll_ns);
  * that long (stopped: call again to go on waiting). */
 #define NHF_POOL_CLOSE_WAITING (-1L)
 long nhf_pool_close(nhf_pool *pool, bool no_wait, long slice_ns);
+void nhf_pool_let_go(nhf_pool *pool);
 /* GIL held: a lane of pool for stream on words; NULL if no memory. */
 lane *nhf_lane_new(nhf_pool *pool, void *stream, void *words);
 /* Under the lane's enqueue mutex: the task for trampoline(record), numbered

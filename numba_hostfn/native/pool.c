@@ -503,6 +503,23 @@ stopped:;
     return 0;
 }
 
+/* Without the GIL: a pool that no one will close (its executor was collected with
+ * its __del__'s close stopped by an exception): stopped; joined if nothing is
+ * outstanding, else its threads detached, to end once they have run the tasks (on
+ * one of them, inside a task, the dealloc sees that task outstanding). */
+void nhf_pool_let_go(nhf_pool *pool) {
+    if (nhf_pool_close(pool, true, 0) == 0)
+        return; /* closed: its threads joined (or detached, with slots armed) */
+    pthread_mutex_lock(&pool->close_mutex);
+    if (!pool->closed) {
+        atomic_store(&pool->threads_released, 1);
+        for (long i = 0; i < pool->nthreads; i++)
+            pthread_detach(pool->threads[i]);
+        pool->closed = 1;
+    }
+    pthread_mutex_unlock(&pool->close_mutex);
+}
+
 /* Without the GIL: whether the stream has reached l's task numbered task (its
  * "reached" word at or past it: the write is in stream order, after all the work
  * before it), within budget_ns; spinning for the pool's spin_ns first if spin,
