@@ -653,7 +653,15 @@ static void sim_stream_dealloc(PyObject *self) {
     PyObject *capture = object->capture;
     object->capture = NULL;
     if (capture != NULL && !nhf_forked()) {
-        capture_end(capture);
+        /* Given back now, as SimGraph.release() does, not when another holder of the
+         * reference object (a builder collected with the stream) lets it go. */
+        sim_graph *k = atomic_exchange(&((sim_graph_ref *)capture)->k, NULL);
+        if (k != NULL) {
+            pthread_mutex_lock(&k->lock);
+            k->ended = 1;
+            pthread_mutex_unlock(&k->lock);
+            nhf_sim_graph_release(k);
+        }
         Py_DECREF(capture);
     }
     Py_TYPE(self)->tp_free(self);
