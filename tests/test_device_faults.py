@@ -27,7 +27,14 @@ import time
 
 import numpy as np
 import pytest
-from _device import CHILD_PREAMBLE, child_env, rerun_on_simulator, run_child, watchdog_polled
+from _device import (
+    CHILD_PREAMBLE,
+    Hold,
+    child_env,
+    rerun_on_simulator,
+    run_child,
+    watchdog_polled,
+)
 from numba import carray
 
 import numba_hostfn as nh
@@ -633,36 +640,44 @@ def test_a_fault_whose_list_of_streams_cannot_grow_still_answers_every_lane(requ
     them; a record it fails leaves every later survey, so a stream that the list left
     out (its growth failed: no memory) was never answered: its lane's tasks, which
     carry those records, stayed outstanding and close() waited for ever.  Where the
-    list lost a stream, every lane of the context is answered instead."""
+    list lost a stream, every lane of the context is answered instead, and only those: a
+    lane of another context still runs its task."""
     if rerun_on_simulator(request):
         return
-    ran = []
+    ran, ran_elsewhere = [], []
     s = nh.simulator.Stream()
+    nh.simulator.new_context()
+    elsewhere = nh.simulator.Stream()  # another, healthy context: its lane is not marked
+    nh.simulator.new_context()  # what the fixture's teardown leaves current
     ex = nh.HostExecutor(threads=1)
     before = nh.pending()
     _core._testing.watchdog_fail_stream_survey(True)
     try:
-        s.sleep(0.5)  # simulated device work, no record: the tasks go in before the fault
-        s.fault()
-        for i in range(3):  # Python callables: each task carries a record, watched
-            nh.host_launch(s, lambda i=i: ran.append(i), executor=ex)
-        deadline = time.monotonic() + 30  # a hang guard: before, they stayed for good
-        while ex.outstanding() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        outstanding = ex.outstanding()
+        with Hold(elsewhere):  # its task outstanding while the fault is answered
+            nh.host_launch(elsewhere, lambda: ran_elsewhere.append(1), executor=ex)
+            s.sleep(0.5)  # simulated device work, no record: the tasks go in before the fault
+            s.fault()
+            for i in range(3):  # Python callables: each task carries a record, watched
+                nh.host_launch(s, lambda i=i: ran.append(i), executor=ex)
+            deadline = time.monotonic() + 30  # a hang guard: before, they stayed for good
+            while ex.outstanding() > 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            outstanding = ex.outstanding()
     finally:
         _core._testing.watchdog_fail_stream_survey(False)
-    assert outstanding == 0 and _core._testing.watchdog_stats()["failed"] >= 3
+    assert outstanding == 1 and _core._testing.watchdog_stats()["failed"] >= 3
+    elsewhere.sync()
     ex.close()  # returns: nothing outstanding
     for _ in range(1000):
         nh.drain()
         if nh.pending() == before:
             break
         time.sleep(0.01)
-    assert nh.pending() == before and ran == []
+    assert nh.pending() == before and ran == [] and ran_elsewhere == [1]
     with pytest.raises(nh.DeviceFaultError):
         s.sync()
     s.close()
+    elsewhere.close()
 
 
 @nh.host_callback

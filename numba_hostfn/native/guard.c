@@ -174,12 +174,14 @@ static PyObject *py_close_guard(PyObject *self, PyObject *arg) {
 /* to_front_of_atexit(fn): atexit.register(functools.partial(fn)), then
  * atexit.unregister(fn): fn moved to the front of the atexit handlers (the last
  * registered runs first), in one native call, the threading exit hook that
- * _compat.register_first_atexit registers.  A Python function there took a
- * Ctrl-C between its two lines: fn, unregistered, never ran (the guard stayed
- * open through every later handler).  No bytecode runs here but a handler's own
- * __eq__, which unregister() calls: an exception there leaves fn registered
- * twice (each such fn is idempotent), never not at all; so the copy, a partial
- * (equal only to itself), goes in first. */
+ * _compat.register_first_atexit registers, once per fn.  A Python function there
+ * took a Ctrl-C between its two lines: fn, unregistered, never ran (the guard
+ * stayed open through every later handler).  Between the register and the
+ * unregister no bytecode runs but a handler's own __eq__, which unregister()
+ * calls: an exception there leaves fn registered twice (each such fn is
+ * idempotent), never not at all; so the copy, a partial (equal only to itself),
+ * goes in first.  Not idempotent itself: a second move of fn leaves its first
+ * copy registered (unregister(fn) does not match it). */
 static PyObject *py_to_front_of_atexit(PyObject *self, PyObject *fn) {
     (void)self;
     PyObject *atexit = PyImport_ImportModule("atexit");
