@@ -381,6 +381,15 @@ void nhf_sim_graph_release(void *graph_) {
     free(k);
 }
 
+/* The capture of graph k has ended: a node added from now on is refused
+ * (graph_add_node answers False).  Under the graph's lock: an add that took it
+ * first is a node of the capture, made before its end. */
+static void graph_end(sim_graph *k) {
+    pthread_mutex_lock(&k->lock);
+    k->ended = 1;
+    pthread_mutex_unlock(&k->lock);
+}
+
 /* A replay's last item (a stream's thread, or drop_item behind a fault): the next
  * replay of the graph may start, and the replay's reference is given back. */
 static void replay_end(void *graph_) {
@@ -577,11 +586,8 @@ static PyObject *sim_stream_handle(PyObject *self, void *closure) {
 /* GIL held: the capture's graph takes no more nodes (SimGraph.end()). */
 static void capture_end(PyObject *capture) {
     sim_graph *k = atomic_load(&((sim_graph_ref *)capture)->k);
-    if (k == NULL)
-        return;
-    pthread_mutex_lock(&k->lock);
-    k->ended = 1;
-    pthread_mutex_unlock(&k->lock);
+    if (k != NULL)
+        graph_end(k);
 }
 
 static void set_capturing(nhf_sim_stream *stream, int capturing) {
@@ -657,9 +663,7 @@ static void sim_stream_dealloc(PyObject *self) {
          * reference object (a builder collected with the stream) lets it go. */
         sim_graph *k = atomic_exchange(&((sim_graph_ref *)capture)->k, NULL);
         if (k != NULL) {
-            pthread_mutex_lock(&k->lock);
-            k->ended = 1;
-            pthread_mutex_unlock(&k->lock);
+            graph_end(k);
             nhf_sim_graph_release(k);
         }
         Py_DECREF(capture);
@@ -1092,17 +1096,13 @@ static PyObject *sim_graph_ref_release(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-/* end(): the capture of this graph has ended; a node added from now on is refused
- * (graph_add_node answers False).  Under the graph's lock: an add that took it
- * first is a node of the capture, made before its end. */
+/* end(): the capture of this graph has ended (graph_end). */
 static PyObject *sim_graph_ref_end(PyObject *self, PyObject *unused) {
     (void)unused;
     sim_graph *k = graph_arg(self);
     if (k == NULL)
         return NULL;
-    pthread_mutex_lock(&k->lock);
-    k->ended = 1;
-    pthread_mutex_unlock(&k->lock);
+    graph_end(k);
     Py_RETURN_NONE;
 }
 
