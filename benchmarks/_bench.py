@@ -17,6 +17,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -243,6 +244,53 @@ def build_with_nvcc(source: str, name: str) -> ctypes.CDLL:
         capture_output=True,
     )
     return ctypes.CDLL(out)
+
+
+GIL_FLOOR = r"""
+#include <Python.h>
+/* A CUhostFn that takes the GIL as numba_hostfn's trampoline does (a thread state
+   kept for the thread after its first call, nhf_gil_take) and calls the Python
+   callable whose address is its argument; nothing else: no record, no guard.  What
+   any callback through cuLaunchHostFunc that runs Python pays at least. */
+void gil_floor(void *callable)
+{
+    if (PyGILState_GetThisThreadState() == NULL) {
+        (void)PyGILState_Ensure();
+        (void)PyEval_SaveThread();
+    }
+    PyGILState_STATE state = PyGILState_Ensure();
+    PyObject *result = PyObject_CallNoArgs((PyObject *)callable);
+    if (result == NULL)
+        PyErr_WriteUnraisable((PyObject *)callable);
+    Py_XDECREF(result);
+    PyGILState_Release(state);
+}
+"""
+_GIL_FLOOR: list = []  # the ctypes CUhostFn, built once
+
+
+def gil_floor():
+    """``gil_floor``, a ctypes ``CUhostFn`` built from :data:`GIL_FLOOR` with the C
+    compiler that builds extensions for this Python; launch it with
+    ``user_data=id(callable)`` while the callable is kept alive."""
+    if not _GIL_FLOOR:
+        cc = (sysconfig.get_config_var("CC") or "cc").split()
+        if shutil.which(cc[0]) is None:
+            raise RuntimeError(f"no C compiler ({cc[0]}): row skipped")
+        build = tempfile.mkdtemp()
+        src, out = os.path.join(build, "gil_floor.c"), os.path.join(build, "libgil_floor.so")
+        with open(src, "w") as f:
+            f.write(GIL_FLOOR)
+        include = sysconfig.get_paths()["include"]
+        subprocess.run(
+            [*cc, "-O2", "-shared", "-fPIC", f"-I{include}", src, "-o", out],
+            check=True,
+            capture_output=True,
+        )
+        fn = ctypes.CDLL(out).gil_floor  # its Python symbols are the process's own
+        fn.restype, fn.argtypes = None, (ctypes.c_void_p,)
+        _GIL_FLOOR.append(fn)
+    return _GIL_FLOOR[0]
 
 
 class Gate:

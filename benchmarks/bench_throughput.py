@@ -23,6 +23,7 @@ from _bench import (
     compiled_functions,
     cupy_stream,
     find,
+    gil_floor,
     interleaved,
     noop,
     noop_arg,
@@ -32,6 +33,7 @@ from _bench import (
 
 GROUP = "throughput"
 HELD = "run behind held work, enqueue not timed"
+FLOOR = "GIL floor: a C CUhostFn taking the GIL to call the callable"
 PLOTS = [(GROUP, "throughput.png")]
 
 
@@ -49,10 +51,10 @@ def run(nh, device, n: int, repeats: int) -> None:
 def _interleave(nh, device, streams: list, empty, n: int, repeats: int) -> None:
     """The rows of one stream count, one loop of each per round."""
 
-    def run_one(fn) -> float:
+    def run_one(fn, user_data=None) -> float:
         start = time.perf_counter()
         for i in range(n):
-            nh.host_launch(streams[i % len(streams)], fn)
+            nh.host_launch(streams[i % len(streams)], fn, user_data=user_data)
         for s in streams:
             s.sync()
         elapsed = time.perf_counter() - start
@@ -67,11 +69,11 @@ def _interleave(nh, device, streams: list, empty, n: int, repeats: int) -> None:
     if len(streams) == 1:
         gate = Gate(device)
 
-        def run_held(fn) -> float:
+        def run_held(fn, user_data=None) -> float:
             gate.close_on(streams[0])
             try:
                 for _ in range(n):
-                    nh.host_launch(streams[0], fn)
+                    nh.host_launch(streams[0], fn, user_data=user_data)
                 start = time.perf_counter()
             finally:  # a failing row must leave the stream neither held nor busy
                 gate.open()
@@ -82,6 +84,10 @@ def _interleave(nh, device, streams: list, empty, n: int, repeats: int) -> None:
 
         rows[f"HostFunction, 1 stream, {HELD}"] = lambda: run_held(empty)
         rows[f"Python callable, 1 stream, {HELD}"] = lambda: run_held(noop)
+        # The floor under the end-to-end target: the same callable called by a C
+        # CUhostFn that only takes the GIL (a failure to build it is the rows' note).
+        rows[f"{FLOOR}, 1 stream"] = lambda: run_one(gil_floor(), id(noop))
+        rows[f"{FLOOR}, 1 stream, {HELD}"] = lambda: run_held(gil_floor(), id(noop))
     if not device.simulator and len(streams) == 1:
         cupy = []  # made at its first sample: a failure to import CuPy is the row's note
 
@@ -120,4 +126,22 @@ def targets() -> list[Target]:
             ),
             None,
         ),
+        # Informational (2026-12-07): what any Python callback through
+        # cuLaunchHostFunc pays, whatever wraps it, against the target's baseline;
+        # then what the package adds above that floor.
+        *(
+            target(
+                f"{a} / {b}, 1 stream{held}",
+                ratio(
+                    find(GROUP, f"{ROW[a]}, 1 stream{held}"),
+                    find(GROUP, f"{ROW[b]}, 1 stream{held}"),
+                ),
+                None,
+            )
+            for held in ("", f", {HELD}")
+            for a, b in (("GIL floor", "HostFunction"), ("Python callable", "GIL floor"))
+        ),
     ]
+
+
+ROW = {"GIL floor": FLOOR, "HostFunction": "HostFunction", "Python callable": "Python callable"}

@@ -171,7 +171,7 @@ def test_benchmark_suite_smoke(tmp_path):
     # Throughput on the simulator: 1 stream (also run behind held work) and 4 streams,
     # every row measured, and the held rows' ratio among the targets.
     throughput = report.split("### throughput")[1].split("###")[0]
-    assert throughput.count("| µs/fn |") == 6 and "| -- " not in throughput, throughput
+    assert throughput.count("| µs/fn |") == 8 and "| -- " not in throughput, throughput
     held = "Python callable / HostFunction, 1 stream, run behind held work, enqueue not timed"
     assert f"| {held} | n/a |" not in report, report
     # The executor's enqueue, timed on the enqueuing thread: both launches measured.
