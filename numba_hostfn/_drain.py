@@ -14,6 +14,14 @@ def pending() -> int:
     Returns
     -------
     int
+
+    Raises
+    ------
+    BackendUnavailableError
+        If no backend can be chosen (no CUDA driver, and the simulator not
+        selected).
+    RuntimeError
+        In a forked child (use the ``spawn`` start method).
     """
     return get_backend().records.pending()
 
@@ -35,6 +43,14 @@ def drain() -> int:
     -------
     int
         How many launches were released.
+
+    Raises
+    ------
+    BackendUnavailableError
+        If no backend can be chosen (no CUDA driver, and the simulator not
+        selected).
+    RuntimeError
+        In a forked child (use the ``spawn`` start method).
     """
     # First, so that a forked child is refused (RuntimeError, naming 'spawn')
     # before a batch waits for a lock that a thread of the parent held at fork.

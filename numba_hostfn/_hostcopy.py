@@ -384,6 +384,11 @@ def host_copy(stream: Any, dst: Any, src: Any, *, executor: Any = None) -> Any:
         neither C-contiguous nor evenly spaced contiguous rows, the two share a byte,
         a buffer is a released ``memoryview`` or a closed ``mmap``, or a cuda.core
         ``Buffer`` is device memory.  Nothing was enqueued.
+    RuntimeError
+        If the executor is closed, or the target refuses a launch (a closed
+        simulated stream, a capture that cannot take a node, a GraphBuilder
+        that is not building; a failing driver call: :class:`CudaDriverError`),
+        as for :func:`host_launch`.  Nothing was enqueued.
     """
     # The stream first (its type, then its handle, read once), then executor=, then
     # the buffers, as host_launch, done_future and async_done check theirs: the

@@ -50,6 +50,10 @@ def add_callback(stream: Any, callback: Any, arg: Any = None) -> None:
         ``(stream, status, arg)`` (as far as its signature says), or is a
         coroutine or generator function (its body would never run).  Nothing
         was enqueued.
+    RuntimeError
+        If the stream refuses the launch (a closed simulated stream, a capture
+        that cannot take a node; a failing driver call: :class:`CudaDriverError`),
+        as for :func:`host_launch`.  Nothing was enqueued.
     """
     # The stream first (its type, then its handle, asked once), as host_launch does:
     # a wrong stream is reported before a wrong callback.
