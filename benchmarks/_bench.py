@@ -266,7 +266,7 @@ void gil_floor(void *callable)
     PyGILState_Release(state);
 }
 """
-_GIL_FLOOR: list = []  # the ctypes CUhostFn, built once
+_GIL_FLOOR: list = []  # the ctypes CUhostFn and its library, built once
 
 
 def gil_floor():
@@ -287,9 +287,11 @@ def gil_floor():
             check=True,
             capture_output=True,
         )
-        fn = ctypes.CDLL(out).gil_floor  # its Python symbols are the process's own
-        fn.restype, fn.argtypes = None, (ctypes.c_void_p,)
-        _GIL_FLOOR.append(fn)
+        lib = ctypes.CDLL(out)  # its Python symbols are the process's own
+        # As CFUNCTYPE(None, c_void_p), the type host_launch's native path takes: the
+        # library's own function object goes through the Python path (a few µs more).
+        address = ctypes.cast(lib.gil_floor, ctypes.c_void_p).value
+        _GIL_FLOOR.extend((ctypes.CFUNCTYPE(None, ctypes.c_void_p)(address), lib))
     return _GIL_FLOOR[0]
 
 
