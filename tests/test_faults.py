@@ -165,6 +165,33 @@ def test_a_refused_drain_is_retried_by_the_next_completion(device, stream):
         device.close_stream(other)
 
 
+def test_the_next_enqueue_drains_what_a_refused_drain_left(device, stream):
+    """Invariant 14: a completion finds the pending-call queue full, and no completion
+    follows (the other stream is held); the next launch's enqueue drains it at once."""
+    from numba_hostfn import _core
+
+    before = _core._testing.schedule_failures()
+    first = np.zeros(1, np.int64)
+    first_alive = weakref.ref(first)
+    other = device.create_stream()
+    try:
+        device.delay(other, 6.0)  # no completion on it until the end
+        device.delay(stream, 0.3)  # completes while the queue is full
+        nh.host_launch(stream, _increment, user_data=nh.by_ref(first))
+        del first
+        io = np.array([0, 1_200_000], np.int64)
+        _fill_pending_calls_then_wait.ctypes(io.ctypes.data)  # as in the test above
+        assert io[0] > 0, "the pending-call queue was already full"
+        assert _core._testing.schedule_failures() > before, "the drain was not refused"
+        assert first_alive() is not None, "released with no drain: the test proves nothing"
+        nh.host_launch(other, _increment, user_data=nh.by_ref(np.zeros(1, np.int64)))
+        assert first_alive() is None, "the enqueue did not drain what had run"
+    finally:
+        other.sync()
+        device.close_stream(other)
+        nh.drain()
+
+
 # ---- faults with defined outcomes (docs/errors.md) ----
 
 

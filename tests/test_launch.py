@@ -176,6 +176,28 @@ def test_finalizer_run_by_the_drain_may_launch_again(stream):
     assert nh.pending() == 0
 
 
+def test_a_record_is_released_before_its_owners_finalizer_runs(stream):
+    """Invariant 11: the record is unlinked (no longer held, its owner no longer read
+    from it) before its owner is dropped: a finalizer sees neither."""
+    seen = []
+
+    class Probe:
+        def __call__(self):
+            pass
+
+        def __del__(self):
+            owners = [o for o in _core._testing.held_owners() if type(o) is Probe]
+            seen.append((_core.held(), owners))
+
+    nh.host_launch(stream, Probe())
+    stream.sync()
+    nh.drain()
+    deadline = time.monotonic() + 30  # a hang guard: the drain above released it
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert seen == [(0, [])]
+
+
 def test_by_ref_buffer_kept_alive_until_run_then_released(stream, device):
     counter = np.zeros(1, np.int64)
     alive = weakref.ref(counter)

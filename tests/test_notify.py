@@ -955,6 +955,19 @@ def test_done_future_is_settled_once_by_whichever_thread_sees_it_first(device, u
         nh.drain()
 
 
+def test_a_second_settle_of_a_done_future_changes_nothing(stream):
+    """Invariant 25: once settled, a later settle (a fault's, or the stream's) neither
+    replaces the result nor runs the done callbacks again."""
+    calls = []
+    future = nh.done_future(stream)
+    future.add_done_callback(calls.append)
+    assert future.result(timeout=30) is future._stream
+    future._settle(RuntimeError("a late fault"))
+    future._settle()
+    assert calls == [future]
+    assert future.exception(timeout=0) is None and future.result(timeout=0) is future._stream
+
+
 def test_done_future_result_times_out_and_cancels_while_it_watches(stream):
     """The watch honours result(timeout) and exception(timeout), and a cancel
     from another thread ends it (the future is looked at between watches)."""
@@ -1048,6 +1061,41 @@ def test_async_done_resolves_in_the_middle_of_a_loop_turn(stream):
         return resolved
 
     assert asyncio.run(main()), "the wait resolved only when the loop polled its descriptor"
+
+
+def test_a_loops_waits_resolve_on_its_own_thread_only(device):
+    """Invariant 19: a loop on a worker thread, busy (not running its reader), keeps
+    its wait pending while the main thread's pending call resolves its own loop's."""
+    a, b = device.create_stream(), device.create_stream()
+    seen = {}
+
+    def worker() -> None:
+        async def main() -> None:
+            device.delay(a, 0.1)
+            wait = nh.async_done(a)
+            time.sleep(1.0)  # the loop is busy: its reader cannot run
+            seen["done while busy"] = wait.done()
+            await wait
+
+        asyncio.run(main())
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    try:
+
+        async def main_loop() -> None:
+            await asyncio.sleep(0.05)
+            device.delay(b, 0.4)
+            await nh.async_done(b)  # its signal's pending call runs on the main thread
+
+        asyncio.run(main_loop())
+    finally:
+        thread.join(30)
+        for s in (a, b):
+            s.sync()
+            device.close_stream(s)
+        nh.drain()
+    assert seen == {"done while busy": False}
 
 
 def test_a_burst_of_waits_resolves_in_order(stream):
