@@ -594,6 +594,31 @@ def test_a_failed_launch_is_released_on_the_main_thread(request):
 
 
 @pytest.mark.usefixtures("faulted_context")
+def test_a_failed_launchs_record_never_goes_back_to_the_free_list(request):
+    """Invariant 23: the record of a launch that a fault kept from running is released
+    (its owners dropped) but never taken again: the driver may yet call its
+    trampoline, which must find it failed, not another launch's."""
+    if rerun_on_simulator(request):
+        return
+    free_records = _core._testing.free_records
+    ran = []
+    nh.drain()
+    assert nh.pending() == 0
+    s = nh.simulator.Stream()
+    s.sleep(0.5)
+    s.fault()
+    nh.host_launch(s, lambda: ran.append(1))
+    taken = free_records()
+    for _ in range(3000):  # the watchdog fails it; the pending call drains it
+        if nh.pending() == 0:
+            break
+        time.sleep(0.01)
+    assert nh.pending() == 0 and ran == []
+    assert free_records() == taken, "the failed record went back to the free list"
+    s.close()
+
+
+@pytest.mark.usefixtures("faulted_context")
 def test_a_faulted_lane_fails_its_direct_tasks_and_releases_their_owners(request):
     """Compiled code on an executor's lane is a direct task, with no launch record
     (invariant 15): the watchdog finds its context through the lane

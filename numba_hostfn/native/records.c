@@ -371,7 +371,19 @@ static PyObject *py_release_kept(PyObject *self, PyObject *address) {
     Py_RETURN_NONE;
 }
 
+/* free_records() -> int: the records on the free list (for tests: a failed record
+ * never goes back there, invariant 23). */
+static PyObject *py_free_records(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    Py_ssize_t n = 0;
+    for (nhf_record *record = free_list.records; record != NULL; record = record->next)
+        n++; /* taken and given back with the GIL, which is held */
+    return PyLong_FromSsize_t(n);
+}
+
 static PyMethodDef testing_methods[] = {
+    {"free_records", py_free_records, METH_NOARGS, "free_records($module, /)\n--\n\n"
+     "The records on the free list (for tests)."},
     {"release_kept", py_release_kept, METH_O, "release_kept($module, record, /)\n--\n\n"
      "Release a record kept for good (for tests)."},
     {"held_owners", py_held_owners, METH_NOARGS, "held_owners($module, /)\n--\n\n"
