@@ -274,19 +274,25 @@ def gil_floor():
     compiler that builds extensions for this Python; launch it with
     ``user_data=id(callable)`` while the callable is kept alive."""
     if not _GIL_FLOOR:
-        cc = (sysconfig.get_config_var("CC") or "cc").split()
+        # As setuptools picks it: $CC, else the compiler this Python was built with.
+        cc = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()
         if shutil.which(cc[0]) is None:
-            raise RuntimeError(f"no C compiler ({cc[0]}): row skipped")
+            raise RuntimeError(f"the GIL floor did not build: no C compiler ({cc[0]})")
         build = tempfile.mkdtemp()
         src, out = os.path.join(build, "gil_floor.c"), os.path.join(build, "libgil_floor.so")
         with open(src, "w") as f:
             f.write(GIL_FLOOR)
         include = sysconfig.get_paths()["include"]
-        subprocess.run(
+        built = subprocess.run(
             [*cc, "-O2", "-shared", "-fPIC", f"-I{include}", src, "-o", out],
-            check=True,
             capture_output=True,
+            text=True,
         )
+        if built.returncode:
+            raise RuntimeError(
+                f"the GIL floor did not build ({' '.join(cc)}, exit {built.returncode}): "
+                f"{built.stderr.strip()[-200:]}"
+            )
         lib = ctypes.CDLL(out)  # its Python symbols are the process's own
         # As CFUNCTYPE(None, c_void_p), the type host_launch's native path takes: the
         # library's own function object goes through the Python path (a few µs more).
