@@ -1064,38 +1064,44 @@ def test_async_done_resolves_in_the_middle_of_a_loop_turn(stream):
 
 
 def test_a_loops_waits_resolve_on_its_own_thread_only(device):
-    """Invariant 19: a loop on a worker thread, busy (not running its reader), keeps
-    its wait pending while the main thread's pending call resolves its own loop's."""
+    """Invariant 19: a loop on a worker thread, busy (blocked, not running its reader),
+    keeps its wait pending while the main thread's pending call resolves its own
+    loop's: read from the main thread while the worker is still blocked (from 3.12 a
+    pending call may run on any thread, the worker's too once it runs Python again)."""
     a, b = device.create_stream(), device.create_stream()
-    seen = {}
+    waiting, blocked = [], threading.Event()
 
     def worker() -> None:
         async def main() -> None:
             device.delay(a, 0.1)
-            wait = nh.async_done(a)
-            time.sleep(1.0)  # the loop is busy: its reader cannot run
-            seen["done while busy"] = wait.done()
-            await wait
+            waiting.append(nh.async_done(a))
+            blocked.set()
+            time.sleep(2.0)  # the loop is busy: its reader cannot run
+            await waiting[0]
 
         asyncio.run(main())
 
     thread = threading.Thread(target=worker)
     thread.start()
     try:
+        assert blocked.wait(30)
 
         async def main_loop() -> None:
-            await asyncio.sleep(0.05)
             device.delay(b, 0.4)
             await nh.async_done(b)  # its signal's pending call runs on the main thread
 
         asyncio.run(main_loop())
+        for _ in range(20):  # pending calls run here, between the sleeps
+            time.sleep(0.01)
+        done_while_blocked = waiting[0].done()
     finally:
         thread.join(30)
         for s in (a, b):
             s.sync()
             device.close_stream(s)
         nh.drain()
-    assert seen == {"done while busy": False}
+    assert done_while_blocked is False
+    assert waiting[0].done() and not thread.is_alive()
 
 
 def test_a_burst_of_waits_resolves_in_order(stream):
