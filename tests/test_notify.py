@@ -1069,14 +1069,14 @@ def test_a_loops_waits_resolve_on_its_own_thread_only(device):
     loop's: read from the main thread while the worker is still blocked (from 3.12 a
     pending call may run on any thread, the worker's too once it runs Python again)."""
     a, b = device.create_stream(), device.create_stream()
-    waiting, blocked = [], threading.Event()
+    waiting, blocked, release = [], threading.Event(), threading.Event()
 
     def worker() -> None:
         async def main() -> None:
             device.delay(a, 0.1)
             waiting.append(nh.async_done(a))
             blocked.set()
-            time.sleep(2.0)  # the loop is busy: its reader cannot run
+            release.wait(60)  # the loop is busy: its reader cannot run
             await waiting[0]
 
         asyncio.run(main())
@@ -1095,6 +1095,7 @@ def test_a_loops_waits_resolve_on_its_own_thread_only(device):
             time.sleep(0.01)
         done_while_blocked = waiting[0].done()
     finally:
+        release.set()
         thread.join(30)
         for s in (a, b):
             s.sync()
