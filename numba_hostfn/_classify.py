@@ -155,7 +155,10 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
         # (ctypes calls it by its type's own flags; the native path takes it so).
         flags = _CDECL if type(fn) is CUhostFn else pointer_flags(fn)
         if flags != _CDECL:
-            kind = "PYFUNCTYPE" if flags & FUNCFLAG_PYTHONAPI else f"flags {flags:#x}"
+            if not isinstance(flags, int):  # a class attribute set to anything
+                kind = f"_flags_ {flags!r}"
+            else:
+                kind = "PYFUNCTYPE" if flags & FUNCFLAG_PYTHONAPI else f"flags {flags:#x}"
             raise _prototype_error(f"declared with {kind}")
         restype, argtypes = pointer_prototype(fn)  # as host_launch.c reads it
         if restype is not None or tuple(argtypes or ()) != (ctypes.c_void_p,):

@@ -54,7 +54,9 @@ the GILState counter                   a foreign thread keeps the thread state i
                                        public base classes
 ``ctypes._FUNCFLAG_CDECL``,            check a pointer's calling convention: a
 ``_FUNCFLAG_PYTHONAPI``, ``_flags_``   ``CUhostFn`` is ``cdecl`` and not a ``PYFUNCTYPE``
-                                       (the prototype class's ``_flags_``)
+                                       (the prototype class's ``_flags_``, which
+                                       ``host_launch.c`` reads for any class but
+                                       ``CUhostFn``)
 a function pointer's buffer            a ctypes function pointer's buffer is the pointer
                                        itself: its address is read there
                                        (:func:`pointer_address`; ``host_launch.c`` the same)

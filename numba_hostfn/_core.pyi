@@ -157,6 +157,8 @@ def configure_launch(
     sim_stream_type: type | None = ...,
     cuda_stream_type: type | None = ...,
     cuhostfn_type: type | None = ...,
+    pointer_type: type | None = ...,
+    cdecl_flags: int | None = ...,
     byref_type: type | None = ...,
     c_void_p: type | None = ...,
     prototype: tuple[Any, Any] | None = ...,

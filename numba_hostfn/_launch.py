@@ -17,7 +17,7 @@ from typing import Any
 
 from . import _core
 from ._classify import classify_function, compiled_layout
-from ._compat import POINTER_PROTOTYPE
+from ._compat import FUNCFLAG_CDECL, POINTER_PROTOTYPE, CFuncPtr
 from ._enqueue import check_target, enqueue, raise_refused, user_data_with_callable
 from ._errors import keeps_nothing_on_refusal
 from ._executor import check_executor
@@ -191,6 +191,8 @@ def _configure_native(backend: Any) -> None:
         sim_stream_type=backend.stream_type if backend.name == "simulator" else None,
         cuda_stream_type=backend.stream_type if backend.name == "cuda" else None,
         cuhostfn_type=CUhostFn,
+        pointer_type=CFuncPtr,
+        cdecl_flags=FUNCFLAG_CDECL,
         byref_type=ByRef,
         c_void_p=ctypes.c_void_p,
         prototype=POINTER_PROTOTYPE,

@@ -45,6 +45,19 @@ class Callable:
         pass
 
 
+def _library_function():
+    """libc's ``free`` as ``void (*)(void *)``: a ctypes ``CDLL`` function, of its
+    library's own prototype class (not CUhostFn), declared on the instance."""
+    free = ctypes.CDLL(None).free
+    free.restype, free.argtypes = None, [ctypes.c_void_p]  # argtypes gives back the list
+    return free
+
+
+class _SubHostFn(nh.CUhostFn):
+    # ctypes reads a prototype class's own, at its creation: a subclass declares them
+    _flags_, _restype_, _argtypes_ = ctypes._FUNCFLAG_CDECL, None, (ctypes.c_void_p,)
+
+
 def _counts_of(launch):
     """The native path's counters changed by ``launch()``, called once after a first call."""
     launch()  # the first launch may choose the backend (it falls through, to Python)
@@ -89,6 +102,10 @@ FAST_CASES = {
     "HostFunction, blocking=True": (lambda: touch, {"blocking": True, "user_data": 5}, "compiled"),
     "ctypes CUhostFn": (lambda: touch.ctypes, {"user_data": 7}, "pointer"),
     "ctypes CUhostFn, None": (lambda: touch.ctypes, {}, "pointer"),
+    # A C library's function, declared on the instance as ctypes' docs declare one
+    # (free(NULL) does nothing), and a subclass of CUhostFn.
+    "a C library's function": (lambda: _library_function(), {}, "pointer"),
+    "a subclass of CUhostFn": (lambda: _SubHostFn(touch.address), {"user_data": 7}, "pointer"),
     "plain function": (lambda: plain, {}, "python"),
     "function with a default": (lambda: with_default, {}, "python"),
     "bound method": (lambda: Callable().method, {}, "python"),
@@ -242,6 +259,7 @@ def test_host_launch_looks_like_the_python_implementation():
         "plain function",
         "bound method",
         "ctypes CUhostFn",
+        "a C library's function",
     ],
 )
 def test_both_paths_take_and_give_back_the_same_references(stream, case):
@@ -902,6 +920,81 @@ def test_a_flags_class_attribute_does_not_change_a_cuhostfn(stream):
     finally:
         nh.CUhostFn._flags_ = flags
     assert fast == python == "ok", (fast, python)
+
+
+def test_a_pointer_of_another_prototype_class_is_launched_natively_and_runs(stream):
+    """A ctypes function pointer whose class is not CUhostFn (a C library's function is
+    of its library's class) took the Python path, at about six times a CUhostFn's
+    cost.  Its class's ``_flags_`` (cdecl) and the prototype on the instance (argtypes
+    given as a list) are what the Python path reads: the native path launches it,
+    and the driver's thread calls the address."""
+    counter = np.zeros(1, np.int64)
+    fn = ctypes.CFUNCTYPE(ctypes.c_int)(_increment.address)
+    fn.restype, fn.argtypes = None, [ctypes.c_void_p]
+    ref = nh.by_ref(counter)
+    assert _counts_of(lambda: nh.host_launch(stream, fn, user_data=ref)) == {"pointer": 1}
+    stream.sync()
+    assert counter[0] == 2
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        pytest.param(ctypes._FUNCFLAG_CDECL, id="cdecl"),
+        pytest.param(ctypes.PYFUNCTYPE(None, ctypes.c_void_p)._flags_, id="PYFUNCTYPE"),
+        pytest.param(ctypes.CFUNCTYPE(None, use_errno=True)._flags_, id="use_errno"),
+        pytest.param(float(ctypes._FUNCFLAG_CDECL), id="cdecl as a float"),
+        pytest.param(True, id="True"),
+        pytest.param(None, id="None"),
+    ],
+)
+def test_a_pointer_classs_flags_mean_the_same_on_both_paths(stream, flags):
+    """A pointer of a class other than CUhostFn is cdecl by its class's ``_flags_`` on
+    both paths: the native path launches it only for the exact int, and hands any
+    other value to the Python path, which launches (``True == 1``, ``1.0 == 1``) or
+    refuses it (PYFUNCTYPE, use_errno, None) with nothing enqueued."""
+
+    class Declared(_SubHostFn):
+        _flags_, _restype_, _argtypes_ = _SubHostFn._flags_, None, (ctypes.c_void_p,)
+
+    Declared._flags_ = flags  # the attribute alone (ctypes checks it at class creation)
+    pointer = Declared(touch.address)
+    fast, python = _both_paths(stream, lambda: nh.host_launch(stream, pointer))
+    assert fast == python, (fast, python)
+    accepted = flags == ctypes._FUNCFLAG_CDECL
+    assert (fast == "ok") is accepted, fast
+    if not accepted:
+        assert fast[0] == "TypeError" and "CUhostFn" in fast[1], fast
+    native = _counts_of(lambda: _launched_or_refused(stream, pointer))
+    assert native == ({"pointer": 1} if type(flags) is int and accepted else {"fell_through": 1})
+
+
+def _launched_or_refused(stream, fn):
+    with contextlib.suppress(TypeError):
+        nh.host_launch(stream, fn)
+
+
+def test_configure_launch_checks_the_pointer_keywords():
+    with pytest.raises(TypeError, match="pointer_type="):
+        _core.configure_launch(pointer_type=ctypes.c_void_p(0))
+    with pytest.raises(TypeError, match="cdecl_flags="):
+        _core.configure_launch(cdecl_flags="1")
+
+
+def test_without_the_pointer_keywords_only_a_cuhostfn_is_native(stream):
+    from numba_hostfn._process import get_backend
+
+    other = _library_function()
+    nh.host_launch(stream, other)  # the backend is made and configured
+    try:
+        _core.configure_launch(pointer_type=None, cdecl_flags=None)
+        assert _counts_of(lambda: nh.host_launch(stream, other)) == {"fell_through": 1}
+        assert _counts_of(lambda: nh.host_launch(stream, touch.ctypes)) == {"pointer": 1}
+    finally:
+        _launch._configure_native(get_backend())
+    assert _counts_of(lambda: nh.host_launch(stream, other)) == {"pointer": 1}
+    stream.sync()
+    nh.drain()
 
 
 def test_a_refused_configure_launch_leaves_no_half_configured_fast_path(stream):

@@ -97,7 +97,7 @@ static PyObject *declared(PyObject *descr, PyObject *fn) {
 }
 
 /* A ctypes CUhostFn as the instance declares it now: restype None, argtypes
- * (c_void_p,), and its address (the pointer is the object's buffer). */
+ * (c_void_p,) or [c_void_p], and its address (the pointer is the object's buffer). */
 static enum nhf_kind ctypes_pointer(PyObject *fn, uintptr_t *address) {
     PyObject *restype = declared(nhf_launch.restype_descr, fn);
     if (restype == NULL) {
@@ -113,8 +113,13 @@ static enum nhf_kind ctypes_pointer(PyObject *fn, uintptr_t *address) {
         clear_ordinary_error();
         return UNKNOWN;
     }
-    bool one_pointer = PyTuple_CheckExact(argtypes) && PyTuple_GET_SIZE(argtypes) == 1 &&
-                       PyTuple_GET_ITEM(argtypes, 0) == nhf_launch.c_void_p;
+    /* A tuple (a prototype class's), or a list (what an instance's argtypes give
+     * back as set: a C library's function is declared so); Python takes any
+     * sequence of the one type. */
+    bool one_pointer =
+        (PyTuple_CheckExact(argtypes) || PyList_CheckExact(argtypes)) &&
+        PySequence_Fast_GET_SIZE(argtypes) == 1 &&
+        PySequence_Fast_GET_ITEM(argtypes, 0) == nhf_launch.c_void_p;
     Py_DECREF(argtypes);
     if (!one_pointer)
         return UNKNOWN;
@@ -131,6 +136,27 @@ static enum nhf_kind ctypes_pointer(PyObject *fn, uintptr_t *address) {
         return UNKNOWN;
     *address = value;
     return NHF_KIND_POINTER;
+}
+
+/* A ctypes function pointer of another prototype class than CUhostFn (a C
+ * library's function, a subclass): whether its class's _flags_ are exactly
+ * cdecl, as _compat.pointer_flags reads them (an attribute of the class; ctypes'
+ * own flags are in its private type data).  Anything else, a flag more
+ * (use_errno) or a value that is no exact int, is the Python path's, which
+ * decides by the same attribute. */
+static bool declared_cdecl(PyTypeObject *type) {
+    PyObject *cdecl = nhf_launch.cdecl_flags;
+    if (cdecl == NULL)
+        return false;
+    PyObject *flags = PyObject_GetAttr((PyObject *)type, nhf_launch.s_flags);
+    if (flags == NULL) {
+        clear_ordinary_error();
+        return false;
+    }
+    uint64_t value, wanted;
+    bool same = exact_u64(flags, &value) && exact_u64(cdecl, &wanted) && value == wanted;
+    Py_DECREF(flags);
+    return same;
 }
 
 /* What fn is: a kind, or UNKNOWN to fall through.  For compiled code, its
@@ -156,6 +182,9 @@ static enum nhf_kind function_kind(PyObject *fn, uintptr_t *address, nhf_compile
         return NHF_KIND_COMPILED;
     }
     if ((PyObject *)type == nhf_launch.cuhostfn_type)
+        return ctypes_pointer(fn, address);
+    if (nhf_launch.pointer_type != NULL &&
+        PyObject_TypeCheck(fn, (PyTypeObject *)nhf_launch.pointer_type) && declared_cdecl(type))
         return ctypes_pointer(fn, address);
     return UNKNOWN;
 }

@@ -67,10 +67,11 @@ static int set_prototype(PyObject *value) {
 }
 
 /* configure_launch(*, fallback=, answered=, raise_status=, route=, executor_route=,
- * sim_stream_type=, cuda_stream_type=, cuhostfn_type=, byref_type=, c_void_p=, prototype=,
- * wanted=):
+ * sim_stream_type=, cuda_stream_type=, cuhostfn_type=, pointer_type=, cdecl_flags=,
+ * byref_type=, c_void_p=, prototype=, wanted=):
  * each given keyword sets what host_launch uses; the fast path is on once all
- * but the stream types are set.  wanted=False sends every call to Python. */
+ * but the stream types, pointer_type and cdecl_flags are set (without those two,
+ * only a CUhostFn is the native path's among ctypes pointers).  wanted=False sends every call to Python. */
 PyObject *nhf_py_configure_launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                                   PyObject *kwnames) {
     (void)self;
@@ -98,6 +99,18 @@ PyObject *nhf_py_configure_launch(PyObject *self, PyObject *const *args, Py_ssiz
                 goto out;
         } else if (!strcmp(name, "cuhostfn_type"))
             set_object(&nhf_launch.cuhostfn_type, value);
+        else if (!strcmp(name, "pointer_type")) {
+            if (set_type(&nhf_launch.pointer_type, value, name, NULL) < 0)
+                goto out;
+        } else if (!strcmp(name, "cdecl_flags")) {
+            if (value != Py_None && !PyLong_CheckExact(value)) {
+                PyErr_Format(PyExc_TypeError,
+                             "configure_launch(cdecl_flags=) expected an int or None, got %R",
+                             value);
+                goto out;
+            }
+            set_object(&nhf_launch.cdecl_flags, value);
+        }
         else if (!strcmp(name, "byref_type")) {
             if (set_type(&nhf_launch.byref_type, value, name, &nhf_byref_type) < 0)
                 goto out;
@@ -170,6 +183,7 @@ static PyMethodDef methods[] = {
      "raise_status=<unrepresentable>, route=<unrepresentable>, "
      "executor_route=<unrepresentable>, sim_stream_type=<unrepresentable>, "
      "cuda_stream_type=<unrepresentable>, cuhostfn_type=<unrepresentable>, "
+     "pointer_type=<unrepresentable>, cdecl_flags=<unrepresentable>, "
      "byref_type=<unrepresentable>, "
      "c_void_p=<unrepresentable>, prototype=<unrepresentable>, "
      "wanted=<unrepresentable>)\n--\n\n"
@@ -191,8 +205,10 @@ int nhf_launch_config_init(PyObject *module) {
     nhf_launch.s_executor = interned("executor");
     nhf_launch.s_blocking = interned("blocking");
     nhf_launch.s_cuda_stream = interned("__cuda_stream__");
+    nhf_launch.s_flags = interned("_flags_");
     if (!nhf_launch.s_stream || !nhf_launch.s_fn || !nhf_launch.s_user_data ||
-        !nhf_launch.s_executor || !nhf_launch.s_blocking || !nhf_launch.s_cuda_stream)
+        !nhf_launch.s_executor || !nhf_launch.s_blocking || !nhf_launch.s_cuda_stream ||
+        !nhf_launch.s_flags)
         return -1;
     return 0;
 }

@@ -614,6 +614,11 @@ struct nhf_launch_config {
     PyObject *sim_stream_type;  /* numba_hostfn.simulator.Stream (exactly) */
     PyObject *cuda_stream_type; /* cuda.core's Stream (and its subclasses) */
     PyObject *cuhostfn_type;    /* ctypes.CFUNCTYPE(None, ctypes.c_void_p) */
+    /* ctypes._CFuncPtr, and its cdecl flag (ctypes._FUNCFLAG_CDECL): a function
+     * pointer of another prototype class (a C library's function, a subclass of
+     * CUhostFn) is launched when its class's _flags_ say cdecl (NULL: never) */
+    PyObject *pointer_type;
+    PyObject *cdecl_flags;
     PyObject *byref_type;       /* numba_hostfn.ByRef (and its subclasses) */
     PyObject *c_void_p;         /* ctypes.c_void_p */
     /* ctypes' restype and argtypes data descriptors (_compat.POINTER_PROTOTYPE):
@@ -624,7 +629,7 @@ struct nhf_launch_config {
     int configured;
     int wanted; /* tests may send every call to Python */
     PyObject *s_stream, *s_fn, *s_user_data, *s_executor, *s_blocking; /* interned */
-    PyObject *s_cuda_stream;
+    PyObject *s_cuda_stream, *s_flags;
 };
 extern struct nhf_launch_config nhf_launch;
 /* The launch counts: one per kind (indexed by enum nhf_kind), and these two. */
