@@ -432,6 +432,50 @@ def test_a_dispatcher_owns_its_channels_descriptor(stream):
         os.readlink(f"/proc/self/fd/{fd}")
 
 
+class _Stop(Exception):
+    pass
+
+
+def _stop(signum, frame):
+    raise _Stop
+
+
+def test_a_batch_a_handlers_exception_stopped_wakes_its_reader_again(stream):
+    """Invariant 21: a signal handler's exception between two entries stops the batch
+    with the rest due, and the batch writes its channel's descriptor again, so that
+    the reader runs them then, not at an unrelated signal or a ``drain()``.
+
+    The first entry raises SIGUSR1 natively (libc's ``raise`` through ctypes: no
+    bytecode, so its handler runs at the batch's own check after it).  The wake-up
+    of the signals is read first, so the descriptor is readable after the batch only
+    if the batch wrote it."""
+    import select
+    import signal
+
+    channel = _notify._Channel(wake_main=False, nonblocking=True)
+    raise_ = ctypes.CDLL(None)["raise"]
+    raise_.argtypes, raise_.restype = [ctypes.c_int], ctypes.c_int
+    ran = []
+    previous = signal.signal(signal.SIGUSR1, _stop)
+    try:
+        with Hold(stream):  # all four signals come in one wake-up
+            for entry in [functools.partial(raise_, signal.SIGUSR1)] + [
+                functools.partial(ran.append, i) for i in range(3)
+            ]:
+                channel.launch(stream, None, "no graphs", entry, default_lane=False)
+        stream.sync()
+        os.read(channel.fd, 8)  # the signals' wake-up, taken as a reader takes it
+        with pytest.raises(_Stop):
+            channel.dispatcher.run(True)
+        assert ran == []  # stopped after the first entry: three are due
+        assert select.select([channel.fd], [], [], 0)[0] == [channel.fd], "no wake-up"
+        os.read(channel.fd, 8)
+        assert channel.dispatcher.run(True) == 3
+        assert ran == [0, 1, 2]
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
 def test_a_dispatcher_never_made_refuses_instead_of_crashing():
     """``Dispatcher.__new__`` without ``__init__`` has no channel and no table: each
     method raises RuntimeError.  Before: run() and launch() read through NULL (a
