@@ -14,9 +14,10 @@ from typing_extensions import Buffer, disjoint_base
 
 # ---- the hooks for tests only (util.c's nhf_add_testing; each file adds its own):
 # driver_address, driver_swap, exec_done_pause, exec_test_pause, exec_test_paused,
-# free_records, held_owners, lane_owners, release_kept, schedule_failures,
-# sim_new_identity, sim_pending, sim_watchdog_stream_uses, watchdog_fail_stream_survey,
-# watchdog_stats.  Not an API: untyped here.
+# fail_record, free_records, held_owners, lane_owners, record_of, record_states,
+# release_kept, schedule_failures, sim_new_identity, sim_pending,
+# sim_watchdog_stream_uses, watchdog_fail_stream_survey, watchdog_stats.  Not an API:
+# untyped here.
 _testing: ModuleType
 
 # ---- status words (nhf.h): an enqueue's answer; the low 32 bits are a CUresult ----

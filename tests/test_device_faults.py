@@ -618,6 +618,46 @@ def test_a_failed_launchs_record_never_goes_back_to_the_free_list(request):
     s.close()
 
 
+_IN_FLIGHT = 1  # a record's phase (nhf.h): enqueued, neither run nor failed
+
+
+def test_a_fail_from_a_records_earlier_launch_fails_no_later_launch(stream):
+    """Invariant 23: the watchdog fails a record from exactly the state it saw.  A
+    record that ran, was released and was taken by a later launch meanwhile is a new
+    incarnation, in flight on a stream that may be healthy: a fail from the earlier
+    state is refused, and the later launch runs.  (Without the incarnation that
+    ``nhf_record_take`` adds, that compare-and-swap took the later launch.)"""
+    testing = _core._testing
+    ran = []
+    earlier = [lambda: ran.append("earlier") for _ in range(3)]
+    later = [lambda: ran.append("later") for _ in range(3)]
+    nh.drain()
+    with Hold(stream):  # its own record runs (its phase is not in flight)
+        for fn in earlier:
+            nh.host_launch(stream, fn)
+        seen = testing.record_states()
+        assert all(seen[testing.record_of(fn)] & 3 == _IN_FLIGHT for fn in earlier)
+    stream.sync()
+    nh.drain()
+    with Hold(stream):
+        for fn in later:
+            nh.host_launch(stream, fn)
+        # Four records given back and four taken again: three of them, at least two
+        # of the later launches' records, were in flight before.
+        stale = [
+            (record, seen[record])
+            for record in map(testing.record_of, later)
+            if seen.get(record, 0) & 3 == _IN_FLIGHT
+        ]
+        assert len(stale) >= 2, (stale, seen)
+        assert [testing.fail_record(record, state) for record, state in stale] == [False] * len(
+            stale
+        )
+    stream.sync()
+    nh.drain()
+    assert ran == ["earlier"] * 3 + ["later"] * 3 and nh.pending() == 0
+
+
 @pytest.mark.usefixtures("faulted_context")
 def test_a_faulted_lane_fails_its_direct_tasks_and_releases_their_owners(request):
     """Compiled code on an executor's lane is a direct task, with no launch record

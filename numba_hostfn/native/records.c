@@ -381,9 +381,47 @@ static PyObject *py_free_records(PyObject *self, PyObject *unused) {
     return PyLong_FromSsize_t(n);
 }
 
+static void collect_state(nhf_record *record, void *dict) {
+    PyObject *key = *(PyObject **)dict == NULL ? NULL : PyLong_FromVoidPtr(record);
+    PyObject *value = key == NULL ? NULL : PyLong_FromUnsignedLong(atomic_load(&record->state));
+    if (value == NULL || PyDict_SetItem(*(PyObject **)dict, key, value) < 0)
+        Py_CLEAR(*(PyObject **)dict);
+    Py_XDECREF(key);
+    Py_XDECREF(value);
+}
+
+/* record_states() -> {address: state}: every record's state word, its incarnation
+ * and phase (for tests: a fail from an earlier incarnation's state, invariant 23). */
+static PyObject *py_record_states(PyObject *self, PyObject *unused) {
+    (void)self, (void)unused;
+    PyObject *dict = PyDict_New();
+    if (dict != NULL)
+        nhf_records_each(collect_state, &dict);
+    return dict;
+}
+
+static void find_owner(nhf_record *record, void *found_) {
+    void **found = found_;
+    if (record->owner == found[0]) /* set and cleared with the GIL, which is held */
+        found[1] = record;
+}
+
+/* record_of(owner) -> the address of the record taken for a launch that owns exactly
+ * owner (a plain function launched with no user data), or 0 (for tests). */
+static PyObject *py_record_of(PyObject *self, PyObject *owner) {
+    (void)self;
+    void *found[2] = {owner, NULL};
+    nhf_records_each(find_owner, found);
+    return PyLong_FromVoidPtr(found[1]);
+}
+
 static PyMethodDef testing_methods[] = {
     {"free_records", py_free_records, METH_NOARGS, "free_records($module, /)\n--\n\n"
      "The records on the free list (for tests)."},
+    {"record_states", py_record_states, METH_NOARGS, "record_states($module, /)\n--\n\n"
+     "Every record's state word, by address (for tests)."},
+    {"record_of", py_record_of, METH_O, "record_of($module, owner, /)\n--\n\n"
+     "The record of a launch that owns exactly owner, or 0 (for tests)."},
     {"release_kept", py_release_kept, METH_O, "release_kept($module, record, /)\n--\n\n"
      "Release a record kept for good (for tests)."},
     {"held_owners", py_held_owners, METH_NOARGS, "held_owners($module, /)\n--\n\n"

@@ -730,7 +730,37 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static void find_record(nhf_record *record, void *found_) {
+    void **found = found_;
+    if ((void *)record == found[0])
+        found[1] = record;
+}
+
+/* fail_record(record, state) -> whether the watchdog's fail from that state word took
+ * the record (nhf_fault_fail_record, with CUDA_ERROR_LAUNCH_FAILED): for a test that
+ * a state seen before the record was run, released and taken again fails nothing. */
+static PyObject *py_fail_record(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    void *address;
+    if (nhf_check_nargs("fail_record(record, state)", nargs, 2) < 0 ||
+        nhf_address_arg(args[0], &address) < 0)
+        return NULL;
+    unsigned long state = PyLong_AsUnsignedLong(args[1]);
+    if (state == (unsigned long)-1 && PyErr_Occurred())
+        return NULL;
+    void *found[2] = {address, NULL};
+    nhf_records_each(find_record, found);
+    if (found[1] == NULL) {
+        PyErr_SetString(PyExc_ValueError, "fail_record: not a launch record's address");
+        return NULL;
+    }
+    return PyBool_FromLong(nhf_fault_fail_record(found[1], 719 /* CUDA_ERROR_LAUNCH_FAILED */, state));
+}
+
 static PyMethodDef testing_methods[] = {
+    {"fail_record", (PyCFunction)(void (*)(void))py_fail_record, METH_FASTCALL,
+     "fail_record($module, record, state, /)\n--\n\n"
+     "Fail a record from the state word given, as the watchdog does (for tests)."},
     {"watchdog_stats", py_watchdog_stats, METH_NOARGS,
      "watchdog_stats($module, /)\n--\n\n"
      "The watchdog's counters."},
