@@ -122,6 +122,16 @@ def _prototype_error(detail: str) -> TypeError:
     )
 
 
+def _configure_cfunc() -> None:
+    """Hand the native ``host_launch`` numba's ``CFunc`` and the types of
+    ``void(voidptr)``, with which it launches a numba cfunc itself: at each cfunc that
+    this path launches (numba is imported then; not before, at start-up)."""
+    signature = numba_hooks().signature
+    _core.configure_launch(
+        cfunc=(numba_cfunc_type(), type(signature), signature.args[0], signature.return_type)
+    )
+
+
 def classify_function(fn: Any) -> tuple[str, int, Any]:
     """Return ``(kind, address, owner)``: kind is "compiled", "pointer" or "python"."""
     if type(fn) in _PER_INSTANCE:  # a plain function: not async (checked each time)
@@ -173,6 +183,7 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
                 f"host_launch() got a numba cfunc with signature {cfunc_signature(fn)}; a CUhostFn "
                 "needs void(voidptr): use @host_callback, or numba.cfunc('void(voidptr)')"
             )
+        _configure_cfunc()
         return "pointer", fn.address, fn
     if is_jitted(fn):
         raise TypeError(

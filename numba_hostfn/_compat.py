@@ -66,8 +66,12 @@ a function pointer's buffer            a ctypes function pointer's buffer is the
 ``CFUNCTYPE`` caching                  ctypes returns one class for one prototype, so
                                        ``host_launch.c`` knows a ``CUhostFn`` by its type
 **numba** (:func:`numba_hooks`)
-``CFunc._sig``                         refuse a ``numba.cfunc`` whose signature is not
-                                       ``void(voidptr)``
+``CFunc._sig``, ``Signature``'s       refuse a ``numba.cfunc`` whose signature is not
+slots, interned types                  ``void(voidptr)``; ``host_launch.c`` reads the
+                                       slots (``_args``, ``_return_type``, ``_recvr``,
+                                       ``_pysig``) and compares numba's types by
+                                       identity (numba interns them); anything else
+                                       falls through to the Python path
 ``CFunc`` internals                    ``_targetdescr``, ``_cache``, ``_cache_hits``,
                                        ``_compile_uncached``, ``_library``,
                                        ``_wrapper_name``, ``_wrapper_address``: a host

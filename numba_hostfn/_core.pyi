@@ -160,6 +160,7 @@ def configure_launch(
     cuhostfn_type: type | None = ...,
     pointer_type: type | None = ...,
     cdecl_flags: int | None = ...,
+    cfunc: tuple[type, type, Any, Any] | None = ...,
     byref_type: type | None = ...,
     c_void_p: type | None = ...,
     prototype: tuple[Any, Any] | None = ...,

@@ -159,6 +159,65 @@ static bool declared_cdecl(PyTypeObject *type) {
     return same;
 }
 
+/* Whether attribute name of obj is exactly expected (an identity): false for
+ * anything else, a failed read included (its ordinary error cleared). */
+static bool attribute_is(PyObject *obj, PyObject *name, PyObject *expected) {
+    PyObject *value = PyObject_GetAttr(obj, name);
+    if (value == NULL) {
+        clear_ordinary_error();
+        return false;
+    }
+    bool same = value == expected;
+    Py_DECREF(value);
+    return same;
+}
+
+/* Whether a numba Signature is void(voidptr), with no receiver and no Python
+ * signature: _classify compares it by value (Signature.__eq__, Python code); here
+ * its four slots by the identity of numba's types, which numba interns, so that
+ * no Python code runs.  An equal signature of other objects falls through. */
+static bool host_fn_signature(PyObject *sig) {
+    if (!Py_IS_TYPE(sig, (PyTypeObject *)nhf_launch.signature_type))
+        return false;
+    PyObject *args = PyObject_GetAttr(sig, nhf_launch.s_args);
+    if (args == NULL) {
+        clear_ordinary_error();
+        return false;
+    }
+    bool one_pointer = PyTuple_CheckExact(args) && PyTuple_GET_SIZE(args) == 1 &&
+                       PyTuple_GET_ITEM(args, 0) == nhf_launch.voidptr;
+    Py_DECREF(args);
+    return one_pointer && attribute_is(sig, nhf_launch.s_return_type, nhf_launch.void_type) &&
+           attribute_is(sig, nhf_launch.s_recvr, Py_None) &&
+           attribute_is(sig, nhf_launch.s_pysig, Py_None);
+}
+
+/* A numba cfunc (exactly numba's CFunc: a subclass is Python's) of signature
+ * void(voidptr), as _classify reads it (its _sig, then its address property). */
+static enum nhf_kind numba_cfunc(PyObject *fn, uintptr_t *address) {
+    PyObject *sig = PyObject_GetAttr(fn, nhf_launch.s_sig);
+    if (sig == NULL) {
+        clear_ordinary_error();
+        return UNKNOWN;
+    }
+    bool host_fn = host_fn_signature(sig);
+    Py_DECREF(sig);
+    if (!host_fn)
+        return UNKNOWN; /* Python refuses another signature */
+    PyObject *value = PyObject_GetAttr(fn, nhf_launch.s_address);
+    if (value == NULL) {
+        clear_ordinary_error();
+        return UNKNOWN;
+    }
+    uint64_t got;
+    bool usable = exact_u64(value, &got) && got != 0;
+    Py_DECREF(value);
+    if (!usable)
+        return UNKNOWN;
+    *address = (uintptr_t)got;
+    return NHF_KIND_POINTER;
+}
+
 /* What fn is: a kind, or UNKNOWN to fall through.  For compiled code, its
  * address, and for a HostFunction its layout and whether it reads its argument. */
 static enum nhf_kind function_kind(PyObject *fn, uintptr_t *address, nhf_compiled_object **compiled) {
@@ -186,6 +245,8 @@ static enum nhf_kind function_kind(PyObject *fn, uintptr_t *address, nhf_compile
     if (nhf_launch.pointer_type != NULL &&
         PyObject_TypeCheck(fn, (PyTypeObject *)nhf_launch.pointer_type) && declared_cdecl(type))
         return ctypes_pointer(fn, address);
+    if ((PyObject *)type == nhf_launch.cfunc_type && nhf_launch.signature_type != NULL)
+        return numba_cfunc(fn, address);
     return UNKNOWN;
 }
 

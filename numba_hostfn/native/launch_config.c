@@ -66,12 +66,35 @@ static int set_prototype(PyObject *value) {
     return 0;
 }
 
+/* numba's (CFunc, Signature, voidptr, void), or None for none: 0, or -1 with a
+ * TypeError set. */
+static int set_cfunc(PyObject *value) {
+    PyObject **slots[4] = {&nhf_launch.cfunc_type, &nhf_launch.signature_type,
+                           &nhf_launch.voidptr, &nhf_launch.void_type};
+    if (value == Py_None) {
+        for (int i = 0; i < 4; i++)
+            set_object(slots[i], Py_None);
+        return 0;
+    }
+    if (!PyTuple_CheckExact(value) || PyTuple_GET_SIZE(value) != 4 ||
+        !PyType_Check(PyTuple_GET_ITEM(value, 0)) || !PyType_Check(PyTuple_GET_ITEM(value, 1))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "configure_launch(cfunc=) expected a tuple (numba's CFunc, its "
+                        "Signature type, types.voidptr, types.void) or None");
+        return -1;
+    }
+    for (int i = 0; i < 4; i++)
+        set_object(slots[i], PyTuple_GET_ITEM(value, i));
+    return 0;
+}
+
 /* configure_launch(*, fallback=, answered=, raise_status=, route=, executor_route=,
  * sim_stream_type=, cuda_stream_type=, cuhostfn_type=, pointer_type=, cdecl_flags=,
- * byref_type=, c_void_p=, prototype=, wanted=):
+ * cfunc=, byref_type=, c_void_p=, prototype=, wanted=):
  * each given keyword sets what host_launch uses; the fast path is on once all
- * but the stream types, pointer_type and cdecl_flags are set (without those two,
- * only a CUhostFn is the native path's among ctypes pointers).  wanted=False sends every call to Python. */
+ * but the stream types, pointer_type, cdecl_flags and cfunc are set (without the
+ * two pointer keywords, only a CUhostFn is the native path's among ctypes
+ * pointers; without cfunc, no numba cfunc is).  wanted=False sends every call to Python. */
 PyObject *nhf_py_configure_launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                                   PyObject *kwnames) {
     (void)self;
@@ -101,6 +124,9 @@ PyObject *nhf_py_configure_launch(PyObject *self, PyObject *const *args, Py_ssiz
             set_object(&nhf_launch.cuhostfn_type, value);
         else if (!strcmp(name, "pointer_type")) {
             if (set_type(&nhf_launch.pointer_type, value, name, NULL) < 0)
+                goto out;
+        } else if (!strcmp(name, "cfunc")) {
+            if (set_cfunc(value) < 0)
                 goto out;
         } else if (!strcmp(name, "cdecl_flags")) {
             if (value != Py_None && !PyLong_CheckExact(value)) {
@@ -184,6 +210,7 @@ static PyMethodDef methods[] = {
      "executor_route=<unrepresentable>, sim_stream_type=<unrepresentable>, "
      "cuda_stream_type=<unrepresentable>, cuhostfn_type=<unrepresentable>, "
      "pointer_type=<unrepresentable>, cdecl_flags=<unrepresentable>, "
+     "cfunc=<unrepresentable>, "
      "byref_type=<unrepresentable>, "
      "c_void_p=<unrepresentable>, prototype=<unrepresentable>, "
      "wanted=<unrepresentable>)\n--\n\n"
@@ -206,9 +233,17 @@ int nhf_launch_config_init(PyObject *module) {
     nhf_launch.s_blocking = interned("blocking");
     nhf_launch.s_cuda_stream = interned("__cuda_stream__");
     nhf_launch.s_flags = interned("_flags_");
+    nhf_launch.s_sig = interned("_sig");
+    nhf_launch.s_address = interned("address");
+    nhf_launch.s_args = interned("_args");
+    nhf_launch.s_return_type = interned("_return_type");
+    nhf_launch.s_recvr = interned("_recvr");
+    nhf_launch.s_pysig = interned("_pysig");
     if (!nhf_launch.s_stream || !nhf_launch.s_fn || !nhf_launch.s_user_data ||
         !nhf_launch.s_executor || !nhf_launch.s_blocking || !nhf_launch.s_cuda_stream ||
-        !nhf_launch.s_flags)
+        !nhf_launch.s_flags || !nhf_launch.s_sig || !nhf_launch.s_address ||
+        !nhf_launch.s_args || !nhf_launch.s_return_type || !nhf_launch.s_recvr ||
+        !nhf_launch.s_pysig)
         return -1;
     return 0;
 }

@@ -619,6 +619,10 @@ struct nhf_launch_config {
      * CUhostFn) is launched when its class's _flags_ say cdecl (NULL: never) */
     PyObject *pointer_type;
     PyObject *cdecl_flags;
+    /* numba's CFunc (exactly), its Signature type, and the interned types of
+     * void(voidptr): a numba cfunc of that signature is launched (NULL: never; the
+     * Python path sets them at its first cfunc, since numba is imported only then) */
+    PyObject *cfunc_type, *signature_type, *voidptr, *void_type;
     PyObject *byref_type;       /* numba_hostfn.ByRef (and its subclasses) */
     PyObject *c_void_p;         /* ctypes.c_void_p */
     /* ctypes' restype and argtypes data descriptors (_compat.POINTER_PROTOTYPE):
@@ -630,6 +634,7 @@ struct nhf_launch_config {
     int wanted; /* tests may send every call to Python */
     PyObject *s_stream, *s_fn, *s_user_data, *s_executor, *s_blocking; /* interned */
     PyObject *s_cuda_stream, *s_flags;
+    PyObject *s_sig, *s_address, *s_args, *s_return_type, *s_recvr, *s_pysig;
 };
 extern struct nhf_launch_config nhf_launch;
 /* The launch counts: one per kind (indexed by enum nhf_kind), and these two. */
