@@ -94,7 +94,8 @@ static int set_cfunc(PyObject *value) {
  * each given keyword sets what host_launch uses; the fast path is on once all
  * but the stream types, pointer_type, cdecl_flags and cfunc are set (without the
  * two pointer keywords, only a CUhostFn is the native path's among ctypes
- * pointers; without cfunc, no numba cfunc is).  wanted=False sends every call to Python. */
+ * pointers; without cfunc, no numba cfunc is).  wanted=False sends every call to
+ * Python. */
 PyObject *nhf_py_configure_launch(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                                   PyObject *kwnames) {
     (void)self;
@@ -136,8 +137,7 @@ PyObject *nhf_py_configure_launch(PyObject *self, PyObject *const *args, Py_ssiz
                 goto out;
             }
             set_object(&nhf_launch.cdecl_flags, value);
-        }
-        else if (!strcmp(name, "byref_type")) {
+        } else if (!strcmp(name, "byref_type")) {
             if (set_type(&nhf_launch.byref_type, value, name, &nhf_byref_type) < 0)
                 goto out;
         } else if (!strcmp(name, "c_void_p"))

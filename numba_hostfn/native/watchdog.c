@@ -754,7 +754,8 @@ static PyObject *py_fail_record(PyObject *self, PyObject *const *args, Py_ssize_
         PyErr_SetString(PyExc_ValueError, "fail_record: not a launch record's address");
         return NULL;
     }
-    return PyBool_FromLong(nhf_fault_fail_record(found[1], 719 /* CUDA_ERROR_LAUNCH_FAILED */, state));
+    const unsigned launch_failed = 719; /* CUDA_ERROR_LAUNCH_FAILED */
+    return PyBool_FromLong(nhf_fault_fail_record(found[1], launch_failed, state));
 }
 
 static PyMethodDef testing_methods[] = {
