@@ -294,8 +294,9 @@ def gil_floor():
                 f"{built.stderr.strip()[-200:]}"
             )
         lib = ctypes.CDLL(out)  # its Python symbols are the process's own
-        # As CFUNCTYPE(None, c_void_p), the type host_launch's native path takes: the
-        # library's own function object goes through the Python path (a few µs more).
+        # As CFUNCTYPE(None, c_void_p), which host_launch's native path takes (as it
+        # has since run 35b; the library's own function object took the Python path
+        # until 7b177a7, undeclared it is refused).
         address = ctypes.cast(lib.gil_floor, ctypes.c_void_p).value
         _GIL_FLOOR.extend((ctypes.CFUNCTYPE(None, ctypes.c_void_p)(address), lib))
     return _GIL_FLOOR[0]
