@@ -2561,6 +2561,67 @@ def test_stream_fault_asks_the_driver_for_the_streams_context_with_the_gil_relea
     assert out.strip() == "held 0", "cuStreamGetCtx was called with the GIL held: " + out
 
 
+ENQUEUE_GIL_PROBE_C = """
+extern int PyGILState_Check(void);
+int gil_held = 0, probed = 0;
+int is_capturing(void *stream, int *capturing) {
+    (void)stream;
+    gil_held += PyGILState_Check();  /* C stand-ins: they take no GIL themselves */
+    probed++;
+    *capturing = 0;
+    return 0;
+}
+int launch_host_func(void *stream, void *fn, void *data) {
+    (void)stream, (void)fn, (void)data;  /* accepted, never run */
+    gil_held += PyGILState_Check();
+    probed++;
+    return 0;
+}
+"""
+
+
+def test_the_cuda_enqueue_calls_the_driver_with_the_gil_released(tmp_path):
+    """Invariant 10: nhf_enqueue_record releases the GIL around the enqueue function,
+    the CUDA route's capture check (cuStreamIsCapturing) and cuLaunchHostFunc.  Run on
+    this CPU in a child whose driver table has C stand-ins for the two that record
+    PyGILState_Check() (the rest answer 0); the launch is accepted and never run."""
+    import shutil
+    import subprocess
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler for the GIL probe")
+    source, library = tmp_path / "probe.c", tmp_path / "probe.so"
+    source.write_text(ENQUEUE_GIL_PROBE_C)
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    script = textwrap.dedent(f"""
+        import ctypes, os
+        import numba_hostfn as nh
+        from numba_hostfn import _core
+
+        vp = ctypes.c_void_p
+        probe = ctypes.CDLL({str(library)!r})
+        zero = ctypes.CFUNCTYPE(ctypes.c_int)(lambda: 0)
+        calls = {{
+            "cuStreamIsCapturing": ctypes.cast(probe.is_capturing, vp).value,
+            "cuLaunchHostFunc": ctypes.cast(probe.launch_host_func, vp).value,
+        }}
+        fallback = ctypes.cast(zero, vp).value
+        _core.driver_load(tuple(calls.get(n, fallback) for n, _ in _core.driver_entry_points()))
+        task = ctypes.CFUNCTYPE(None, vp)(lambda arg: None)
+        owner = _core.launch_owner(task, None, None, None)
+        address = ctypes.cast(task, vp).value
+        status = _core.enqueue(_core.ROUTE_CUDA, 0x7000, _core.RUN_COMPILED, address, 7, owner)
+        probed = ctypes.c_int.in_dll(probe, "probed").value
+        print(status, probed, ctypes.c_int.in_dll(probe, "gil_held").value, flush=True)
+        os._exit(0)  # the backend was rewired: no exit hooks against it
+    """)
+    out = run_child(script, env=child_env(NUMBA_HOSTFN_SIMULATOR="1"))
+    status, probed, held = map(int, out.split())
+    assert (status, probed) == (0, 2), out
+    assert held == 0, f"{held} of the enqueue's 2 driver calls held the GIL"
+
+
 FINALIZER_INSIDE_A_LANE_LOOKUP_SCRIPT = CHILD_PREAMBLE + textwrap.dedent("""
     import concurrent.futures  # what done_future imports
     import sys

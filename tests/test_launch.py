@@ -3,6 +3,7 @@
 import array
 import ctypes
 import gc
+import os
 import struct
 import subprocess
 import sys
@@ -444,6 +445,109 @@ def test_compiled_host_functions_run_while_main_thread_holds_gil(stream, device)
             f"the GIL (first and last, ns after it was taken, the hold 5e8: {rounds}): "
             "they waited for the GIL"
         )
+
+
+_libc_write = _libc.write
+_libc_write.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t)
+_libc_write.restype = ctypes.c_ssize_t
+_libc_read = _libc.read
+_libc_read.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t)
+_libc_read.restype = ctypes.c_ssize_t
+
+
+_libc_poll = _libc.poll
+_libc_poll.argtypes = (ctypes.c_void_p, ctypes.c_ulong, ctypes.c_int)
+_libc_poll.restype = ctypes.c_int
+
+
+def _gate(fd):
+    """read_a_byte's data: [fd, byte, a struct pollfd {fd, POLLIN, 0}]."""
+    return np.array([fd, 0, fd | (1 << 32)], np.int64)
+
+
+@nh.host_callback
+def read_a_byte(p):
+    """p -> _gate(fd): wait until a byte can be read from fd (at most 30 s, a hang
+    guard: a host function that held the GIL while it waited would stop the main
+    thread, which writes the byte), then read it."""
+    a = carray(p, (3,), np.int64)
+    if _libc_poll(a[2:].ctypes.data, 1, 30_000) == 1:
+        _libc_read(a[0], a[1:].ctypes.data, 1)
+
+
+@nh.host_callback
+def write_a_byte(p):
+    """p -> int64[2]: [fd, byte]: write one byte to fd."""
+    a = carray(p, (2,), np.int64)
+    _libc_write(a[0], a[1:].ctypes.data, 1)
+
+
+class _PollFd(ctypes.Structure):
+    _fields_ = [("fd", ctypes.c_int), ("events", ctypes.c_short), ("revents", ctypes.c_short)]
+
+
+def test_compiled_host_functions_complete_while_the_gil_is_held_scheduling_one_drain(stream):
+    """Compiled host functions run, and complete, while the main thread holds the GIL
+    in one C call; their completions schedule one pending-call drain between them,
+    not one each (invariant 4: once per batch; Py_AddPendingCall's queue is small, and
+    a completion per pending call overflows it).  Deterministic: the stream is gated
+    on a pipe, and the main thread holds the GIL until the last host function has
+    written to another (a 30 s poll as the hang guard)."""
+    n = 1000
+    gate_r, gate_w = os.pipe()
+    done_r, done_w = os.pipe()
+    try:
+        gate = _gate(gate_r)
+        done = np.array([done_w, 0], np.int64)
+        counter = np.zeros(1, np.int64)
+        nh.host_launch(stream, read_a_byte, user_data=nh.by_ref(gate))
+        for _ in range(n):
+            nh.host_launch(stream, increment, user_data=nh.by_ref(counter))
+        nh.host_launch(stream, write_a_byte, user_data=nh.by_ref(done))
+        before = _core._testing.schedule_failures()
+        pollfd = _PollFd(done_r, 1, 0)  # POLLIN
+        os.write(gate_w, b"x")
+        ready = ctypes.PyDLL(None).poll(ctypes.byref(pollfd), 1, 30_000)  # the GIL held
+        failures = _core._testing.schedule_failures() - before
+        stream.sync()
+        nh.drain()
+        assert ready == 1, "the compiled host functions did not run while the GIL was held"
+        assert counter[0] == n
+        assert failures == 0, f"{failures} drains refused: a pending call per completion"
+    finally:
+        for fd in (gate_r, gate_w, done_r, done_w):
+            os.close(fd)
+
+
+def test_an_executors_compiled_tasks_run_while_the_gil_is_held(stream):
+    """A HostExecutor's direct task (a compiled host function on a lane) runs its
+    body on a pool thread without the GIL, as nhf_run_compiled does (invariant 4).
+    Deterministic: the lane is gated on a pipe, and the main thread holds the GIL in
+    one C call until the last task has written to another (a 30 s poll as the hang
+    guard: a task that waited for the GIL never writes)."""
+    n = 20
+    gate_r, gate_w = os.pipe()
+    done_r, done_w = os.pipe()
+    executor = nh.HostExecutor(threads=1)
+    try:
+        gate = _gate(gate_r)
+        done = np.array([done_w, 0], np.int64)
+        counter = np.zeros(1, np.int64)
+        nh.host_launch(stream, read_a_byte, user_data=nh.by_ref(gate), executor=executor)
+        for _ in range(n):
+            nh.host_launch(stream, increment, user_data=nh.by_ref(counter), executor=executor)
+        nh.host_launch(stream, write_a_byte, user_data=nh.by_ref(done), executor=executor)
+        pollfd = _PollFd(done_r, 1, 0)  # POLLIN
+        os.write(gate_w, b"x")
+        ready = ctypes.PyDLL(None).poll(ctypes.byref(pollfd), 1, 30_000)  # the GIL held
+        stream.sync()
+        assert ready == 1, "the executor's compiled tasks did not run while the GIL was held"
+        assert counter[0] == n
+    finally:
+        executor.close()
+        nh.drain()
+        for fd in (gate_r, gate_w, done_r, done_w):
+            os.close(fd)
 
 
 def test_python_callables_wait_for_the_gil(stream, device):
