@@ -2503,6 +2503,21 @@ def test_a_refused_write_takes_the_task_back_and_a_refused_wait_still_runs_it(ex
     assert sys.getrefcount(counter) == refs
 
 
+def _built_probe(tmp_path, source_text):
+    """A shared library built from ``source_text`` with this machine's C compiler (the
+    test is skipped without one): C stand-ins for driver calls."""
+    import shutil
+    import subprocess
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler for the GIL probe")
+    source, library = tmp_path / "probe.c", tmp_path / "probe.so"
+    source.write_text(source_text)
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    return library
+
+
 GIL_PROBE_C = """
 extern int PyGILState_Check(void);
 int gil_held = -1, probed = 0;
@@ -2522,15 +2537,7 @@ def test_stream_fault_asks_the_driver_for_the_streams_context_with_the_gil_relea
     stream's context up with cuStreamGetCtx once a fault is noted: on the CUDA route
     with Python stand-ins (LANE_STAND_INS: context 0xC0 faults), then cuStreamGetCtx
     swapped for a C stand-in that records PyGILState_Check()."""
-    import shutil
-    import subprocess
-
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler for the GIL probe")
-    source, library = tmp_path / "probe.c", tmp_path / "probe.so"
-    source.write_text(GIL_PROBE_C)
-    subprocess.run([cc, "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    library = _built_probe(tmp_path, GIL_PROBE_C)
     script = (
         textwrap.dedent("""
         def stream_id(handle):
@@ -2585,15 +2592,7 @@ def test_the_cuda_enqueue_calls_the_driver_with_the_gil_released(tmp_path):
     the CUDA route's capture check (cuStreamIsCapturing) and cuLaunchHostFunc.  Run on
     this CPU in a child whose driver table has C stand-ins for the two that record
     PyGILState_Check() (the rest answer 0); the launch is accepted and never run."""
-    import shutil
-    import subprocess
-
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler for the GIL probe")
-    source, library = tmp_path / "probe.c", tmp_path / "probe.so"
-    source.write_text(ENQUEUE_GIL_PROBE_C)
-    subprocess.run([cc, "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    library = _built_probe(tmp_path, ENQUEUE_GIL_PROBE_C)
     script = textwrap.dedent(f"""
         import ctypes, os
         import numba_hostfn as nh

@@ -226,24 +226,27 @@ static PyObject *interned(const char *name) { return PyUnicode_InternFromString(
 int nhf_launch_config_init(PyObject *module) {
     if (PyModule_AddFunctions(module, methods) < 0)
         return -1;
-    nhf_launch.s_stream = interned("stream");
-    nhf_launch.s_fn = interned("fn");
-    nhf_launch.s_user_data = interned("user_data");
-    nhf_launch.s_executor = interned("executor");
-    nhf_launch.s_blocking = interned("blocking");
-    nhf_launch.s_cuda_stream = interned("__cuda_stream__");
-    nhf_launch.s_flags = interned("_flags_");
-    nhf_launch.s_sig = interned("_sig");
-    nhf_launch.s_address = interned("address");
-    nhf_launch.s_args = interned("_args");
-    nhf_launch.s_return_type = interned("_return_type");
-    nhf_launch.s_recvr = interned("_recvr");
-    nhf_launch.s_pysig = interned("_pysig");
-    if (!nhf_launch.s_stream || !nhf_launch.s_fn || !nhf_launch.s_user_data ||
-        !nhf_launch.s_executor || !nhf_launch.s_blocking || !nhf_launch.s_cuda_stream ||
-        !nhf_launch.s_flags || !nhf_launch.s_sig || !nhf_launch.s_address ||
-        !nhf_launch.s_args || !nhf_launch.s_return_type || !nhf_launch.s_recvr ||
-        !nhf_launch.s_pysig)
-        return -1;
+    /* The names the fast path compares keywords with, and the attributes it reads. */
+    const struct {
+        PyObject **slot;
+        const char *name;
+    } names[] = {
+        {&nhf_launch.s_stream, "stream"},
+        {&nhf_launch.s_fn, "fn"},
+        {&nhf_launch.s_user_data, "user_data"},
+        {&nhf_launch.s_executor, "executor"},
+        {&nhf_launch.s_blocking, "blocking"},
+        {&nhf_launch.s_cuda_stream, "__cuda_stream__"},
+        {&nhf_launch.s_flags, "_flags_"},
+        {&nhf_launch.s_sig, "_sig"},
+        {&nhf_launch.s_address, "address"},
+        {&nhf_launch.s_args, "_args"},
+        {&nhf_launch.s_return_type, "_return_type"},
+        {&nhf_launch.s_recvr, "_recvr"},
+        {&nhf_launch.s_pysig, "_pysig"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if ((*names[i].slot = interned(names[i].name)) == NULL)
+            return -1;
     return 0;
 }
