@@ -183,8 +183,17 @@ def classify_function(fn: Any) -> tuple[str, int, Any]:
                 f"host_launch() got a numba cfunc with signature {cfunc_signature(fn)}; a CUhostFn "
                 "needs void(voidptr): use @host_callback, or numba.cfunc('void(voidptr)')"
             )
+        address = fn.address
+        if type(address) is not int or address <= 0:  # as the native path takes it
+            # Made with CFunc(...) and never compiled: the driver's thread would call
+            # NULL (numba.cfunc compiles as it decorates).
+            raise ValueError(
+                f"host_launch() got a numba cfunc with no machine code (its address is "
+                f"{address!r}: never compiled); compile it first (numba.cfunc("
+                "'void(voidptr)') compiles as it decorates), or use @host_callback"
+            )
         _configure_cfunc()
-        return "pointer", fn.address, fn
+        return "pointer", address, fn
     if is_jitted(fn):
         raise TypeError(
             f"host_launch() got a numba.njit function ({fn.py_func.__qualname__!r}), which "

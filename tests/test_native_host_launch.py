@@ -273,7 +273,7 @@ def test_host_launch_looks_like_the_python_implementation():
         "bound method",
         "ctypes CUhostFn",
         "a C library's function",
-        "a numba cfunc",
+        "a numba cfunc, None",
     ],
 )
 def test_both_paths_take_and_give_back_the_same_references(stream, case):
@@ -1077,9 +1077,12 @@ def _types():
     return types
 
 
-def test_a_numba_cfuncs_address_is_read_as_python_reads_it(stream, monkeypatch):
-    """The address is ``CFunc.address`` on both paths (a property of numba's): a
-    value the native path does not take (None, here) goes to the Python path."""
+@pytest.mark.parametrize("bad", [None, 0])
+def test_a_numba_cfuncs_address_is_read_as_python_reads_it(stream, monkeypatch, bad):
+    """The address is ``CFunc.address`` on both paths (a property of numba's).  A
+    cfunc with no machine code (made with ``CFunc(...)`` and never compiled: None) is
+    refused with ValueError, nothing enqueued: the Python path launched NULL for 0
+    (the process died when the stream got there)."""
     calls = []
     real = type(_CFUNC).address
 
@@ -1091,11 +1094,22 @@ def test_a_numba_cfuncs_address_is_read_as_python_reads_it(stream, monkeypatch):
     monkeypatch.setattr(type(_CFUNC), "address", property(counted))
     assert _counts_of(lambda: nh.host_launch(stream, _CFUNC)) == {"pointer": 1}
     assert len(calls) == 2  # read once a launch
-    monkeypatch.setattr(type(_CFUNC), "address", property(lambda self: None))
+    monkeypatch.setattr(type(_CFUNC), "address", property(lambda self: bad))
     fast, python = _both_paths(stream, lambda: nh.host_launch(stream, _CFUNC))
     assert fast == python, (fast, python)
+    assert fast[0] == "ValueError" and "no machine code" in fast[1], fast
     stream.sync()
     nh.drain()
+
+
+def test_a_numba_cfunc_never_compiled_is_refused():
+    """``numba.core.ccallback.CFunc(...)`` without ``compile()`` has no address."""
+    from numba.core.ccallback import CFunc
+
+    made = CFunc(_bump, ((_types().voidptr,), _types().void), {}, {})
+    with pytest.raises(ValueError, match="no machine code"):
+        nh.host_launch(nh.create_stream(), made)
+    assert nh.pending() == 0
 
 
 def test_a_refused_configure_launch_leaves_no_half_configured_fast_path(stream):
