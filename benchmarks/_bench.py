@@ -294,9 +294,8 @@ def gil_floor():
                 f"{built.stderr.strip()[-200:]}"
             )
         lib = ctypes.CDLL(out)  # its Python symbols are the process's own
-        # As CFUNCTYPE(None, c_void_p), which host_launch's native path takes (as it
-        # has since run 35b; the library's own function object took the Python path
-        # until 7b177a7, undeclared it is refused).
+        # Exactly CUhostFn, as every run since 35b launched it: the native path's first
+        # pointer check, the one a ctypes CUhostFn row takes too.
         address = ctypes.cast(lib.gil_floor, ctypes.c_void_p).value
         _GIL_FLOOR.extend((ctypes.CFUNCTYPE(None, ctypes.c_void_p)(address), lib))
     return _GIL_FLOOR[0]
